@@ -1,0 +1,5 @@
+import sys
+
+from kumiki.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""The `kumiki` command: each subcommand lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that define `register(subparsers)`; each adds one or more subcommands.
+COMMAND_MODULES = (
+    "kumiki.cli.stack",
+    "kumiki.cli.simulate",
+    "kumiki.cli.forecast",
+)
+
+
+class UsageError(Exception):
+    """A command-line value that is wrong; printed as one line naming the option."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kumiki", description="Kumiki GPU scheduler")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name == name:
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.handler(args)
+    except UsageError as error:
+        parser.exit(2, f"kumiki {args.command}: error: {error}\n")
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
