@@ -1,0 +1,231 @@
+"""Consuming events: offsets are committed only after the handler succeeded, bad records are dead-lettered.
+
+Two ways to keep offsets:
+- in Kafka (default): commit after the handler; a crash in between redelivers, so handlers must be
+  idempotent (they are: dedupe by ce_id here, and by entity version in the services);
+- in Postgres (`pool=`): the offsets are written in the same transaction as the handler's own writes,
+  so side effects in Postgres happen exactly once across crashes and restarts.
+
+A record that cannot be decoded, fails validation, or whose handler raises `EventRejected` goes to the
+dead-letter topic with the reason in the `kumiki_dlq_reason` header, and the consumer carries on. A
+handler that raises anything else is retried, then dead-lettered; infrastructure errors (database or
+broker down) stop the consumer without committing, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.structs import ConsumerRecord
+from opentelemetry import trace
+
+from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.bus.codec import Event, RejectedRecord, decode
+from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED, DUPLICATES, HANDLER_SECONDS
+from kumiki.common.bus.producer import EventProducer
+from kumiki.common.bus.topics import DEAD_LETTER, TopicSpec
+from kumiki.common.config import KafkaSettings
+from kumiki.common.tracing import extract_context
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.bus")
+
+Handler = Callable[[Event, asyncpg.Connection | None], Awaitable[None]]
+INFRASTRUCTURE_ERRORS = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, KafkaError)
+
+
+class EventRejected(Exception):
+    """Raised by a handler for an event it can never apply (unknown queue, impossible value)."""
+
+
+class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: EventConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.owner._seek_to_stored(assigned)
+
+
+class EventConsumer:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        specs: Sequence[TopicSpec],
+        group_id: str,
+        handler: Handler,
+        producer: EventProducer,
+        *,
+        pool: asyncpg.Pool | None = None,
+        max_attempts: int = 3,
+        batch_size: int = 500,
+        dedupe_window: int = 100_000,
+    ) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self.handler = handler
+        self.producer = producer
+        self.pool = pool
+        self.max_attempts = max_attempts
+        self.batch_size = batch_size
+        self.dedupe_window = dedupe_window
+        self._specs = {spec.full_name(settings.topic_prefix): spec for spec in specs}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._stopping = asyncio.Event()
+        self.assigned = asyncio.Event()
+        self.handled = 0
+        self.dead_lettered = 0
+        self._consumer = AIOKafkaConsumer(
+            *self._specs,
+            **settings.client_options(),  # type: ignore[arg-type]
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_poll_records=batch_size,
+        )
+
+    async def start(self) -> None:
+        listener = _SeekToStoredOffsets(self)
+        self._consumer.subscribe(list(self._specs), listener=listener)
+        try:
+            await self._consumer.start()
+        except KafkaConnectionError as error:
+            raise BrokerUnavailable(
+                f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {self.settings.bootstrap} ({error})"
+            ) from None
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self._consumer.stop()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume until stopped; infrastructure errors propagate (nothing uncommitted is lost)."""
+        while not self._stopping.is_set():
+            batches = await self._consumer.getmany(timeout_ms=200, max_records=self.batch_size)
+            if self._consumer.assignment():
+                self.assigned.set()
+            for partition, records in batches.items():
+                if self._stopping.is_set():
+                    return
+                if self.pool is None:
+                    await self._process_committing_to_kafka(partition, records)
+                else:
+                    await self._process_in_transaction(partition, records)
+
+    async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
+        self.assigned.set()
+        if self.pool is None or not assigned:
+            return
+        rows = await self.pool.fetch(
+            "SELECT topic, partition, next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = $1",
+            self.group_id,
+        )
+        stored = {TopicPartition(row["topic"], row["partition"]): row["next_offset"] for row in rows}
+        for partition in assigned:
+            if partition in stored:
+                self._consumer.seek(partition, stored[partition])
+            else:
+                await self._consumer.seek_to_beginning(partition)
+
+    async def _process_committing_to_kafka(self, partition: TopicPartition, records: list[ConsumerRecord]) -> None:
+        for record in records:
+            await self._process_one(record, None)
+        await self._consumer.commit({partition: records[-1].offset + 1})
+
+    async def _process_in_transaction(self, partition: TopicPartition, records: list[ConsumerRecord]) -> None:
+        assert self.pool is not None
+        async with self.pool.acquire() as connection, connection.transaction():
+            for record in records:
+                await self._process_one(record, connection)
+            await connection.execute(
+                "INSERT INTO kumiki_bus.consumer_offsets (group_id, topic, partition, next_offset)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT (group_id, topic, partition)"
+                " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+                self.group_id, partition.topic, partition.partition, records[-1].offset + 1,
+            )
+        try:  # for lag monitoring only: the Postgres row is the truth
+            await self._consumer.commit({partition: records[-1].offset + 1})
+        except KafkaError as error:
+            log.warning("kafka offset commit failed (postgres offsets are authoritative)", extra={"error": str(error)})
+
+    async def _process_one(self, record: ConsumerRecord, connection: asyncpg.Connection | None) -> None:
+        spec = self._specs[record.topic]
+        headers = list(record.headers or ())
+        try:
+            event = decode(spec, record.key, record.value, headers)
+        except RejectedRecord as error:
+            await self._dead_letter(record, f"undecodable: {error}")
+            return
+        event = Event(event.topic, event.key, event.payload, event.attributes, headers, record.partition, record.offset)
+        if event.attributes.id in self._seen:
+            DUPLICATES.labels(spec.name, self.group_id).inc()
+            return
+        with tracer.start_as_current_span(
+            f"consume {spec.name}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER
+        ) as span:
+            span.set_attribute("messaging.message.id", event.attributes.id)
+            span.set_attribute("messaging.consumer.group.name", self.group_id)
+            reason = await self._call_handler(event, connection)
+        if reason is not None:
+            await self._dead_letter(record, reason)
+            return
+        self._remember(event.attributes.id)
+        self.handled += 1
+        CONSUMED.labels(spec.name, self.group_id).inc()
+
+    async def _call_handler(self, event: Event, connection: asyncpg.Connection | None) -> str | None:
+        """None when handled; the dead-letter reason otherwise."""
+        for attempt in range(1, self.max_attempts + 1):
+            started = time.perf_counter()
+            try:
+                if connection is None:
+                    await self.handler(event, None)
+                else:
+                    async with connection.transaction():  # a savepoint: a failed event leaves no trace
+                        await self.handler(event, connection)
+                return None
+            except EventRejected as error:
+                return f"rejected: {error}"
+            except INFRASTRUCTURE_ERRORS:
+                raise
+            except Exception as error:  # a handler bug must not block the partition forever
+                log.warning("handler failed", extra={"attempt": attempt, "ce_id": event.attributes.id, "error": repr(error)})
+                if attempt == self.max_attempts:
+                    return f"handler failed after {attempt} attempts: {error!r}"
+                await asyncio.sleep(0.05 * 2**attempt)
+            finally:
+                HANDLER_SECONDS.labels(event.topic.name, self.group_id).observe(time.perf_counter() - started)
+        return None
+
+    def _remember(self, event_id: str) -> None:
+        self._seen[event_id] = None
+        if len(self._seen) > self.dedupe_window:
+            self._seen.popitem(last=False)
+
+    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
+        headers = [*list(record.headers or ()),
+            ("kumiki_dlq_reason", reason.encode()),
+            ("kumiki_dlq_topic", record.topic.encode()),
+            ("kumiki_dlq_partition", str(record.partition).encode()),
+            ("kumiki_dlq_offset", str(record.offset).encode()),
+            ("kumiki_dlq_group", self.group_id.encode()),
+        ]
+        await self.producer.send_raw(
+            DEAD_LETTER.full_name(self.settings.topic_prefix), record.key, record.value, headers
+        )
+        self.dead_lettered += 1
+        DEAD_LETTERED.labels(self._specs[record.topic].name, self.group_id).inc()
+        log.warning("dead-lettered record", extra={"topic": record.topic, "offset": record.offset, "reason": reason})

@@ -1,0 +1,230 @@
+"""The imperative shell every service shares: config, logs, traces, bus, database, gRPC, health, metrics.
+
+A service describes itself with a `ServiceSpec` (name, ports, schema, consumed topics, gRPC servicers)
+and `run_service` does the rest, so a reader who knows one service's `app.py` knows all five.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+
+from kumiki.common.bus import ALL_TOPICS, EventConsumer, EventProducer, TopicSpec, ensure_topics
+from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.bus.consumer import Handler
+from kumiki.common.config import ConfigError, Settings
+from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
+from kumiki.common.logs import configure_logging
+from kumiki.common.tracing import configure_tracing
+
+log = logging.getLogger(__name__)
+
+UP = Gauge("kumiki_service_ready", "1 when the service is ready", ["service"])
+
+
+@dataclass
+class Runtime:
+    """What a service's wiring gets to work with once the shell has started."""
+
+    settings: Settings
+    producer: EventProducer
+    pool: asyncpg.Pool | None
+    consumers: list[EventConsumer] = field(default_factory=list)
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def consume(self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False) -> EventConsumer:
+        consumer = EventConsumer(
+            self.settings.kafka, specs, group, handler, self.producer, pool=self.pool if exactly_once else None
+        )
+        self.consumers.append(consumer)
+        return consumer
+
+
+# A service's wiring: given the runtime and the gRPC server, register servicers and consumers.
+Wiring = Callable[[Runtime, grpc.aio.Server], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    grpc_port: int
+    http_port: int
+    wire: Wiring
+    schema: str | None = None  # Postgres schema; None = the service needs no database
+    migrations: str | None = None  # package holding NNNN_name.sql files
+    grpc_services: tuple[str, ...] = ()  # full names, for health and reflection
+
+
+class ServiceHost:
+    """Starts and stops one service; `ready` is what /readyz and gRPC health report."""
+
+    def __init__(self, spec: ServiceSpec, settings: Settings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.ready = False
+        self.runtime: Runtime | None = None
+        self.grpc_server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self.grpc_port = 0
+        self.http_port = 0
+        self._http_runner: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        settings = self.settings
+        await self._start_http()  # liveness first, so a slow broker shows up as not-ready, not dead
+        pool = None
+        if self.spec.schema is not None:
+            pool = await create_pool(settings.database)
+            await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
+            if self.spec.migrations:
+                await apply_migrations(pool, self.spec.schema, self.spec.migrations)
+        await ensure_topics(settings.kafka, ALL_TOPICS)
+        producer = EventProducer(settings.kafka, f"//kumiki/{self.spec.name}/{settings.instance}")
+        await producer.start()
+        self.runtime = Runtime(settings, producer, pool)
+        self.grpc_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        await self.spec.wire(self.runtime, self.grpc_server)
+        address = f"{settings.server.host}:{settings.server.grpc_port}"
+        if settings.server.tls_certfile and settings.server.tls_keyfile:
+            client_ca = settings.server.tls_client_cafile.read_bytes() if settings.server.tls_client_cafile else None
+            credentials = grpc.ssl_server_credentials(
+                [(settings.server.tls_keyfile.read_bytes(), settings.server.tls_certfile.read_bytes())],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,
+            )
+            self.grpc_port = self.grpc_server.add_secure_port(address, credentials)
+        else:
+            self.grpc_port = self.grpc_server.add_insecure_port(address)
+        await self.grpc_server.start()
+        for consumer in self.runtime.consumers:
+            await consumer.start()
+            self.runtime.background.append(asyncio.create_task(consumer.run(), name=f"consume-{consumer.group_id}"))
+        for name in ("", *self.spec.grpc_services):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.ready = True
+        UP.labels(self.spec.name).set(1)
+        log.info("service ready", extra={"grpc_port": self.grpc_port, "http_port": self.http_port,
+                                         "kafka": settings.kafka.bootstrap,
+                                         "database": settings.database.redacted() if pool else "none"})
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._http_runner = web.AppRunner(app, access_log=None)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, self.settings.server.host, self.settings.server.http_port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.http_port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive", "service": self.spec.name})
+
+    def _failed_task(self) -> str | None:
+        for task in self.runtime.background if self.runtime else []:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return f"{task.get_name()}: {task.exception()!r}"
+        return None
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        failed = self._failed_task()
+        ready = self.ready and failed is None
+        body = {
+            "status": "ready" if ready else "not ready",
+            "service": self.spec.name,
+            "grpc_port": self.grpc_port,
+            "kafka": self.settings.kafka.bootstrap,
+            "database": self.settings.database.redacted() if self.spec.schema else None,
+        }
+        if failed:
+            body["error"] = failed
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def wait(self) -> None:
+        """Until stop() or a background task dies (then raise: the process exits and is restarted)."""
+        while not self._stopped.is_set():
+            failed = self._failed_task()
+            if failed:
+                raise RuntimeError(f"background task failed: {failed}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), timeout=1.0)
+
+    async def stop(self) -> None:
+        self.ready = False
+        UP.labels(self.spec.name).set(0)
+        await self.health.enter_graceful_shutdown()
+        if self.runtime:
+            for consumer in self.runtime.consumers:
+                consumer.request_stop()
+            for task in self.runtime.background:
+                task.cancel()
+            await asyncio.gather(*self.runtime.background, return_exceptions=True)
+            for consumer in self.runtime.consumers:
+                await consumer.stop()
+        if self.grpc_server:
+            await self.grpc_server.stop(grace=2.0)
+        if self.runtime:
+            await self.runtime.producer.stop()
+            if self.runtime.pool:
+                await self.runtime.pool.close()
+        if self._http_runner:
+            await self._http_runner.cleanup()
+        self._stopped.set()
+
+
+async def _serve(spec: ServiceSpec, settings: Settings) -> None:
+    host = ServiceHost(spec, settings)
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    try:
+        await host.start()
+        waiter = asyncio.create_task(host.wait())
+        stopper = asyncio.create_task(stop_requested.wait())
+        done, _ = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if waiter in done:
+            waiter.result()
+        waiter.cancel()
+    finally:
+        await host.stop()
+
+
+def run_service(spec: ServiceSpec, argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m kumiki.<service>`: exit 2 with one line on bad configuration."""
+    try:
+        settings = Settings.from_env(spec.name, grpc_port=spec.grpc_port, http_port=spec.http_port)
+    except ConfigError as error:
+        print(f"kumiki-{spec.name}: configuration error: {error}", file=sys.stderr)
+        return 2
+    configure_logging(spec.name, settings.log_level)
+    configure_tracing(spec.name, settings.otlp_endpoint)
+    try:
+        asyncio.run(_serve(spec, settings))
+    except (BrokerUnavailable, DatabaseUnavailable, MigrationError) as error:
+        print(f"kumiki-{spec.name}: {error}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        pass
+    return 0

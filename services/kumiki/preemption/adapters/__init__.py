@@ -1,0 +1,1 @@
+"""Adapters of the preemption service: gRPC (Checkpoints) and the Postgres checkpoint registry."""
