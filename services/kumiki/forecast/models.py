@@ -1,199 +1,431 @@
 """Run-time forecasters learned online from job history (pure: no I/O, deterministic).
 
-Run times are heavy-tailed (seconds to weeks), so every model works on log run time and its
-error is measured as |log error|. A forecaster sees a job at submit (`predict`) and learns from it
-when it finishes (`observe`); it never sees a duration before the job has finished.
+Run times are heavy-tailed (seconds to weeks), so every model works on log run time and its error
+is measured as |log error|. A forecaster sees a job at submit (`predict`) and learns from it when it
+finishes (`observe`); it never sees a duration before the job has finished.
 
-The default forecaster (`build_default_forecaster`) keeps cheap per-key statistics that update in
-O(1) per completion, refits a statsmodels quantile regression every `refit_every` completions on a
-bounded window, and calibrates its p90 online (conformal) so that ~90% of jobs finish under it.
+What Philly taught (docs/forecast.md has the numbers): a key's *long* history predicts better than
+its last few runs, because jobs arrive in bursts of ~100 near-identical runs (sweeps) and the last
+burst says little about the next one. So the default forecaster keeps rolling medians over short and
+long windows per key (O(window) memmove per completion, no refit), falls back key → queue → global
+for cold keys, takes the median of a few such experts, and calibrates its p90 online. The statsmodels
+quantile regression (refit every `refit_every` completions on a bounded window) is a model of its own
+and an optional expert: it scored worse than the medians on Philly, so it is not in the default.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
+import warnings
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from statsmodels.regression.quantile_regression import QuantReg
 
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster
 
 # Run times below a second carry no information beyond "very short"; clamping keeps logs finite.
 MIN_RUNTIME_S = 1.0
-P90_TARGET = 0.9
+P90_LEVEL = 0.9
+# Before any job has finished: half an hour, and a p90 e^2 (~7x) above it.
+PRIOR_LOG_S = math.log(1800.0)
+PRIOR_P90_OFFSET = 2.0
+
+Key = tuple[str, ...]
+GLOBAL_KEY: Key = ("all",)
 
 
 def log_runtime(runtime_s: float) -> float:
     return math.log(max(runtime_s, MIN_RUNTIME_S))
 
 
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2.0
-
-
-def quantile(values: Sequence[float], level: float) -> float:
-    """Empirical quantile (linear interpolation), same as numpy's default."""
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("quantile of no values")
-    position = level * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def job_keys(job: JobFeatures) -> tuple[tuple[str, ...], ...]:
+def job_keys(job: JobFeatures) -> tuple[Key, ...]:
     """History keys from most specific to least: (queue, user, gpus, name) → (queue, gpus) → queue → all.
 
-    Empty user/name fields (the Philly trace has neither) collapse into the coarser key, so a trace
-    without them does not pay for a level that carries no information.
+    Empty user and name fields (the Philly trace has neither) drop the most specific level rather
+    than keep a level that duplicates (queue, gpus).
     """
-    gpus = f"{job.gpus:g}"
-    keys: list[tuple[str, ...]] = []
-    if job.user or job.name:
-        keys.append(("k", job.queue, job.user, gpus, job.name))
-    keys.append(("qg", job.queue, gpus))
-    keys.append(("q", job.queue))
-    keys.append(("all",))
+    return _keys(job.queue, job.user, job.gpus, job.name)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _keys(queue: str, user: str, gpus: float, name: str) -> tuple[Key, ...]:
+    count = f"{gpus:g}"
+    keys: list[Key] = []
+    if user or name:
+        keys.append(("k", queue, user, count, name))
+    keys.append(("qg", queue, count))
+    keys.append(("q", queue))
+    keys.append(GLOBAL_KEY)
     return tuple(keys)
 
 
-class RecentHistory:
-    """The last `capacity` log run times per key, in completion order."""
+class RollingWindow:
+    """The last `capacity` values in arrival order and in sorted order: quantiles in O(1)."""
+
+    __slots__ = ("_order", "_sorted", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._by_key: dict[tuple[str, ...], deque[float]] = {}
+        self._order: deque[float] = deque()
+        self._sorted: list[float] = []
 
-    def add(self, keys: Iterable[tuple[str, ...]], value: float) -> None:
-        for key in keys:
-            history = self._by_key.get(key)
-            if history is None:
-                history = self._by_key[key] = deque(maxlen=self.capacity)
-            history.append(value)
+    def __len__(self) -> int:
+        return len(self._order)
 
-    def get(self, key: tuple[str, ...]) -> deque[float]:
-        return self._by_key.get(key, deque())
+    def add(self, value: float) -> None:
+        if len(self._order) == self.capacity:
+            oldest = self._order.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, oldest)]
+        self._order.append(value)
+        bisect.insort(self._sorted, value)
 
+    def quantile(self, level: float) -> float:
+        """Empirical quantile with linear interpolation (numpy's default)."""
+        if not self._sorted:
+            raise ValueError("quantile of an empty window")
+        position = level * (len(self._sorted) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(self._sorted) - 1)
+        return self._sorted[low] + (self._sorted[high] - self._sorted[low]) * (position - low)
 
-class ConformalP90:
-    """Online calibration of the p90 as an offset on log run time above the p50.
+    def median(self) -> float:
+        return self.quantile(0.5)
 
-    The offset is the empirical (1 - alpha_t) quantile of recent residuals (log actual - log p50).
-    Completions arrive late and skewed to short jobs, so a fixed alpha under-covers; alpha_t is
-    steered by the realised coverage of the p90s actually issued (adaptive conformal inference,
-    Gibbs & Candès 2021), which corrects that bias without knowing its size.
-    """
-
-    def __init__(
-        self,
-        *,
-        target: float = P90_TARGET,
-        window: int = 2000,
-        refresh_every: int = 50,
-        step: float = 0.005,
-        initial_offset: float = 1.5,
-    ) -> None:
-        self.target = target
-        self.step = step
-        self.refresh_every = refresh_every
-        self._residuals: deque[float] = deque(maxlen=window)
-        self._alpha = 1.0 - target
-        self._offset = initial_offset
-        self._since_refresh = 0
-
-    @property
-    def offset(self) -> float:
-        return self._offset
-
-    def update(self, residual: float, covered: bool | None) -> None:
-        """Record one residual; `covered` is whether the p90 issued for that job held (None: none issued)."""
-        self._residuals.append(residual)
-        if covered is not None:
-            miss = 0.0 if covered else 1.0
-            # Keep alpha inside (0, 1): the quantile of a bounded window cannot go beyond its extremes.
-            self._alpha = min(0.5, max(0.001, self._alpha + self.step * ((1.0 - self.target) - miss)))
-        self._since_refresh += 1
-        if self._since_refresh >= self.refresh_every or len(self._residuals) <= self.refresh_every:
-            self._since_refresh = 0
-            self._offset = max(0.0, quantile(list(self._residuals), 1.0 - self._alpha))
+    def last(self, count: int) -> list[float]:
+        return list(self._order)[-count:]
 
 
 @dataclass(frozen=True, slots=True)
-class HistoryEstimate:
-    log_p50: float
-    level: int  # index into job_keys(): 0 is the most specific key
-    count: int
+class HistoryConfig:
+    long_window: int = 1000
+    short_window: int = 100
+    recent_window: int = 20
+    min_count: int = 3  # a key needs this many completions before its own median is trusted
 
 
-class HierarchicalMedian:
-    """Median of the recent log run times of the most specific key with enough history.
+class KeyedHistory:
+    """Rolling windows of log run time for every key level of every job seen finishing."""
 
-    Falls back key → queue → global for cold starts; with no history at all it returns the prior.
+    def __init__(self, config: HistoryConfig) -> None:
+        self.config = config
+        self._windows: dict[tuple[Key, int], RollingWindow] = {}
+        self.counts: dict[Key, int] = {}
+
+    def add(self, job: JobFeatures, log_runtime_s: float) -> None:
+        sizes = (self.config.long_window, self.config.short_window, self.config.recent_window)
+        for key in job_keys(job):
+            self.counts[key] = self.counts.get(key, 0) + 1
+            for size in sizes:
+                window = self._windows.get((key, size))
+                if window is None:
+                    window = self._windows[(key, size)] = RollingWindow(size)
+                window.add(log_runtime_s)
+
+    def window(self, key: Key, size: int) -> RollingWindow | None:
+        return self._windows.get((key, size))
+
+    def median(self, job: JobFeatures, size: int, *, skip_levels: int = 0) -> float:
+        """Median of the most specific key with enough history: key → queue → global → prior."""
+        for key in job_keys(job)[skip_levels:]:
+            window = self._windows.get((key, size))
+            needed = 1 if key == GLOBAL_KEY else self.config.min_count
+            if window is not None and len(window) >= needed:
+                return window.median()
+        return PRIOR_LOG_S
+
+
+@dataclass(frozen=True, slots=True)
+class QuantRegConfig:
+    refit_every: int = 1000  # completions between refits: bounds CPU, serving never waits on it
+    window: int = 4000  # most recent completions a refit sees
+    min_rows: int = 300
+    max_iter: int = 500
+
+
+FEATURE_NAMES = (
+    "intercept",
+    "history_long",
+    "history_short",
+    "history_recent",
+    "queue_long",
+    "global_long",
+    "log2_gpus",
+    "log_key_count",
+)
+
+
+def job_vector(job: JobFeatures, history: KeyedHistory) -> tuple[float, ...]:
+    """The regression's features of a job, from what is known at the moment it is called."""
+    config = history.config
+    key = job_keys(job)[0]
+    return (
+        1.0,
+        history.median(job, config.long_window),
+        history.median(job, config.short_window),
+        history.median(job, config.recent_window),
+        history.median(job, config.long_window, skip_levels=len(job_keys(job)) - 2),
+        history.median(job, config.long_window, skip_levels=len(job_keys(job)) - 1),
+        math.log2(max(job.gpus, 1e-3)),
+        math.log1p(history.counts.get(key, 0)),
+    )
+
+
+class QuantileRegression:
+    """statsmodels QuantReg for p50 and p90 of log run time, refit periodically on a bounded window.
+
+    Rows are the features a job had at submit (cached then), so training sees what serving saw.
+    A failed or non-converged fit keeps the previous coefficients.
     """
 
-    def __init__(self, *, recent: int = 20, min_count: int = 3, prior_log_s: float = math.log(1800)) -> None:
-        self.recent = recent
-        self.min_count = min_count
-        self.prior_log_s = prior_log_s
-        self.history = RecentHistory(recent)
+    def __init__(self, config: QuantRegConfig) -> None:
+        self.config = config
+        self._rows: deque[tuple[tuple[float, ...], float]] = deque(maxlen=config.window)
+        self._since_fit = 0
+        self.coef_p50: np.ndarray | None = None
+        self.coef_p90: np.ndarray | None = None
+        self.version = 0
 
-    def estimate(self, job: JobFeatures) -> HistoryEstimate:
-        keys = job_keys(job)
-        for level, key in enumerate(keys):
-            values = self.history.get(key)
-            needed = 1 if key == ("all",) else self.min_count
-            if len(values) >= needed:
-                return HistoryEstimate(median(list(values)), level, len(values))
-        return HistoryEstimate(self.prior_log_s, len(keys), 0)
+    def add(self, features: tuple[float, ...], log_runtime_s: float) -> None:
+        self._rows.append((features, log_runtime_s))
+        self._since_fit += 1
+        first_fit = self.coef_p50 is None and len(self._rows) >= self.config.min_rows
+        if first_fit or (self.coef_p50 is not None and self._since_fit >= self.config.refit_every):
+            self.refit()
 
-    def observe(self, job: JobFeatures, log_runtime_s: float) -> None:
-        self.history.add(job_keys(job), log_runtime_s)
+    def refit(self) -> None:
+        self._since_fit = 0
+        design = np.array([row for row, _ in self._rows], dtype=float)
+        target = np.array([value for _, value in self._rows], dtype=float)
+        p50 = self._fit(design, target, 0.5)
+        p90 = self._fit(design, target, P90_LEVEL)
+        if p50 is not None and p90 is not None:
+            self.coef_p50, self.coef_p90 = p50, p90
+            self.version += 1
+
+    def _fit(self, design: np.ndarray, target: np.ndarray, level: float) -> np.ndarray | None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # IterationLimitWarning, ConvergenceWarning: judged below
+            try:
+                result = QuantReg(target, design).fit(q=level, max_iter=self.config.max_iter)
+            except (np.linalg.LinAlgError, ValueError):
+                return None
+        params = np.asarray(result.params, dtype=float)
+        return params if bool(np.all(np.isfinite(params))) else None
+
+    def predict(self, features: tuple[float, ...]) -> tuple[float, float] | None:
+        if self.coef_p50 is None or self.coef_p90 is None:
+            return None
+        vector = np.asarray(features, dtype=float)
+        log_p50 = float(vector @ self.coef_p50)
+        return log_p50, max(log_p50, float(vector @ self.coef_p90))
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationConfig:
+    window: int = 300  # residuals per key
+    min_residuals: int = 30
+    step: float = 0.02  # adaptive correction per completion, on log seconds
+    target: float = P90_LEVEL
+
+
+class ConformalP90:
+    """Online calibration of the p90 as an offset above the p50, on log seconds.
+
+    The offset is the empirical 90% quantile of recent residuals (log actual - log p50) of the most
+    specific key with enough of them, so steady keys get tight p90s and erratic ones wide. Completions
+    arrive late and skewed to short jobs, so the plain quantile under-covers; a global correction is
+    steered by the realised coverage of the p90s actually issued (adaptive conformal inference,
+    Gibbs & Candès 2021), which removes that bias without knowing its size.
+    """
+
+    def __init__(self, config: CalibrationConfig) -> None:
+        self.config = config
+        self._residuals: dict[Key, RollingWindow] = {}
+        self.correction = 0.0
+
+    def offset(self, job: JobFeatures) -> float:
+        for key in job_keys(job):
+            window = self._residuals.get(key)
+            if window is not None and len(window) >= self.config.min_residuals:
+                return max(0.0, window.quantile(self.config.target) + self.correction)
+        return max(0.0, PRIOR_P90_OFFSET + self.correction)
+
+    def update(self, job: JobFeatures, residual: float, covered: bool | None) -> None:
+        """Learn one residual; `covered`: whether the p90 issued for that job held (None: none issued)."""
+        for key in job_keys(job):
+            window = self._residuals.get(key)
+            if window is None:
+                window = self._residuals[key] = RollingWindow(self.config.window)
+            window.add(residual)
+        if covered is not None:
+            miss = 0.0 if covered else 1.0
+            self.correction += self.config.step * (miss - (1.0 - self.config.target))
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """What was forecast for a job at submit, kept until it finishes to calibrate on it."""
+
+    features: tuple[float, ...]
+    log_p50: float
+    log_p90: float
+
+
+# Expert name -> index of its value in job_vector().
+EXPERT_FEATURES = {
+    "history-long": 1,
+    "history-short": 2,
+    "history-recent": 3,
+    "queue-long": 4,
+    "global-long": 5,
+}
+EXPERTS = (*EXPERT_FEATURES, "quantreg")
+DEFAULT_EXPERTS = ("history-short", "history-long", "global-long")
+
+
+@dataclass(frozen=True, slots=True)
+class KumikiConfig:
+    history: HistoryConfig = HistoryConfig()
+    quantreg: QuantRegConfig = QuantRegConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
+    experts: tuple[str, ...] = DEFAULT_EXPERTS
 
 
 class KumikiForecaster:
-    """The default forecaster: hierarchical recent-history median with conformal p90.
+    """The median of several experts' log p50, with a conformal p90.
 
-    `model_version` counts model updates (completions learned from), so two forecasts with the
-    same version came from the same state.
+    The default experts are the key's median over its last 100 and last 1000 runs and the median
+    of the last 1000 runs cluster-wide. Their median follows a key that has a stable history,
+    and shrinks a key whose recent burst disagrees with its long history towards the cluster-wide
+    value; on Philly it beat each expert alone, per-key selection of the best expert by its recent
+    error, and a quantile regression stacked on the experts (docs/forecast.md).
+
+    `model` of a forecast is "kumiki"; `model_version` counts the completions learned from, so equal
+    versions mean the same state.
     """
 
-    name = "kumiki-history"
+    name = "kumiki"
 
-    def __init__(self, *, recent: int = 20, min_count: int = 3) -> None:
-        self.median_model = HierarchicalMedian(recent=recent, min_count=min_count)
-        self.calibration = ConformalP90()
+    def __init__(self, config: KumikiConfig | None = None) -> None:
+        self.config = config or KumikiConfig()
+        unknown = set(self.config.experts) - set(EXPERTS)
+        if unknown or not self.config.experts:
+            raise ValueError(f"experts must be a non-empty subset of {EXPERTS}, got {self.config.experts}")
+        self.history = KeyedHistory(self.config.history)
+        self.regression = (
+            QuantileRegression(self.config.quantreg) if "quantreg" in self.config.experts else None
+        )
+        self.calibration = ConformalP90(self.config.calibration)
         self.version = 0
-        self._issued: dict[str, tuple[float, float]] = {}  # job_id -> (log p50, log p90) issued at submit
+        self._issued: dict[str, Issued] = {}
+
+    def _log_p50(self, features: tuple[float, ...]) -> float:
+        values = [features[EXPERT_FEATURES[name]] for name in self.config.experts if name in EXPERT_FEATURES]
+        if self.regression is not None:
+            fitted = self.regression.predict(features)
+            values.append(features[1] if fitted is None else fitted[0])
+        return median(values)
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
-        estimate = self.median_model.estimate(job)
-        log_p90 = estimate.log_p50 + self.calibration.offset
-        self._issued[job.job_id] = (estimate.log_p50, log_p90)
-        return RuntimeForecast(
-            p50_s=math.exp(estimate.log_p50),
-            p90_s=math.exp(log_p90),
-            model=self.name,
-            model_version=self.version,
-        )
+        features = job_vector(job, self.history)
+        log_p50 = self._log_p50(features)
+        log_p90 = log_p50 + self.calibration.offset(job)
+        self._issued[job.job_id] = Issued(features, log_p50, log_p90)
+        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         actual = log_runtime(runtime_s)
         issued = self._issued.pop(job.job_id, None)
         if issued is None:  # learned from history it never forecast (e.g. a warm start)
-            self.calibration.update(actual - self.median_model.estimate(job).log_p50, None)
+            features = job_vector(job, self.history)
+            self.calibration.update(job, actual - self._log_p50(features), None)
         else:
-            self.calibration.update(actual - issued[0], actual <= issued[1])
-        self.median_model.observe(job, actual)
+            features = issued.features
+            self.calibration.update(job, actual - issued.log_p50, actual <= issued.log_p90)
+        if self.regression is not None:
+            self.regression.add(features, actual)
+        self.history.add(job, actual)
         self.version += 1
+
+
+class HistoryMedianForecaster:
+    """One expert alone: hierarchical rolling median of log run time, with the same conformal p90."""
+
+    def __init__(self, *, window: int = 1000, name: str = "history-median") -> None:
+        self.name = name
+        self.window = window
+        self.history = KeyedHistory(
+            HistoryConfig(long_window=window, short_window=window, recent_window=window)
+        )
+        self.calibration = ConformalP90(CalibrationConfig())
+        self.version = 0
+        self._issued: dict[str, tuple[float, float]] = {}
+
+    def predict(self, job: JobFeatures) -> RuntimeForecast:
+        log_p50 = self.history.median(job, self.window)
+        log_p90 = log_p50 + self.calibration.offset(job)
+        self._issued[job.job_id] = (log_p50, log_p90)
+        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.version)
+
+    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        actual = log_runtime(runtime_s)
+        issued = self._issued.pop(job.job_id, None)
+        if issued is None:
+            self.calibration.update(job, actual - self.history.median(job, self.window), None)
+        else:
+            self.calibration.update(job, actual - issued[0], actual <= issued[1])
+        self.history.add(job, actual)
+        self.version += 1
+
+
+class QuantRegForecaster:
+    """The quantile regression alone: its own p50 and p90 (uncalibrated), history median until first fit."""
+
+    name = "quantreg"
+
+    def __init__(self, config: QuantRegConfig | None = None, history: HistoryConfig | None = None) -> None:
+        self.history = KeyedHistory(history or HistoryConfig())
+        self.regression = QuantileRegression(config or QuantRegConfig())
+        self._features: dict[str, tuple[float, ...]] = {}
+
+    def predict(self, job: JobFeatures) -> RuntimeForecast:
+        features = job_vector(job, self.history)
+        self._features[job.job_id] = features
+        fitted = self.regression.predict(features)
+        log_p50, log_p90 = fitted if fitted is not None else (features[1], features[1] + PRIOR_P90_OFFSET)
+        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.regression.version)
+
+    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        actual = log_runtime(runtime_s)
+        features = self._features.pop(job.job_id, None) or job_vector(job, self.history)
+        self.regression.add(features, actual)
+        self.history.add(job, actual)
 
 
 def build_default_forecaster() -> RuntimeForecaster:
     """The forecaster the simulator's Kumiki policy and the forecast service use."""
     return KumikiForecaster()
+
+
+def model_factories() -> dict[str, Callable[[], RuntimeForecaster]]:
+    """Kumiki's models by report name; each call builds a fresh, untrained one."""
+    return {
+        "kumiki": build_default_forecaster,
+        "history-median": HistoryMedianForecaster,
+        "quantreg": QuantRegForecaster,
+    }
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("median of no values")
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0

@@ -1,0 +1,146 @@
+"""Replay a trace through forecasters the way a live cluster would see it, and score them (pure).
+
+Jobs are replayed in submit order. Before a job is forecast, every job that finished strictly
+before its submit time (finish = submit + duration: the trace has no queueing) is observed; no
+other duration is ever handed to a forecaster, and `JobFeatures` has no duration field at all.
+Every job is forecast (the forecasters learn from their own issued forecasts), but only jobs
+submitted in [start_s, end_s) are scored; earlier jobs only train.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
+from kumiki.forecast.models import log_runtime, median, model_factories
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
+from kumiki.sim.trace import TraceJob
+
+ForecasterFactory = Callable[[], RuntimeForecaster]
+Progress = Callable[[int, int], None]
+
+
+def baseline_factories() -> dict[str, ForecasterFactory]:
+    return {"global-median": GlobalMedianSoFar, "last-two": LastTwoSameKey}
+
+
+def default_factories() -> dict[str, ForecasterFactory]:
+    """Kumiki's models first, then the baselines; names are the report's model names."""
+    return {**model_factories(), **baseline_factories()}
+
+
+def job_features(job: TraceJob) -> JobFeatures:
+    """What a live cluster knows at submit; the trace's `model` column is the job's name/image."""
+    if job.submit_s is None:
+        raise ValueError(f"job {job.job_id} has no submit time")
+    return JobFeatures(
+        job_id=job.job_id,
+        queue=job.queue,
+        user=job.user,
+        gpus=job.gpus,
+        name=job.model,
+        submit_s=job.submit_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    job_id: str
+    model: str
+    p50_s: float
+    p90_s: float
+    actual_s: float
+    chosen: str  # the model name the forecaster reported (e.g. which expert)
+    submit_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelScore:
+    jobs: int
+    median_abs_log_error: float
+    mae_s: float
+    p90_coverage: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "jobs": self.jobs,
+            "median_abs_log_error": self.median_abs_log_error,
+            "mae_s": self.mae_s,
+            "p90_coverage": self.p90_coverage,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    predictions: tuple[Prediction, ...]
+    scores: dict[str, ModelScore]
+    trained_only: int  # jobs before start_s: observed, not scored
+    skipped: int  # jobs without a submit time or duration: cannot be replayed
+
+
+def replayable(jobs: Sequence[TraceJob]) -> tuple[list[TraceJob], int]:
+    """Jobs with both a submit time and a duration, in submit order (file order breaks ties)."""
+    usable = [job for job in jobs if job.submit_s is not None and job.duration_s is not None]
+    order = sorted(range(len(usable)), key=lambda index: (usable[index].submit_s or 0.0, index))
+    return [usable[index] for index in order], len(jobs) - len(usable)
+
+
+def score(predictions: Sequence[Prediction]) -> ModelScore:
+    if not predictions:
+        return ModelScore(0, math.nan, math.nan, math.nan)
+    log_errors = [abs(log_runtime(p.p50_s) - log_runtime(p.actual_s)) for p in predictions]
+    return ModelScore(
+        jobs=len(predictions),
+        median_abs_log_error=median(log_errors),
+        mae_s=sum(abs(p.p50_s - p.actual_s) for p in predictions) / len(predictions),
+        p90_coverage=sum(1 for p in predictions if p.actual_s <= p.p90_s) / len(predictions),
+    )
+
+
+def replay(
+    jobs: Sequence[TraceJob],
+    factories: Mapping[str, ForecasterFactory],
+    *,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    progress: Progress | None = None,
+) -> Evaluation:
+    """Forecast every job at submit from the jobs finished before it; score those in [start_s, end_s)."""
+    if not factories:
+        raise ValueError("no models to evaluate")
+    if start_s is not None and end_s is not None and end_s <= start_s:
+        raise ValueError(f"end_s ({end_s:g}) must be after start_s ({start_s:g})")
+    ordered, skipped = replayable(jobs)
+    if end_s is not None:
+        ordered = [job for job in ordered if (job.submit_s or 0.0) < end_s]
+    forecasters = {name: factory() for name, factory in factories.items()}
+    # (finish_s, sequence, features, duration): the sequence keeps equal finish times in submit order.
+    running: list[tuple[float, int, JobFeatures, float]] = []
+    predictions: list[Prediction] = []
+    trained_only = 0
+    for sequence, job in enumerate(ordered):
+        assert job.submit_s is not None and job.duration_s is not None
+        now = job.submit_s
+        while running and running[0][0] < now:
+            finished_s, _, done, duration_s = heapq.heappop(running)
+            for forecaster in forecasters.values():
+                forecaster.observe(done, duration_s, finished_s)
+        features = job_features(job)
+        scored = start_s is None or now >= start_s
+        for name, forecaster in forecasters.items():
+            forecast = forecaster.predict(features)
+            if scored:
+                predictions.append(
+                    Prediction(
+                        job.job_id, name, forecast.p50_s, forecast.p90_s, job.duration_s, forecast.model, now
+                    )
+                )
+        trained_only += 0 if scored else 1
+        heapq.heappush(running, (now + job.duration_s, sequence, features, job.duration_s))
+        if progress is not None:
+            progress(sequence + 1, len(ordered))
+    scores = {name: score([p for p in predictions if p.model == name]) for name in forecasters}
+    return Evaluation(tuple(predictions), scores, trained_only, skipped)
