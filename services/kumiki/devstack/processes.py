@@ -1,0 +1,82 @@
+"""Detached processes with pid files, and waiting for ports: the plumbing of the local stack."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """Something in the local stack could not start or stop; the message says what and where to look."""
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout):
+        return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie child counts as gone
+        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return status != "Z"
+    return True
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+    """Start a process in its own session (it outlives this CLI), output appended to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+        )
+    return process.pid
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, pid: int | None, what: str, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_open(host, port):
+            return
+        if pid is not None and not alive(pid):
+            raise StackError(f"{what} exited during start-up; see {log_path}")
+        time.sleep(0.2)
+    raise StackError(f"{what} did not open {host}:{port} within {timeout_s:.0f}s; see {log_path}")
+
+
+def terminate(pid: int | None, timeout_s: float = 20.0) -> bool:
+    """SIGTERM the process group, SIGKILL after the timeout; True when something was stopped."""
+    if not alive(pid):
+        return False
+    assert pid is not None
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True

@@ -1,0 +1,1 @@
+"""Adapters of the placement service: gRPC Placement."""

@@ -1,0 +1,1 @@
+"""Adapters of the quota service: gRPC Quota."""

@@ -1,0 +1,1 @@
+"""Adapters of telemetry ingest: the gpu.samples consumer and its Prometheus gauges."""
