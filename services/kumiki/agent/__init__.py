@@ -1,1 +1,1 @@
-"""agent."""
+"""Node agent: GPU inventory and samples from NVML (pynvml) or dcgm-exporter, for telemetry ingest."""

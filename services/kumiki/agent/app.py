@@ -1,0 +1,443 @@
+"""The node agent process: options, source and sink wiring, the sampling loop, record and replay.
+
+    python -m kumiki.agent --node NAME --interval-s 1 --output -         # JSON lines on stdout
+    python -m kumiki.agent --node NAME --record DIR --duration-s 60       # keep a fixture
+    python -m kumiki.agent --replay DIR --output -                        # play it back
+    python -m kumiki.agent --node NAME --source dcgm --dcgm-url http://localhost:9400/metrics
+
+Meant to run as a DaemonSet: the node name comes from KUMIKI_NODE_NAME (downward API) when --node
+is not given. SIGTERM ends the run cleanly after the tick in progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from kumiki.agent.core import (
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
+    GpuInventory,
+    GpuSample,
+    InventorySink,
+    RecordError,
+    SampleSink,
+    TickSchedule,
+    group_by_timestamp,
+    node_name_error,
+)
+
+log = logging.getLogger("kumiki.agent")
+
+SOURCES = ("nvml", "dcgm")
+
+
+class ConfigError(ValueError):
+    """A bad option; printed as one line naming it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str | None
+    source: str
+    interval_s: float
+    duration_s: float | None
+    output: str | None
+    record_dir: Path | None
+    replay_dir: Path | None
+    dcgm_url: str
+    speed: float
+    keep_timestamps: bool
+    log_level: str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kumiki.agent",
+        description="Kumiki node agent: GPU inventory and samples from NVML or dcgm-exporter.",
+    )
+    parser.add_argument("--node", default=os.environ.get("KUMIKI_NODE_NAME"),
+                        help="Kubernetes node name (default: $KUMIKI_NODE_NAME)")
+    parser.add_argument("--source", default=os.environ.get("KUMIKI_AGENT_SOURCE", "nvml"),
+                        help="nvml (pynvml, default) or dcgm (scrape dcgm-exporter)")
+    parser.add_argument("--interval-s", default=os.environ.get("KUMIKI_AGENT_INTERVAL_S", "1"),
+                        help=f"seconds between samples, {MIN_INTERVAL_S}..{MAX_INTERVAL_S} (default 1)")
+    parser.add_argument("--duration-s", default=None, help="stop after this many seconds (default: run)")
+    parser.add_argument("--output", default=None,
+                        help="JSON-lines target: '-' for stdout or a file (default '-' unless --record)")
+    parser.add_argument("--record", default=None, metavar="DIR",
+                        help="record inventory + samples into DIR (a replayable fixture)")
+    parser.add_argument("--replay", default=None, metavar="DIR", help="replay a recording from DIR")
+    parser.add_argument("--speed", default="1",
+                        help="replay speed factor; 0 replays as fast as the sink takes it (default 1)")
+    parser.add_argument("--keep-timestamps", action="store_true",
+                        help="replay with the recorded timestamps instead of shifting them to now")
+    parser.add_argument("--dcgm-url", default=os.environ.get("KUMIKI_DCGM_URL",
+                                                             "http://localhost:9400/metrics"),
+                        help="dcgm-exporter metrics URL (default http://localhost:9400/metrics)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    return parser
+
+
+def _number(option: str, text: str, *, low: float, high: float, low_open: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(option, f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        bound = f"({low}" if low_open else f"[{low}"
+        raise ConfigError(option, f"{text} is outside {bound}, {high}]")
+    return value
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    """Validate every option, naming the first that is wrong."""
+    replay_dir = Path(args.replay) if args.replay else None
+    record_dir = Path(args.record) if args.record else None
+    if replay_dir is not None:
+        if record_dir is not None:
+            raise ConfigError("--record", "cannot be combined with --replay (copy the folder instead)")
+        if not replay_dir.is_dir():
+            raise ConfigError("--replay", f"{replay_dir} is not a folder")
+    if args.node is not None or replay_dir is None:
+        if args.node is None:
+            raise ConfigError("--node", "required (or set KUMIKI_NODE_NAME)")
+        problem = node_name_error(args.node)
+        if problem:
+            raise ConfigError("--node", problem)
+    source = args.source
+    if source not in SOURCES:
+        raise ConfigError("--source", f"{source!r} is not one of {', '.join(SOURCES)}")
+    interval = _number("--interval-s", str(args.interval_s), low=MIN_INTERVAL_S, high=MAX_INTERVAL_S)
+    duration = None
+    if args.duration_s is not None:
+        duration = _number("--duration-s", str(args.duration_s), low=0, high=366 * 86400, low_open=True)
+    speed = _number("--speed", str(args.speed), low=0, high=1e6)
+    if source == "dcgm" and replay_dir is None:
+        from kumiki.agent.adapters.dcgm import url_error
+
+        problem = url_error(args.dcgm_url)
+        if problem:
+            raise ConfigError("--dcgm-url", problem)
+    if record_dir is not None and record_dir.exists() and not record_dir.is_dir():
+        raise ConfigError("--record", f"{record_dir} exists and is not a folder")
+    if record_dir is not None and (record_dir / "inventory.json").exists():
+        raise ConfigError("--record", f"{record_dir} already holds a recording")
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError("--log-level", f"{args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+    output = args.output
+    if output is None and record_dir is None:
+        output = "-"
+    return AgentConfig(
+        node=args.node,
+        source=source,
+        interval_s=interval,
+        duration_s=duration,
+        output=output,
+        record_dir=record_dir,
+        replay_dir=replay_dir,
+        dcgm_url=args.dcgm_url,
+        speed=speed,
+        keep_timestamps=args.keep_timestamps,
+        log_level=args.log_level.upper(),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources as the loop sees them
+
+
+class Source(Protocol):
+    errors: Counter[str]
+    unsupported: set[tuple[int, str]]
+
+    async def open(self, now: float) -> GpuInventory: ...
+
+    async def sample(self, timestamp: float) -> Sequence[GpuSample]: ...
+
+    async def close(self) -> None: ...
+
+
+class ThreadedNvmlSource:
+    """Runs the blocking NvmlSource in a worker thread so a slow driver call never stalls the loop."""
+
+    def __init__(self, node: str) -> None:
+        from kumiki.agent.adapters.nvml import NvmlSource
+
+        self._source = NvmlSource(node)
+        self.errors = self._source.errors
+        self.unsupported = self._source.unsupported
+
+    async def open(self, now: float) -> GpuInventory:
+        return await asyncio.to_thread(self._source.open, now)
+
+    async def sample(self, timestamp: float) -> Sequence[GpuSample]:
+        return await asyncio.to_thread(self._source.sample, timestamp)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._source.close)
+
+
+# --------------------------------------------------------------------------------------------------
+# The loops
+
+
+@dataclass
+class RunStats:
+    ticks: int = 0
+    samples: int = 0
+    skipped_ticks: int = 0
+    tick_errors: int = 0
+    publish_errors: int = 0
+    source_errors: dict[str, int] = field(default_factory=dict)
+    unsupported: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "ticks": self.ticks,
+            "samples": self.samples,
+            "skipped_ticks": self.skipped_ticks,
+            "tick_errors": self.tick_errors,
+            "publish_errors": self.publish_errors,
+            "source_errors": dict(sorted(self.source_errors.items())),
+            "unsupported": sorted(self.unsupported),
+        }
+
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+async def run_sampling(
+    source: Source,
+    sink: SampleSink,
+    schedule: TickSchedule,
+    *,
+    clock: Clock = time.monotonic,
+    wall: Clock = time.time,
+    sleep: Sleep = asyncio.sleep,
+    stop: asyncio.Event | None = None,
+    on_tick: Callable[[float], None] | None = None,
+) -> RunStats:
+    """Sample at every due tick and publish; a failing tick or publish is counted, never fatal."""
+    stats = RunStats()
+    tick = schedule.origin
+    while schedule.is_due(tick) and not (stop is not None and stop.is_set()):
+        delay = tick - clock()
+        if delay > 0:
+            if stop is None:
+                await sleep(delay)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    break
+        stats.ticks += 1
+        try:
+            samples = await source.sample(wall())
+        except Exception:
+            stats.tick_errors += 1
+            log.exception("sampling tick failed; continuing")
+            samples = []
+        if samples:
+            try:
+                await sink.publish(samples)
+                stats.samples += len(samples)
+            except Exception:
+                stats.publish_errors += 1
+                log.exception("publishing %d samples failed; they are dropped", len(samples))
+        if on_tick is not None:
+            on_tick(tick - schedule.origin)
+        tick, skipped = schedule.next_tick(tick, clock())
+        if skipped:
+            stats.skipped_ticks += skipped
+            log.warning("sampling fell behind: skipped %d tick(s)", skipped)
+    stats.source_errors = dict(source.errors)
+    stats.unsupported = sorted({f"gpu{index}:{name}" for index, name in source.unsupported})
+    return stats
+
+
+def retarget(
+    samples: Sequence[GpuSample], *, node: str | None, shift_s: float
+) -> list[GpuSample]:
+    """Relabel a recording for another node and/or shift its clock (replaying one node as many)."""
+    if node is None and shift_s == 0:
+        return list(samples)
+    return [
+        replace(sample, node=node or sample.node, timestamp=sample.timestamp + shift_s)
+        for sample in samples
+    ]
+
+
+async def run_replay(
+    inventory: GpuInventory,
+    samples: Sequence[GpuSample],
+    sink: SampleSink,
+    *,
+    speed: float,
+    node: str | None,
+    keep_timestamps: bool,
+    clock: Clock = time.monotonic,
+    wall: Clock = time.time,
+    sleep: Sleep = asyncio.sleep,
+    on_batch: Callable[[int], None] | None = None,
+) -> RunStats:
+    """Publish a recording batch by batch (one batch per recorded tick), paced by `speed`."""
+    stats = RunStats()
+    batches = group_by_timestamp(samples)
+    if not batches:
+        return stats
+    first = batches[0][0].timestamp
+    shift = 0.0 if keep_timestamps else wall() - first
+    if isinstance(sink, InventorySink):
+        await sink.publish_inventory(replace(inventory, node=node or inventory.node,
+                                             collected_at=inventory.collected_at + shift))
+    started = clock()
+    for batch in batches:
+        if speed > 0:
+            delay = started + (batch[0].timestamp - first) / speed - clock()
+            if delay > 0:
+                await sleep(delay)
+        stats.ticks += 1
+        await sink.publish(retarget(batch, node=node, shift_s=shift))
+        stats.samples += len(batch)
+        if on_batch is not None:
+            on_batch(len(batch))
+    return stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Wiring
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/"
+                    "{task.total:.0f}"), TimeRemainingColumn(), console=Console(stderr=True),
+                    transient=True)
+
+
+async def _open_sinks(config: AgentConfig) -> tuple[Any, Any]:
+    from kumiki.agent.adapters.jsonl import FanOutSink, JsonLinesSink, RecordingSink
+
+    sinks: list[Any] = []
+    recording = None
+    if config.record_dir is not None:
+        recording = RecordingSink(config.record_dir)
+        recording.start()
+        sinks.append(recording)
+    if config.output is not None:
+        sinks.append(JsonLinesSink.open(config.output))
+    return FanOutSink(sinks), recording
+
+
+async def run(config: AgentConfig) -> int:
+    from kumiki.agent.adapters.jsonl import read_recording
+
+    sink, recording = await _open_sinks(config)
+    try:
+        if config.replay_dir is not None:
+            try:
+                inventory, samples = read_recording(config.replay_dir)
+            except RecordError as error:
+                log.error("cannot replay: %s", error)
+                return 1
+            with _progress() as progress:
+                task = progress.add_task("replay", total=len(samples))
+                stats = await run_replay(
+                    inventory, samples, sink, speed=config.speed, node=config.node,
+                    keep_timestamps=config.keep_timestamps,
+                    on_batch=lambda n: progress.advance(task, n),
+                )
+        else:
+            live = await _run_live(config, sink, recording)
+            if live is None:
+                return 1
+            stats = live
+        log.info("done: %s", stats.summary())
+        return 0
+    finally:
+        await sink.close()
+
+
+async def _run_live(config: AgentConfig, sink: Any, recording: Any) -> RunStats | None:
+    assert config.node is not None
+    source: Source
+    if config.source == "dcgm":
+        from kumiki.agent.adapters.dcgm import DcgmExporterSource, DcgmScrapeFailed
+
+        source = DcgmExporterSource(config.dcgm_url, config.node)
+        start_errors: tuple[type[Exception], ...] = (DcgmScrapeFailed,)
+    else:
+        from kumiki.agent.adapters.nvml import NvmlUnavailable
+
+        source = ThreadedNvmlSource(config.node)
+        start_errors = (NvmlUnavailable,)
+    try:
+        inventory = await source.open(time.time())
+    except start_errors as error:
+        log.error("%s", error)
+        return None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    try:
+        log.info("node %s: %d GPU(s), driver %s, CUDA %s", inventory.node, len(inventory.gpus),
+                 inventory.driver_version, inventory.cuda_driver_version)
+        await sink.publish_inventory(inventory)
+        schedule = TickSchedule(config.interval_s, time.monotonic(), config.duration_s)
+        if config.duration_s is not None and config.record_dir is not None:
+            with _progress() as progress:
+                task = progress.add_task("record", total=config.duration_s)
+                stats = await run_sampling(
+                    source, sink, schedule, stop=stop,
+                    on_tick=lambda elapsed: progress.update(task, completed=elapsed + config.interval_s),
+                )
+        else:
+            stats = await run_sampling(source, sink, schedule, stop=stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
+        await source.close()
+    if recording is not None:
+        recording.write_summary({"source": config.source, "interval_s": config.interval_s,
+                                 "duration_s": config.duration_s, **stats.summary()})
+    return stats
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(run(config))
+    except KeyboardInterrupt:
+        return 130
+    except FileExistsError as error:
+        parser.exit(2, f"{parser.prog}: error: --record: {error}\n")
