@@ -30,6 +30,9 @@ FIELD_BY_METRIC: Mapping[str, tuple[str, float]] = {
 }
 # Framebuffer parts (MiB) whose sum is the memory total; DCGM has no total counter by default.
 MEMORY_PARTS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+# Counters that describe the whole board even when the exporter labels them with a MIG instance.
+GPU_WIDE_METRICS = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
 _INT_FIELDS = {"memory_used_bytes", "last_xid", "ecc_corrected_volatile", "ecc_uncorrected_volatile"}
 POD_LABELS = ("pod", "namespace", "container")
 
@@ -215,6 +218,27 @@ def _collect(page: ParsedPage, node: str | None, errors: list[str]) -> dict[_Ser
     return series
 
 
+def _hoist_gpu_wide(series: dict[_SeriesKey, _Series]) -> None:
+    """In MIG mode dcgm-exporter repeats GPU-wide counters (power, temperature, ECC) on every
+    instance. Move them to the GPU's own entry, as NVML reports them, so nobody sums one GPU's
+    power over its instances."""
+    for entry in list(series.values()):
+        if entry.instance is None:
+            continue
+        wide = {name: entry.values.pop(name) for name in GPU_WIDE_METRICS if name in entry.values}
+        if not wide:
+            continue
+        parent_key = (entry.node, entry.uuid, None)
+        parent = series.get(parent_key)
+        if parent is None:
+            parent = series[parent_key] = _Series(
+                node=entry.node, uuid=entry.uuid, index=entry.index, instance=None, model=entry.model,
+                pci_bus_id=entry.pci_bus_id, driver=entry.driver, timestamp_ms=entry.timestamp_ms,
+            )
+        for name, value in wide.items():
+            parent.values.setdefault(name, value)
+
+
 def _fields(values: Mapping[str, float]) -> SampleFields:
     kwargs: dict[str, Any] = {}
     for metric, (attribute, scale) in FIELD_BY_METRIC.items():
@@ -243,6 +267,7 @@ def read_exporter_page(text: str, node: str | None, scraped_at: float) -> Export
     page = parse_exposition(text)
     errors = list(page.errors)
     series = _collect(page, node, errors)
+    _hoist_gpu_wide(series)
     samples: list[GpuSample] = []
     for entry in sorted(series.values(), key=lambda s: (s.node, s.index, s.instance is not None,
                                                         s.instance or 0)):
