@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from kumiki.agent.core import validate_sample
 from kumiki.agent.dcgm_core import parse_exposition, read_exporter_page
 
@@ -115,7 +114,8 @@ def test_exporter_page_inventory() -> None:
     assert inventory.gpus[0].pci_bus_id == "00000000:07:00.0"
     assert inventory.gpus[0].memory_total_bytes == (68304 + 12133 + 613) * MIB
     assert [g.mig_enabled for g in inventory.gpus] == [None, True, None]
-    assert [(m.gpu_instance_id, m.profile, m.memory_total_bytes) for m in inventory.gpus[1].mig_instances] == [
+    instances = inventory.gpus[1].mig_instances
+    assert [(m.gpu_instance_id, m.profile, m.memory_total_bytes) for m in instances] == [
         (1, "1g.10gb", 9728 * MIB), (2, "3g.40gb", 39936 * MIB)]
 
 

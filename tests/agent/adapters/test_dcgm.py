@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-
 from kumiki.agent.adapters.dcgm import DcgmExporterSource, DcgmScrapeFailed, url_error
 
 PAGE = (Path(__file__).parent.parent / "fixtures" / "dcgm_exporter_a100_mig.prom").read_text(encoding="utf-8")
@@ -51,7 +50,8 @@ async def test_scrapes_inventory_and_samples_over_http(exporter: Exporter) -> No
         await source.close()
     assert exporter.requests == 2
     assert len(inventory.gpus) == 3
-    assert [(s.gpu_index, s.mig_instance_id) for s in samples] == [(0, None), (1, None), (1, 1), (1, 2), (2, None)]
+    assert [(s.gpu_index, s.mig_instance_id) for s in samples] == [
+        (0, None), (1, None), (1, 1), (1, 2), (2, None)]
     assert samples[0].labels["pod"] == "llama-ft-0"
     assert samples[0].fields.gpu_util_pct == 87.0
     assert {s.timestamp for s in samples} == {1_700_000_001.0}

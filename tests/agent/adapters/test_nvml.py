@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from kumiki.agent.adapters.nvml import NvmlSource, NvmlUnavailable
 from kumiki.agent.core import GpuPair, MigInstance, validate_sample
 
@@ -40,11 +39,13 @@ def hgx_node() -> FakeNvmlConfig:
         system={"driver_version": "550.54.15", "cuda_version": 12040, "topology_default": "SYSTEM"},
         gpus=[gpu(0), gpu(1), gpu(2, mig="on"), gpu(3, unsupported="power")],
         migs=[
-            {"gpu": 2, "gpu_instance": 1, "compute_instance": 0, "uuid": "MIG-11111111-2222-3333-4444-555555555555",
+            {"gpu": 2, "gpu_instance": 1, "compute_instance": 0,
+             "uuid": "MIG-11111111-2222-3333-4444-555555555555",
              "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb", "memory_total": 40 * GIB, "memory_used": 3 * GIB,
              "slices": 3},
             # No profile in the name: the agent derives it from the instance's attributes.
-            {"gpu": 2, "gpu_instance": 9, "compute_instance": 0, "uuid": "MIG-66666666-7777-8888-9999-000000000000",
+            {"gpu": 2, "gpu_instance": 9, "compute_instance": 0,
+             "uuid": "MIG-66666666-7777-8888-9999-000000000000",
              "name": "NVIDIA A100-SXM4-80GB MIG", "memory_total": 9728 * 1024 * 1024, "memory_used": 0,
              "slices": 1},
         ],
@@ -194,7 +195,8 @@ def test_xid_events_arrive_once_on_the_tick_after_they_happen(fake_nvml: FakeNvm
         source.close()
 
     def xids(samples: list, index: int, instance: int | None) -> tuple[int, ...]:
-        return next(s for s in samples if (s.gpu_index, s.mig_instance_id) == (index, instance)).fields.xid_errors
+        match = next(s for s in samples if (s.gpu_index, s.mig_instance_id) == (index, instance))
+        return match.fields.xid_errors
 
     assert xids(ticks[0], 1, None) == ()
     assert xids(ticks[1], 1, None) == (79, 48)
