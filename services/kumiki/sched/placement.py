@@ -1,0 +1,485 @@
+"""Placement strategies: where a gang's pods go, or a structured reason why they cannot go anywhere.
+
+`place_gang` never mutates the cluster: it returns a `Placement` to hand to `ClusterState.allocate`
+(which re-checks it) or a `PendingReason` that an Explain call can show. Strategies:
+
+- `spread`: least allocated node first (kube-scheduler's default scoring).
+- `best-fit`: most allocated node that fits, then the fullest GPU that fits.
+- `first-fit`: lowest node index that fits, lowest GPU index.
+- `kumiki`: topology-aware gangs (one NVLink island, else one node, else one rack, else anywhere;
+  all or nothing) and fragmentation-aware packing of fractional and MIG pods: choose the GPU whose
+  use leaves the most capacity usable by the expected mix of future requests (FGD, ATC'23).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kumiki.sched.cluster import EPSILON, ClusterState, GpuShare, MigSlice, Placement, PodPlacement
+from kumiki.sched.jobs import GangRequest, PodRequest
+from kumiki.sched.mig import MIG_PROFILES, MigError, free_starts, profile_for, usable_capacity
+
+STRATEGIES = ("spread", "best-fit", "first-fit", "kumiki")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    """Why a gang cannot be placed now: the blocking resource, the constraint, the node shape it needs."""
+
+    job_id: str
+    resource: str
+    constraint: str
+    node_shape: str
+    detail: str = ""
+
+    def explain(self) -> str:
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.job_id}: {self.resource}: {self.constraint} (needs {self.node_shape}){detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class DemandType:
+    """One kind of request in the expected future mix, with its share of arrivals."""
+
+    gpu: float
+    weight: float
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_model: str = ""
+    mig_profile: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMix:
+    """The expected mix of future requests that fragmentation is measured against."""
+
+    types: tuple[DemandType, ...] = ()
+
+    @classmethod
+    def from_pods(cls, pods: Iterable[PodRequest], *, top: int = 32) -> RequestMix:
+        counts: dict[tuple[float, int, int, str, str], int] = {}
+        for pod in pods:
+            if pod.gpu_demand <= 0:
+                continue
+            key = (round(pod.gpu_demand, 4), pod.cpu_milli, pod.memory_mib, pod.gpu_model, pod.mig_profile)
+            counts[key] = counts.get(key, 0) + 1
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:top]
+        total = sum(count for _, count in ranked) or 1
+        return cls(tuple(DemandType(k[0], n / total, k[1], k[2], k[3], k[4]) for k, n in ranked))
+
+
+DEFAULT_MIX = RequestMix(
+    (DemandType(1.0, 0.6), DemandType(2.0, 0.1), DemandType(4.0, 0.1), DemandType(8.0, 0.2))
+)
+
+
+def node_fragmentation(
+    free: Sequence[float], cpu_free: int, memory_free: int, gpu_model: str, mix: RequestMix
+) -> float:
+    """FGD's expected fragmentation of one node: free GPU capacity the mix's requests could not use.
+
+    For a request the node cannot host at all, all its free GPU capacity is stranded; otherwise the
+    cards whose free share is below the request's per-card need are.
+    """
+    total_free = sum(free)
+    fragmented = 0.0
+    for kind in mix.types:
+        if kind.mig_profile:
+            continue
+        if (
+            (kind.gpu_model and kind.gpu_model != gpu_model)
+            or kind.cpu_milli > cpu_free
+            or kind.memory_mib > memory_free
+        ):
+            fragmented += kind.weight * total_free
+            continue
+        if kind.gpu < 1.0:
+            fits = any(share >= kind.gpu - EPSILON for share in free)
+            stranded = sum(share for share in free if share < kind.gpu - EPSILON)
+        else:
+            fits = sum(1 for share in free if share >= 1.0 - EPSILON) >= kind.gpu
+            stranded = sum(share for share in free if share < 1.0 - EPSILON)
+        fragmented += kind.weight * (stranded if fits else total_free)
+    return fragmented
+
+
+@dataclass(slots=True)
+class _Scratch:
+    """Tentative use by the pods of this gang already placed, on top of the cluster state."""
+
+    gpus: dict[int, set[int]] = field(default_factory=dict)
+    shares: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    mig: dict[tuple[int, int], int] = field(default_factory=dict)
+    cpu: dict[int, int] = field(default_factory=dict)
+    memory: dict[int, int] = field(default_factory=dict)
+
+    def take(self, pod: PodPlacement) -> None:
+        self.gpus.setdefault(pod.node, set()).update(pod.gpus)
+        if pod.share is not None:
+            key = (pod.node, pod.share.gpu)
+            used, memory = self.shares.get(key, (0.0, 0.0))
+            self.shares[key] = (used + pod.share.fraction, memory + pod.share.memory_gb)
+            self.gpus[pod.node].add(pod.share.gpu)
+        self.cpu[pod.node] = self.cpu.get(pod.node, 0) + pod.cpu_milli
+        self.memory[pod.node] = self.memory.get(pod.node, 0) + pod.memory_mib
+
+
+class _Placer:
+    def __init__(self, state: ClusterState, strategy: str, mix: RequestMix, excluded: frozenset[int]) -> None:
+        self.state = state
+        self.strategy = strategy
+        self.mix = mix
+        self.excluded = excluded
+        self.scratch = _Scratch()
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def free_gpus(self, node: int) -> set[int]:
+        free = self.state.nodes[node].free_gpus
+        used = self.scratch.gpus.get(node)
+        return free - used if used else free
+
+    def host_ok(self, node: int, pod: PodRequest) -> bool:
+        spec = self.state.spec.nodes[node]
+        if pod.gpu_model and pod.gpu_model != spec.gpu_model:
+            return False
+        state = self.state.nodes[node]
+        return (
+            state.cpu_free - self.scratch.cpu.get(node, 0) >= pod.cpu_milli
+            and state.memory_free - self.scratch.memory.get(node, 0) >= pod.memory_mib
+        )
+
+    def share_free(self, node: int, gpu: int) -> tuple[float, float]:
+        """(compute, memory) still free on a shareable card, counting this gang's tentative pods."""
+        spec = self.state.spec.nodes[node]
+        state = self.state.nodes[node]
+        blocked = gpu in spec.mig_gpus or state.owner[gpu] is not None or gpu in self.scratch.gpus.get(node, ())
+        if blocked and (node, gpu) not in self.scratch.shares:
+            return 0.0, 0.0
+        used, memory = self.scratch.shares.get((node, gpu), (0.0, 0.0))
+        return (
+            1.0 - state.share_used[gpu] - used,
+            spec.gpu_memory_gb - state.share_memory_used[gpu] - memory,
+        )
+
+    # ---- whole GPUs ----------------------------------------------------------------------------
+    def whole_candidates(self, pod: PodRequest, domain: frozenset[int] | None) -> list[tuple[int, int]]:
+        """(free GPUs, node) of nodes that can take the pod, visiting the index in strategy order."""
+        need = pod.gpus
+        levels = range(need, self.state.max_gpus + 1)
+        ordered = reversed(levels) if self.strategy == "spread" else levels
+        found: list[tuple[int, int]] = []
+        can_stop = self.strategy in ("best-fit", "spread", "kumiki") and not self.scratch.gpus
+        for level in ordered:
+            for node in self.state.by_free[level]:
+                if node in self.excluded or (domain is not None and node not in domain):
+                    continue
+                free = level - len(self.scratch.gpus.get(node, ()))
+                if free >= need and self.host_ok(node, pod):
+                    found.append((free, node))
+            if found and can_stop and self.strategy != "kumiki":
+                break
+            if found and can_stop and any(self.island_fit(node, need) for _, node in found):
+                break
+        return found
+
+    def island_fit(self, node: int, need: int) -> bool:
+        free = self.free_gpus(node)
+        return any(
+            sum(1 for gpu in island if gpu in free) >= need
+            for island in self.state.spec.nodes[node].islands()
+        )
+
+    def pick_gpus(self, node: int, need: int) -> tuple[int, ...]:
+        free = self.free_gpus(node)
+        if self.strategy != "kumiki":
+            return tuple(sorted(free)[:need])
+        islands = [
+            sorted(gpu for gpu in island if gpu in free) for island in self.state.spec.nodes[node].islands()
+        ]
+        fitting = [island for island in islands if len(island) >= need]
+        if fitting:  # best-fit island: keep the roomiest islands whole for bigger pods
+            return tuple(min(fitting, key=lambda island: (len(island), island[0]))[:need])
+        chosen: list[int] = []
+        for island in sorted(islands, key=lambda island: (-len(island), island[:1])):
+            chosen.extend(island[: need - len(chosen)])
+            if len(chosen) == need:
+                break
+        return tuple(sorted(chosen))
+
+    def place_whole(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+        found = self.whole_candidates(pod, domain)
+        if not found:
+            return None
+        if self.strategy == "spread":
+            _, node = min(found, key=lambda item: (-item[0], item[1]))
+        elif self.strategy == "first-fit":
+            _, node = min(found, key=lambda item: item[1])
+        elif self.strategy == "kumiki":
+            _, node = min(found, key=lambda item: (not self.island_fit(item[1], pod.gpus), item[0], item[1]))
+        else:
+            _, node = min(found)
+        return PodPlacement(
+            index, node, self.pick_gpus(node, pod.gpus), cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib
+        )
+
+    # ---- shared GPUs ---------------------------------------------------------------------------
+    def node_free_shares(self, node: int) -> list[float]:
+        spec = self.state.spec.nodes[node]
+        return [
+            max(0.0, self.share_free(node, gpu)[0]) for gpu in range(spec.gpus) if gpu not in spec.mig_gpus
+        ]
+
+    def place_share(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+        best: tuple[tuple[float, ...], int, int] | None = None
+        for node, spec in enumerate(self.state.spec.nodes):
+            if node in self.excluded or (domain is not None and node not in domain) or not spec.sharing:
+                continue
+            if not self.host_ok(node, pod):
+                continue
+            gpus = [
+                (gpu, free)
+                for gpu in range(spec.gpus)
+                if gpu not in spec.mig_gpus
+                for free, memory in [self.share_free(node, gpu)]
+                if free >= pod.gpu_fraction - EPSILON and memory >= pod.gpu_memory_gb - EPSILON
+            ]
+            if not gpus:
+                continue
+            node_free = sum(self.node_free_shares(node))
+            for gpu, free in gpus:
+                key = self.share_key(node, gpu, free, node_free, pod)
+                if best is None or key < best[0]:
+                    best = (key, node, gpu)
+                if self.strategy == "first-fit":
+                    break
+            if self.strategy == "first-fit" and best is not None:
+                break
+        if best is None:
+            return None
+        _, node, gpu = best
+        share = GpuShare(gpu, pod.gpu_fraction, pod.gpu_memory_gb)
+        return PodPlacement(index, node, share=share, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
+
+    def share_key(
+        self, node: int, gpu: int, free: float, node_free: float, pod: PodRequest
+    ) -> tuple[float, ...]:
+        if self.strategy == "spread":
+            return (-node_free, -free, node, gpu)
+        if self.strategy == "first-fit":
+            return (node, gpu)
+        if self.strategy == "best-fit":
+            return (node_free, free, node, gpu)
+        spec = self.state.spec.nodes[node]
+        state = self.state.nodes[node]
+        shares = self.node_free_shares(node)
+        cpu = state.cpu_free - self.scratch.cpu.get(node, 0)
+        memory = state.memory_free - self.scratch.memory.get(node, 0)
+        before = node_fragmentation(shares, cpu, memory, spec.gpu_model, self.mix)
+        position = [g for g in range(spec.gpus) if g not in spec.mig_gpus].index(gpu)
+        shares[position] -= pod.gpu_fraction
+        after = node_fragmentation(
+            shares, cpu - pod.cpu_milli, memory - pod.memory_mib, spec.gpu_model, self.mix
+        )
+        return (after - before, node_free, free, node, gpu)
+
+    # ---- MIG -----------------------------------------------------------------------------------
+    def place_mig(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+        best: tuple[tuple[float, ...], int, int, int] | None = None
+        mig_mix = {kind.mig_profile: kind.weight for kind in self.mix.types if kind.mig_profile}
+        for node, spec in enumerate(self.state.spec.nodes):
+            if not spec.mig_gpus or node in self.excluded or (domain is not None and node not in domain):
+                continue
+            if not self.host_ok(node, pod) or spec.gpu_model not in MIG_PROFILES:
+                continue
+            try:
+                profile = profile_for(spec.gpu_model, pod.mig_profile)
+            except MigError:
+                continue
+            for gpu in sorted(spec.mig_gpus):
+                occupied = self.state.nodes[node].mig_mask[gpu] | self.scratch.mig.get((node, gpu), 0)
+                for start in free_starts(occupied, profile):
+                    used = bin(occupied).count("1")
+                    if self.strategy == "spread":
+                        key: tuple[float, ...] = (used, node, gpu, start)
+                    elif self.strategy == "first-fit":
+                        key = (node, gpu, start)
+                    elif self.strategy == "best-fit":
+                        key = (-used, node, gpu, start)
+                    else:
+                        weights = mig_mix or {name: 1.0 for name in MIG_PROFILES[spec.gpu_model]}
+                        weights = {
+                            name: w for name, w in weights.items() if name in MIG_PROFILES[spec.gpu_model]
+                        }
+                        before = usable_capacity(spec.gpu_model, occupied, weights)
+                        after = usable_capacity(spec.gpu_model, occupied | profile.mask(start), weights)
+                        key = (before - after, -used, node, gpu, start)
+                    if best is None or key < best[0]:
+                        best = (key, node, gpu, start)
+        if best is None:
+            return None
+        _, node, gpu, start = best
+        self.scratch.mig[(node, gpu)] = self.scratch.mig.get((node, gpu), 0) | profile_for(
+            self.state.spec.nodes[node].gpu_model, pod.mig_profile
+        ).mask(start)
+        return PodPlacement(
+            index,
+            node,
+            mig=MigSlice(gpu, pod.mig_profile, start),
+            cpu_milli=pod.cpu_milli,
+            memory_mib=pod.memory_mib,
+        )
+
+    # ---- CPU-only ------------------------------------------------------------------------------
+    def place_cpu(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+        best: tuple[tuple[float, ...], int] | None = None
+        for node in range(len(self.state.spec.nodes)):
+            if (
+                node in self.excluded
+                or (domain is not None and node not in domain)
+                or not self.host_ok(node, pod)
+            ):
+                continue
+            cpu = self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0)
+            if self.strategy == "first-fit":
+                best = ((node,), node)
+                break
+            if self.strategy == "spread":
+                key: tuple[float, ...] = (-cpu, node)
+            elif self.strategy == "best-fit":
+                key = (cpu, node)
+            else:  # keep CPU on GPU nodes for GPU pods: least free GPU capacity, then best-fit CPU
+                key = (sum(self.node_free_shares(node)), cpu, node)
+            if best is None or key < best[0]:
+                best = (key, node)
+        if best is None:
+            return None
+        return PodPlacement(index, best[1], cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
+
+    def place_pod(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+        if pod.gpus:
+            placed = self.place_whole(index, pod, domain)
+        elif pod.gpu_fraction:
+            placed = self.place_share(index, pod, domain)
+        elif pod.mig_profile:
+            placed = self.place_mig(index, pod, domain)
+        else:
+            placed = self.place_cpu(index, pod, domain)
+        if placed is not None:
+            self.scratch.take(placed)
+        return placed
+
+
+def _domains(state: ClusterState, request: GangRequest, strategy: str) -> list[frozenset[int] | None]:
+    """Topology domains to try in order: one node, then one rack (fullest that could fit), then all."""
+    if strategy != "kumiki" or len(request.pods) < 2:
+        return [None]
+    domains: list[frozenset[int] | None] = []
+    whole = sum(pod.gpus for pod in request.pods)
+    if whole and whole <= state.max_gpus:
+        fullest = sorted(
+            (level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level]
+        )
+        domains.extend(frozenset((node,)) for _, node in fullest[:3])
+    if len(state.racks) > 1:
+        racks = []
+        for nodes in state.racks.values():
+            free = sum(state.free_count(node) for node in nodes)
+            if free >= whole:
+                racks.append((free, nodes[0], frozenset(nodes)))
+        domains.extend(nodes for _, _, nodes in sorted(racks, key=lambda item: (item[0], item[1])))
+    domains.append(None)
+    return domains
+
+
+def place_gang(
+    state: ClusterState,
+    request: GangRequest,
+    strategy: str,
+    *,
+    mix: RequestMix = DEFAULT_MIX,
+    excluded_nodes: frozenset[int] = frozenset(),
+    explain: bool = True,
+) -> Placement | PendingReason:
+    """Place all pods of a gang (at least `min_members`) or explain why not; never changes `state`."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    order = sorted(range(len(request.pods)), key=lambda i: (-request.pods[i].gpu_demand, i))
+    for domain in _domains(state, request, strategy):
+        placer = _Placer(state, strategy, mix, excluded_nodes)
+        placed: list[PodPlacement] = []
+        for index in order:
+            pod = placer.place_pod(index, request.pods[index], domain)
+            if pod is not None:
+                placed.append(pod)
+        if len(placed) >= request.required:
+            # an elastic gang (min_members < pods) keeps every member that fits
+            return Placement(request.job_id, tuple(sorted(placed, key=lambda pod: pod.pod)))
+    if not explain:  # hot path of a scheduling pass: the caller only needs "no"
+        return PendingReason(request.job_id, "gpu", "does not fit now", request.pods[0].shape())
+    return _explain(state, request, strategy, mix, excluded_nodes)
+
+
+def _explain(
+    state: ClusterState, request: GangRequest, strategy: str, mix: RequestMix, excluded: frozenset[int]
+) -> PendingReason:
+    biggest = max(request.pods, key=lambda pod: pod.gpu_demand)
+    shapes = {node.shape() for node in dict.fromkeys(state.spec.nodes)}
+    fitting = 0
+    alone = _Placer(state, strategy, mix, excluded)
+    for index, pod in enumerate(request.pods):
+        if _Placer(state, strategy, mix, excluded).place_pod(index, pod, None) is not None:
+            fitting += 1
+    if fitting and len(request.pods) > 1:
+        return PendingReason(
+            request.job_id,
+            "gpu",
+            f"gang all-or-nothing: only {fitting} of {request.required} pods fit at once",
+            biggest.shape(),
+            f"{state.free_whole} whole GPUs free in the cluster",
+        )
+    pod = biggest
+    models = {node.gpu_model for node in state.spec.nodes}
+    if pod.gpu_model and pod.gpu_model not in models:
+        return PendingReason(
+            request.job_id, "gpu_model", f"no node has GPU model {pod.gpu_model}", pod.shape()
+        )
+    if excluded and _Placer(state, strategy, mix, frozenset()).place_pod(0, pod, None) is not None:
+        return PendingReason(
+            request.job_id,
+            "reservation",
+            f"fits only on {len(excluded)} node(s) reserved for another job",
+            pod.shape(),
+        )
+    hosts = [node for node in range(len(state.spec.nodes)) if alone.host_ok(node, pod)]
+    if not hosts:
+        resource = (
+            "cpu"
+            if all(state.cpu_free(n) < pod.cpu_milli for n in range(len(state.spec.nodes)))
+            else "memory"
+        )
+        return PendingReason(
+            request.job_id,
+            resource,
+            f"no node has {pod.cpu_milli}m CPU and {pod.memory_mib} MiB free",
+            pod.shape(),
+        )
+    if pod.gpus:
+        most = max((state.free_count(node) for node in hosts), default=0)
+        return PendingReason(
+            request.job_id,
+            "gpu",
+            f"no node has {pod.gpus} free whole GPUs (most free on one node: {most})",
+            pod.shape(),
+            f"node shapes: {'; '.join(sorted(shapes))}",
+        )
+    if pod.mig_profile:
+        return PendingReason(
+            request.job_id, "mig", f"no MIG GPU has a free valid slot for {pod.mig_profile}", pod.shape()
+        )
+    return PendingReason(
+        request.job_id,
+        "gpu_share",
+        f"no shareable GPU has {pod.gpu_fraction:g} compute and {pod.gpu_memory_gb:g} GB free",
+        pod.shape(),
+    )

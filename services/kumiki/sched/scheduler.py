@@ -1,0 +1,426 @@
+"""The scheduling pass: ordering, reservation, backfill and preemption planning over one cluster state.
+
+This is the decision core the simulator drives and the live placement service is meant to drive:
+it owns the waiting queue and is the single writer of allocations (`ClusterState.allocate`). It is
+pure in the functional-core sense: no I/O, no clock (time is passed in), deterministic.
+
+Waiting jobs sit in sorted lists per (lane, gang shape); a lane is a queue when fair share is on,
+else there is one lane. A pass merges the heads of those lists, so a shape that cannot fit is
+skipped whole instead of job by job: the pass costs O(starts + shapes), not O(waiting jobs).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass, field, replace
+
+from kumiki.sched.cluster import ClusterState, Placement
+from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
+from kumiki.sched.placement import PendingReason, place_gang
+from kumiki.sched.policies import QueuePolicy, estimate_remaining, running_rank, waiting_key
+
+# How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
+BACKFILL_LOOKAHEAD = 32
+# How many blocked waiting jobs one pass tries to make room for by preemption.
+PREEMPTION_ATTEMPTS = 1
+# A job is not preempted again within this many seconds of (re)starting: no thrashing.
+MIN_RUN_BEFORE_PREEMPT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: str
+    placement: Placement
+    borrower: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    job_id: str
+    for_job: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Decisions:
+    starts: list[Start] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: str
+    nodes: frozenset[int]
+    shadow_s: float
+
+
+@dataclass(slots=True)
+class _Waiting:
+    view: JobView
+    request: GangRequest
+    key: tuple[float, float, int]
+    lane: str
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Running:
+    view: JobView
+    request: GangRequest
+    placement: Placement
+    start_s: float
+    gpus: int
+    borrower_of: str = ""
+    nodes: tuple[int, ...] = ()
+
+
+class Scheduler:
+    """Owns the waiting queue and the allocations of one cluster under one policy."""
+
+    def __init__(
+        self,
+        policy: QueuePolicy,
+        state: ClusterState,
+        strategy: str,
+        *,
+        checkpoint: CheckpointModel | None = None,
+        queue_shares: dict[str, float] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.state = state
+        self.strategy = strategy
+        self.checkpoint = checkpoint or CheckpointModel()
+        self.shares = dict(queue_shares or {})
+        self.waiting: dict[str, _Waiting] = {}
+        self.running: dict[str, _Running] = {}
+        self.lists: dict[tuple[str, tuple[int, ...]], list[tuple[tuple[float, float, int], str]]] = {}
+        self.by_submit: list[tuple[float, int, str]] = []
+        self.lane_usage: dict[str, float] = {}
+        self.on_node: list[set[str]] = [set() for _ in state.spec.nodes]
+        self.reservation: Reservation | None = None
+        self.sequence = 0
+
+    # ---- queue bookkeeping ---------------------------------------------------------------------
+    def lane_of(self, view: JobView) -> str:
+        return view.queue if self.shares else ""
+
+    def submit(self, view: JobView, request: GangRequest) -> None:
+        """Queue a job (new or requeued after preemption); `view` must not carry more than the policy may see."""
+        if view.job_id in self.waiting or view.job_id in self.running:
+            raise ValueError(f"job {view.job_id} is already queued or running")
+        self.sequence += 1
+        key = (waiting_key(self.policy, view), view.submit_s, self.sequence)
+        shape = tuple(sorted((pod.gpus for pod in request.pods), reverse=True))
+        entry = _Waiting(view, request, key, self.lane_of(view), shape)
+        self.waiting[view.job_id] = entry
+        bisect.insort(self.lists.setdefault((entry.lane, shape), []), (key, view.job_id))
+        heapq.heappush(self.by_submit, (view.submit_s, self.sequence, view.job_id))
+
+    def _unqueue(self, job_id: str) -> _Waiting:
+        entry = self.waiting.pop(job_id)
+        items = self.lists[(entry.lane, entry.shape)]
+        index = bisect.bisect_left(items, (entry.key, job_id))
+        del items[index]
+        return entry
+
+    def finished(self, job_id: str) -> None:
+        entry = self.running.pop(job_id)
+        self._release(job_id, entry)
+
+    def _release(self, job_id: str, entry: _Running) -> None:
+        self.state.release(job_id)
+        for node in entry.nodes:
+            self.on_node[node].discard(job_id)
+        lane = self.lane_of(entry.view)
+        self.lane_usage[lane] = self.lane_usage.get(lane, 0.0) - entry.gpus
+
+    def _start(
+        self, entry: _Waiting, placement: Placement, now: float, decisions: Decisions, borrower: str
+    ) -> None:
+        self._unqueue(entry.view.job_id)
+        self.state.allocate(placement)
+        gpus = placement.whole_gpus
+        nodes = placement.nodes
+        self.running[entry.view.job_id] = _Running(
+            entry.view, entry.request, placement, now, gpus, borrower, nodes
+        )
+        for node in nodes:
+            self.on_node[node].add(entry.view.job_id)
+        self.lane_usage[entry.lane] = self.lane_usage.get(entry.lane, 0.0) + gpus
+        decisions.starts.append(Start(entry.view.job_id, placement, bool(borrower)))
+
+    def executed(self, entry: _Running, now: float) -> float:
+        return entry.view.executed_s + (now - entry.start_s)
+
+    # ---- the pass ------------------------------------------------------------------------------
+    def fits_shape(self, shape: tuple[int, ...]) -> bool:
+        """Necessary condition from the free-GPU index alone (cheap): each pod could find a node."""
+        by_free = self.state.by_free
+        if len(shape) == 1:
+            return any(by_free[level] for level in range(shape[0], self.state.max_gpus + 1))
+        need = shape[0]
+        count = sum(len(by_free[level]) for level in range(need, self.state.max_gpus + 1))
+        return count >= len(shape)
+
+    def schedule(self, now: float, *, consider_preemption: bool = False) -> Decisions:
+        decisions = Decisions()
+        if not self.waiting:
+            self.reservation = None
+            return decisions
+        self._refresh_reservation(now, decisions)
+        starving = self._starving(now)
+        if starving is not None and (self.reservation is None or self.reservation.job_id != starving):
+            self._reserve(self.waiting[starving], now)
+        blocked: set[tuple[str, tuple[int, ...]]] = set()
+        unfit: list[str] = []
+        heads = self._heads()
+        while heads and self.waiting:
+            _, lane_rank, key, job_id, position, list_key = heapq.heappop(heads)
+            entry = self.waiting[job_id]
+            placement = self._try_place(entry, now)
+            if isinstance(placement, tuple):
+                placed, borrower = placement
+                self._start(entry, placed, now, decisions, borrower)
+                if self.reservation is not None and self.reservation.job_id == job_id:
+                    self.reservation = None
+                self._push_head(heads, list_key, position)  # the list shifted left by one
+                continue
+            if placement == "physically":
+                if self.policy.strict:
+                    break
+                if self.policy.reserve and self.reservation is None:
+                    self._reserve(entry, now)
+                if len(unfit) < PREEMPTION_ATTEMPTS:
+                    unfit.append(job_id)
+                blocked.add(list_key)
+                continue
+            if placement == "shape":
+                blocked.add(list_key)
+                continue
+            # fits, but only on reserved nodes and this job is too long: look a little further down
+            if position + 1 < min(len(self.lists[list_key]), BACKFILL_LOOKAHEAD):
+                self._push_head(heads, list_key, position + 1)
+        if self.policy.preemptive and consider_preemption:
+            for job_id in unfit:
+                if job_id in self.waiting:
+                    self._preempt_for(self.waiting[job_id], now, decisions)
+        return decisions
+
+    def _heads(
+        self,
+    ) -> list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]]:
+        heads: list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]] = []
+        for list_key, items in self.lists.items():
+            if items:
+                heads.append(self._head(list_key, 0))
+        heapq.heapify(heads)
+        return heads
+
+    def _lane_priority(self, lane: str) -> float:
+        if not self.shares:
+            return 0.0
+        share = self.shares.get(lane, 0.0)
+        used = self.lane_usage.get(lane, 0.0)
+        # queues under their guarantee first (deficit), then by usage relative to guarantee
+        return used / share if share > 0 else float("inf")
+
+    def _head(
+        self, list_key: tuple[str, tuple[int, ...]], position: int
+    ) -> tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]:
+        key, job_id = self.lists[list_key][position]
+        lane = list_key[0]
+        return (self._lane_priority(lane), 0, key, job_id, position, list_key)
+
+    def _push_head(
+        self,
+        heads: list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]],
+        list_key: tuple[str, tuple[int, ...]],
+        position: int,
+    ) -> None:  # noqa: E501
+        if position < len(self.lists[list_key]):
+            heapq.heappush(heads, self._head(list_key, position))
+
+    def _try_place(self, entry: _Waiting, now: float) -> tuple[Placement, str] | str:
+        """A placement (and whose reservation it borrows from), or why not.
+
+        'physically': does not fit the free capacity; 'shape': fits only on reserved nodes and the
+        policy cannot tell whether it would leave in time (so neither can any job of its shape);
+        'reserved': this job's forecast ends after the reservation starts (a shorter one might not).
+        """
+        if not self.fits_shape(entry.shape):
+            return "physically"
+        reservation = self.reservation
+        request = entry.request
+        if reservation is None or reservation.job_id == entry.view.job_id:
+            result = place_gang(self.state, request, self.strategy, explain=False)
+            return "physically" if isinstance(result, PendingReason) else (result, "")
+        result = place_gang(
+            self.state, request, self.strategy, excluded_nodes=reservation.nodes, explain=False
+        )
+        if not isinstance(result, PendingReason):
+            return result, ""
+        if not self.policy.backfill_on_reserved:
+            return "shape"
+        end = now + estimate_remaining(self.policy, entry.view, entry.view.executed_s, pessimistic=True)
+        if end > reservation.shadow_s:
+            return "reserved"
+        anywhere = place_gang(self.state, request, self.strategy, explain=False)
+        return "physically" if isinstance(anywhere, PendingReason) else (anywhere, reservation.job_id)
+
+    def explain(self, job_id: str) -> PendingReason | None:
+        """Why a waiting job is not running (None if it is not waiting); for an Explain call."""
+        entry = self.waiting.get(job_id)
+        if entry is None:
+            return None
+        reservation = self.reservation
+        if reservation is not None and reservation.job_id != job_id:
+            excluded = reservation.nodes
+        else:
+            excluded = frozenset()
+        result = place_gang(self.state, entry.request, self.strategy, excluded_nodes=excluded)
+        if isinstance(result, PendingReason):
+            return result
+        return PendingReason(
+            job_id, "order", "fits now; will start at the next scheduling pass", entry.shape.__str__()
+        )
+
+    # ---- reservation ---------------------------------------------------------------------------
+    def _starving(self, now: float) -> str | None:
+        if not self.policy.starvation_s:
+            return None
+        while self.by_submit and self.by_submit[0][2] not in self.waiting:
+            heapq.heappop(self.by_submit)
+        if self.by_submit and now - self.by_submit[0][0] >= self.policy.starvation_s:
+            return self.by_submit[0][2]
+        return None
+
+    def _node_ready_times(self, node: int, now: float) -> list[tuple[float, int]]:
+        """(estimated end, GPUs) of the jobs on a node; without estimates the end is unknown (inf)."""
+        result = []
+        for job_id in self.on_node[node]:
+            running = self.running[job_id]
+            gpus = sum(len(pod.gpus) for pod in running.placement.pods if pod.node == node)
+            if self.policy.backfill_on_reserved:
+                remaining = estimate_remaining(
+                    self.policy, running.view, self.executed(running, now), pessimistic=True
+                )
+                result.append((now + remaining, gpus))
+            else:
+                result.append((float("inf"), gpus))
+        return sorted(result)
+
+    def _ready_at(self, node: int, need: int, now: float) -> float:
+        free = self.state.free_count(node)
+        if free >= need:
+            return now
+        for end, gpus in self._node_ready_times(node, now):
+            free += gpus
+            if free >= need:
+                return end
+        return float("inf")
+
+    def _reserve(self, entry: _Waiting, now: float) -> None:
+        """Reserve the nodes that should free up first for `entry` (no estimates: the emptiest nodes)."""
+        need = entry.shape[0]
+        count = len(entry.shape)
+        candidates = []
+        for node, spec in enumerate(self.state.spec.nodes):
+            if spec.gpus < need:
+                continue
+            ready = self._ready_at(node, need, now) if self.policy.backfill_on_reserved else float("inf")
+            candidates.append((ready, -self.state.free_count(node), node))
+        if len(candidates) < count:
+            return
+        chosen = sorted(candidates)[:count]
+        shadow = max(ready for ready, _, _ in chosen)
+        self.reservation = Reservation(entry.view.job_id, frozenset(node for _, _, node in chosen), shadow)
+
+    def _refresh_reservation(self, now: float, decisions: Decisions) -> None:
+        reservation = self.reservation
+        if reservation is None:
+            return
+        if reservation.job_id not in self.waiting:
+            self.reservation = None
+            return
+        if not self.policy.backfill_on_reserved:
+            return
+        # the reserved job's time has come: borrowers that overstayed their forecast make room
+        if now >= reservation.shadow_s:
+            entry = self.waiting[reservation.job_id]
+            if isinstance(place_gang(self.state, entry.request, self.strategy), PendingReason):
+                borrowers = [
+                    job_id
+                    for node in sorted(reservation.nodes)
+                    for job_id in sorted(self.on_node[node])
+                    if self.running[job_id].borrower_of == reservation.job_id
+                ]
+                for job_id in dict.fromkeys(borrowers):
+                    self._evict(job_id, reservation.job_id, "reservation deadline", decisions)
+                if not borrowers:
+                    shadow = max(self._ready_at(node, entry.shape[0], now) for node in reservation.nodes)
+                    self.reservation = replace(reservation, shadow_s=max(shadow, now))
+
+    # ---- preemption ----------------------------------------------------------------------------
+    def _evict(self, job_id: str, for_job: str, reason: str, decisions: Decisions) -> None:
+        entry = self.running.pop(job_id)
+        self._release(job_id, entry)
+        decisions.preemptions.append(Preemption(job_id, for_job, reason))
+
+    def _preempt_for(self, entry: _Waiting, now: float, decisions: Decisions) -> None:
+        """Free one node for a single-node job from lower-ranked jobs, losing the least work."""
+        if len(entry.shape) > 1:
+            return  # multi-node gangs get reservations, not preemption cascades
+        rank = entry.key[0]
+        need = entry.shape[0]
+        reservation = self.reservation
+        reserved = (
+            reservation.nodes
+            if reservation is not None and reservation.job_id != entry.view.job_id
+            else frozenset()
+        )
+        policy = self.policy
+        checkpoint = self.checkpoint
+        running_jobs = self.running
+        started_before = now - MIN_RUN_BEFORE_PREEMPT_S
+        best: tuple[float, int, list[str]] | None = None
+        for node, spec in enumerate(self.state.spec.nodes):
+            if spec.gpus < need or node in reserved:
+                continue
+            free = self.state.free_count(node)
+            victims: list[tuple[float, float, str, int]] = []
+            for job_id in self.on_node[node]:
+                running = running_jobs[job_id]
+                if running.start_s > started_before or not running.view.preemptible or len(running.nodes) > 1:
+                    continue
+                executed = running.view.executed_s + (now - running.start_s)
+                attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
+                victim_rank = running_rank(policy, running.view, executed, attained)
+                lost = checkpoint.lost_progress(executed) + checkpoint.restore_cost_s
+                if policy.order == "las":
+                    worse = victim_rank > rank
+                else:
+                    worse = victim_rank > policy.preempt_ratio * rank + lost
+                if worse:
+                    victims.append((lost * running.gpus, -victim_rank, job_id, running.gpus))
+            if free + sum(victim[3] for victim in victims) < need:
+                continue
+            victims.sort()
+            freed = free
+            chosen: list[str] = []
+            cost = 0.0
+            for lost_gpu_s, _, job_id, gpus in victims:
+                if freed >= need:
+                    break
+                chosen.append(job_id)
+                freed += gpus
+                cost += lost_gpu_s
+            if chosen and (best is None or (cost, node) < (best[0], best[1])):
+                best = (cost, node, chosen)
+        if best is None:
+            return
+        for job_id in best[2]:
+            self._evict(job_id, entry.view.job_id, "higher-ranked job", decisions)
+        placed = place_gang(self.state, entry.request, self.strategy, explain=False)
+        if not isinstance(placed, PendingReason):
+            self._start(entry, placed, now, decisions, "")

@@ -1,0 +1,322 @@
+"""The discrete-event simulator: a clock, a cluster, and the scheduling core deciding everything.
+
+The simulator is the only holder of each job's true duration (`_SimJob.duration_s`). Policies get a
+`JobView` (no duration) or, if they are `*-oracle`, an `OracleJobView`; the forecaster learns a run
+time only when the job has finished. Deterministic: events are ordered by (time, sequence), and the
+seed only drives synthetic inputs and tie-free choices.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kumiki.sched.cluster import ClusterSpec, ClusterState
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
+from kumiki.sched.jobs import CheckpointModel, JobView, OracleJobView, consolidated_gang
+from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
+from kumiki.sched.scheduler import Decisions, Scheduler
+
+ARRIVAL, FINISH, RECHECK = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class SimJobSpec:
+    """One job to simulate; `duration_s` is the truth and stays inside the simulator."""
+
+    job_id: str
+    submit_s: float
+    gpus: int
+    duration_s: float
+    queue: str = ""
+    user: str = ""
+    name: str = ""
+
+
+@dataclass(slots=True)
+class JobResult:
+    job_id: str
+    gpus: int
+    queue: str
+    submit_s: float
+    first_start_s: float
+    finish_s: float
+    run_wall_s: float
+    preemptions: int
+    lost_gpu_s: float
+    checkpoint_gpu_s: float
+
+    @property
+    def jct_s(self) -> float:
+        return self.finish_s - self.submit_s
+
+    @property
+    def queue_s(self) -> float:
+        return self.jct_s - self.run_wall_s
+
+
+@dataclass(slots=True)
+class Sample:
+    time_s: float
+    allocated_gpus: int
+    queue_length: int
+    fragmented_gpus: int
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    total_gpus: int
+    jobs: list[JobResult]
+    samples: list[Sample]
+    events: int
+    busy_gpu_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _SimJob:
+    spec: SimJobSpec
+    features: JobFeatures
+    duration_s: float
+    progress_s: float = 0.0
+    run_start_s: float = -1.0
+    run_start_progress_s: float = 0.0
+    overhead_s: float = 0.0
+    first_start_s: float = -1.0
+    run_wall_s: float = 0.0
+    attained_gpu_s: float = 0.0
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    checkpoint_gpu_s: float = 0.0
+    generation: int = 0
+    forecast: object = None
+    finish_s: float = -1.0
+    running: bool = False
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    policy: QueuePolicy
+    placement: str = "best-fit"
+    checkpoint: CheckpointModel = CheckpointModel()
+    queue_shares: dict[str, float] | None = None
+    sample_every_s: float = 600.0
+    audit: bool = False
+
+
+class Simulator:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        jobs: Sequence[SimJobSpec],
+        config: SimConfig,
+        *,
+        forecaster: RuntimeForecaster | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        if config.policy.uses_forecast and forecaster is None:
+            raise ValueError(f"policy {config.policy.name} needs a forecaster")
+        self.spec = spec
+        self.config = config
+        self.policy = config.policy
+        self.state = ClusterState.empty(spec)
+        self.scheduler = Scheduler(
+            config.policy,
+            self.state,
+            config.placement,
+            checkpoint=config.checkpoint,
+            queue_shares=config.queue_shares,
+        )
+        self.forecaster = forecaster if config.policy.uses_forecast else None
+        self.progress = progress
+        self.gpus_per_node = max(node.gpus for node in spec.nodes)
+        self.jobs: dict[str, _SimJob] = {}
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self.sequence = 0
+        for job in jobs:
+            if job.gpus > self.gpus_per_node * len(spec.nodes):
+                raise ValueError(f"job {job.job_id} needs {job.gpus} GPUs, more than the cluster has")
+            features = JobFeatures(job.job_id, job.queue, job.user, float(job.gpus), job.name, job.submit_s)
+            self.jobs[job.job_id] = _SimJob(job, features, job.duration_s)
+            self._push(job.submit_s, ARRIVAL, job.job_id, 0)
+        self.results: list[JobResult] = []
+        self.samples: list[Sample] = []
+        self.next_sample_s = min((job.submit_s for job in jobs), default=0.0)
+        self.events_done = 0
+        self.busy_gpu_s = 0.0
+
+    def _push(self, time: float, kind: int, job_id: str, generation: int) -> None:
+        self.sequence += 1
+        heapq.heappush(self.events, (time, kind, self.sequence, job_id, generation))
+
+    # ---- what policies may see -----------------------------------------------------------------
+    def view(self, job: _SimJob) -> JobView:
+        forecast = job.forecast if self.forecaster is not None else None
+        common = dict(
+            features=job.features,
+            gpus=job.spec.gpus,
+            queue=job.spec.queue,
+            submit_s=job.spec.submit_s,
+            executed_s=job.progress_s,
+            attained_gpu_s=job.attained_gpu_s,
+            preemptions=job.preemptions,
+            forecast=forecast,
+        )
+        if self.policy.oracle:
+            return OracleJobView(remaining_s=job.duration_s - job.progress_s, **common)  # type: ignore[arg-type]
+        return JobView(**common)  # type: ignore[arg-type]
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        events = self.events
+        while events:
+            now = events[0][0]
+            self._sample_until(now)
+            preempt_check = False
+            changed = False
+            while events and events[0][0] == now:
+                _, kind, _, job_id, generation = heapq.heappop(events)
+                self.events_done += 1
+                job = self.jobs[job_id]
+                if kind == ARRIVAL:
+                    self._arrive(job, now)
+                    preempt_check = True
+                    changed = True
+                elif kind == FINISH and job.running and job.generation == generation:
+                    self._finish(job, now)
+                    changed = True
+                elif kind == RECHECK and job.running and job.generation == generation:
+                    preempt_check = True
+                    changed = True
+            if changed:
+                decisions = self.scheduler.schedule(now, consider_preemption=preempt_check)
+                self._apply(decisions, now)
+                if self.config.audit:
+                    problems = self.state.audit()
+                    if problems:
+                        raise AssertionError(f"t={now}: {problems}")
+        self._sample_until(math.inf)
+        return SimResult(
+            self.policy.name,
+            self.spec.total_gpus,
+            self.results,
+            self.samples,
+            self.events_done,
+            self.busy_gpu_s,
+        )
+
+    def _arrive(self, job: _SimJob, now: float) -> None:
+        if self.forecaster is not None:
+            job.forecast = self.forecaster.predict(job.features)
+        self.scheduler.submit(
+            self.view(job), consolidated_gang(job.spec.job_id, job.spec.gpus, self.gpus_per_node)
+        )
+        if self.progress is not None:
+            self.progress(1)
+
+    def _wall_to_finish(self, job: _SimJob) -> float:
+        if self.policy.preemptive:
+            return job.overhead_s + self.config.checkpoint.wall_time(job.progress_s, job.duration_s)
+        return job.overhead_s + job.duration_s - job.progress_s
+
+    def _apply(self, decisions: Decisions, now: float) -> None:
+        for preemption in decisions.preemptions:
+            self._preempted(self.jobs[preemption.job_id], now)
+        for start in decisions.starts:
+            job = self.jobs[start.job_id]
+            job.running = True
+            job.generation += 1
+            job.run_start_s = now
+            job.run_start_progress_s = job.progress_s
+            if job.first_start_s < 0:
+                job.first_start_s = now
+            self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
+            if self.policy.order == "las":
+                self._schedule_demotion(job, now)
+
+    def _schedule_demotion(self, job: _SimJob, now: float) -> None:
+        for threshold in TIRESIAS_THRESHOLDS_GPU_S:
+            if job.attained_gpu_s < threshold:
+                wall = job.overhead_s + (threshold - job.attained_gpu_s) / job.spec.gpus
+                self._push(now + wall, RECHECK, job.spec.job_id, job.generation)
+                return
+
+    def _stop(self, job: _SimJob, now: float) -> float:
+        """Account a run that ends now; returns progress reached."""
+        wall = now - job.run_start_s
+        useful = max(0.0, wall - job.overhead_s)
+        if self.policy.preemptive:
+            progress = self.config.checkpoint.progress_after(job.run_start_progress_s, useful)
+            checkpoint_wall = useful - (progress - job.run_start_progress_s)
+            job.checkpoint_gpu_s += max(0.0, checkpoint_wall) * job.spec.gpus
+        else:
+            progress = job.run_start_progress_s + useful
+        progress = min(progress, job.duration_s)
+        job.run_wall_s += wall
+        job.attained_gpu_s += wall * job.spec.gpus
+        self.busy_gpu_s += wall * job.spec.gpus
+        job.running = False
+        return progress
+
+    def _finish(self, job: _SimJob, now: float) -> None:
+        self._stop(job, now)
+        job.progress_s = job.duration_s
+        job.finish_s = now
+        self.scheduler.finished(job.spec.job_id)
+        if self.forecaster is not None:
+            self.forecaster.observe(job.features, job.duration_s, now)
+        spec = job.spec
+        self.results.append(
+            JobResult(
+                spec.job_id,
+                spec.gpus,
+                spec.queue,
+                spec.submit_s,
+                job.first_start_s,
+                now,
+                job.run_wall_s,
+                job.preemptions,
+                job.lost_gpu_s,
+                job.checkpoint_gpu_s,
+            )
+        )
+
+    def _preempted(self, job: _SimJob, now: float) -> None:
+        reached = self._stop(job, now)
+        kept = self.config.checkpoint.checkpointed(reached)
+        restore = self.config.checkpoint.restore_cost_s
+        job.lost_gpu_s += ((reached - kept) + restore) * job.spec.gpus
+        job.progress_s = kept
+        job.overhead_s = restore
+        job.preemptions += 1
+        job.generation += 1
+        self.scheduler.submit(
+            self.view(job), consolidated_gang(job.spec.job_id, job.spec.gpus, self.gpus_per_node)
+        )
+
+    # ---- time series ---------------------------------------------------------------------------
+    def _sample_until(self, now: float) -> None:
+        while self.next_sample_s <= now and (
+            self.scheduler.waiting or self.scheduler.running or now < math.inf
+        ):
+            if now == math.inf and not self.scheduler.running and not self.scheduler.waiting:
+                break
+            self.samples.append(self._sample(self.next_sample_s))
+            self.next_sample_s += self.config.sample_every_s
+
+    def _sample(self, time: float) -> Sample:
+        state = self.state
+        allocated = self.spec.total_gpus - state.free_whole
+        waiting = self.scheduler.waiting
+        fragmented = 0
+        if waiting:
+            smallest = min(
+                entry.shape[0] if len(entry.shape) == 1 else self.gpus_per_node for entry in waiting.values()
+            )
+            fragmented = sum(
+                level * len(state.by_free[level]) for level in range(1, min(smallest, state.max_gpus + 1))
+            )
+        return Sample(time, allocated, len(waiting), fragmented)
