@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-
 from kumiki.agent.app import main, run_replay, run_sampling
 from kumiki.agent.core import GpuDevice, GpuInventory, GpuSample, SampleFields, TickSchedule
 
@@ -145,7 +144,8 @@ async def test_replay_paces_batches_shifts_time_and_relabels_the_node() -> None:
         GpuSample("rec-node", f"GPU-{i}", i, None, t, SampleFields(gpu_util_pct=float(i)))
         for t in (100.0, 102.0, 106.0) for i in (0, 1)
     ]
-    inventory = GpuInventory("rec-node", 99.0, "550", "12.4", (GpuDevice(0, "GPU-0", None, None, None, None),))
+    gpus = (GpuDevice(0, "GPU-0", None, None, None, None),)
+    inventory = GpuInventory("rec-node", 99.0, "550", "12.4", gpus)
     sink = ListSink()
     stats = await run_replay(inventory, recorded, sink, speed=2.0, node="replica-3", keep_timestamps=False,
                              clock=clock, wall=clock, sleep=clock.sleep)

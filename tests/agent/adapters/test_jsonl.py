@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from kumiki.agent.adapters.jsonl import (
     FanOutSink,
     JsonLinesSink,
@@ -61,12 +60,12 @@ async def test_recording_refuses_to_overwrite(tmp_path: Path) -> None:
     first.start()
     await first.publish_inventory(INVENTORY)
     await first.close()
-    with pytest.raises(FileExistsError, match="inventory.json exists"):
+    with pytest.raises(FileExistsError, match=r"inventory\.json exists"):
         RecordingSink(tmp_path).start()
 
 
 async def test_bad_recordings_name_file_line_and_field(tmp_path: Path) -> None:
-    with pytest.raises(RecordError, match="inventory.json: missing"):
+    with pytest.raises(RecordError, match=r"inventory\.json: missing"):
         read_recording(tmp_path)
     recording = RecordingSink(tmp_path)
     recording.start()
