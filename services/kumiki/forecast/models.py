@@ -177,8 +177,26 @@ def job_vector(job: JobFeatures, history: KeyedHistory) -> tuple[float, ...]:
     )
 
 
+def regression_row(features: tuple[float, ...]) -> tuple[float, ...]:
+    """The regression's design row: every history median relative to the key's long median.
+
+    The target is likewise log run time minus the long median, so a regression that learns nothing
+    (all coefficients 0) forecasts the long median instead of extrapolating from the raw levels,
+    which are nearly collinear and shift as history fills.
+    """
+    base = features[1]
+    return (
+        1.0,
+        features[2] - base,
+        features[3] - base,
+        features[4] - base,
+        features[5] - base,
+        *features[6:],
+    )
+
+
 class QuantileRegression:
-    """statsmodels QuantReg for p50 and p90 of log run time, refit periodically on a bounded window.
+    """statsmodels QuantReg for the p50 and p90 of a target, refit periodically on a bounded window.
 
     Rows are the features a job had at submit (cached then), so training sees what serving saw.
     A failed or non-converged fit keeps the previous coefficients.
@@ -231,7 +249,8 @@ class QuantileRegression:
 class CalibrationConfig:
     window: int = 300  # residuals per key
     min_residuals: int = 30
-    step: float = 0.02  # adaptive correction per completion, on log seconds
+    step: float = 0.005  # adaptive correction per completion, on log seconds
+    max_correction: float = 0.5  # anti-windup: feedback arrives a run time late, so it can overshoot
     target: float = P90_LEVEL
 
 
@@ -242,7 +261,9 @@ class ConformalP90:
     specific key with enough of them, so steady keys get tight p90s and erratic ones wide. Completions
     arrive late and skewed to short jobs, so the plain quantile under-covers; a global correction is
     steered by the realised coverage of the p90s actually issued (adaptive conformal inference,
-    Gibbs & Candès 2021), which removes that bias without knowing its size.
+    Gibbs & Candès 2021), which removes that bias without knowing its size. Only p90s issued from
+    a calibrated key feed it (cold-start guesses would wind it up), and it is clamped, because its
+    feedback comes a whole run time late and a large step overshoots.
     """
 
     def __init__(self, config: CalibrationConfig) -> None:
@@ -257,8 +278,16 @@ class ConformalP90:
                 return max(0.0, window.quantile(self.config.target) + self.correction)
         return max(0.0, PRIOR_P90_OFFSET + self.correction)
 
+    def is_calibrated(self, job: JobFeatures) -> bool:
+        """Whether some key of the job has enough residuals for its p90 to be a conformal one."""
+        for key in job_keys(job):
+            window = self._residuals.get(key)
+            if window is not None and len(window) >= self.config.min_residuals:
+                return True
+        return False
+
     def update(self, job: JobFeatures, residual: float, covered: bool | None) -> None:
-        """Learn one residual; `covered`: whether the p90 issued for that job held (None: none issued)."""
+        """Learn one residual; `covered`: whether the calibrated p90 issued for that job held, else None."""
         for key in job_keys(job):
             window = self._residuals.get(key)
             if window is None:
@@ -266,7 +295,9 @@ class ConformalP90:
             window.add(residual)
         if covered is not None:
             miss = 0.0 if covered else 1.0
-            self.correction += self.config.step * (miss - (1.0 - self.config.target))
+            step = self.config.step * (miss - (1.0 - self.config.target))
+            limit = self.config.max_correction
+            self.correction = min(limit, max(-limit, self.correction + step))
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +307,7 @@ class Issued:
     features: tuple[float, ...]
     log_p50: float
     log_p90: float
+    calibrated: bool
 
 
 # Expert name -> index of its value in job_vector().
@@ -329,15 +361,16 @@ class KumikiForecaster:
     def _log_p50(self, features: tuple[float, ...]) -> float:
         values = [features[EXPERT_FEATURES[name]] for name in self.config.experts if name in EXPERT_FEATURES]
         if self.regression is not None:
-            fitted = self.regression.predict(features)
-            values.append(features[1] if fitted is None else fitted[0])
+            fitted = self.regression.predict(regression_row(features))
+            values.append(features[1] + (0.0 if fitted is None else fitted[0]))
         return median(values)
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         features = job_vector(job, self.history)
         log_p50 = self._log_p50(features)
         log_p90 = log_p50 + self.calibration.offset(job)
-        self._issued[job.job_id] = Issued(features, log_p50, log_p90)
+        calibrated = self.calibration.is_calibrated(job)
+        self._issued[job.job_id] = Issued(features, log_p50, log_p90, calibrated)
         return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
@@ -348,9 +381,10 @@ class KumikiForecaster:
             self.calibration.update(job, actual - self._log_p50(features), None)
         else:
             features = issued.features
-            self.calibration.update(job, actual - issued.log_p50, actual <= issued.log_p90)
+            covered = actual <= issued.log_p90 if issued.calibrated else None
+            self.calibration.update(job, actual - issued.log_p50, covered)
         if self.regression is not None:
-            self.regression.add(features, actual)
+            self.regression.add(regression_row(features), actual - features[1])
         self.history.add(job, actual)
         self.version += 1
 
@@ -366,12 +400,12 @@ class HistoryMedianForecaster:
         )
         self.calibration = ConformalP90(CalibrationConfig())
         self.version = 0
-        self._issued: dict[str, tuple[float, float]] = {}
+        self._issued: dict[str, tuple[float, float, bool]] = {}
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         log_p50 = self.history.median(job, self.window)
         log_p90 = log_p50 + self.calibration.offset(job)
-        self._issued[job.job_id] = (log_p50, log_p90)
+        self._issued[job.job_id] = (log_p50, log_p90, self.calibration.is_calibrated(job))
         return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
@@ -380,13 +414,18 @@ class HistoryMedianForecaster:
         if issued is None:
             self.calibration.update(job, actual - self.history.median(job, self.window), None)
         else:
-            self.calibration.update(job, actual - issued[0], actual <= issued[1])
+            log_p50, log_p90, calibrated = issued
+            self.calibration.update(job, actual - log_p50, actual <= log_p90 if calibrated else None)
         self.history.add(job, actual)
         self.version += 1
 
 
 class QuantRegForecaster:
-    """The quantile regression alone: its own p50 and p90 (uncalibrated), history median until first fit."""
+    """The quantile regression alone: its own p50 and p90 (uncalibrated); the long median until its first fit.
+
+    It models log run time minus the key's long median (`regression_row`), from the features the
+    job had at submit.
+    """
 
     name = "quantreg"
 
@@ -398,14 +437,17 @@ class QuantRegForecaster:
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         features = job_vector(job, self.history)
         self._features[job.job_id] = features
-        fitted = self.regression.predict(features)
-        log_p50, log_p90 = fitted if fitted is not None else (features[1], features[1] + PRIOR_P90_OFFSET)
-        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.regression.version)
+        base = features[1]
+        fitted = self.regression.predict(regression_row(features))
+        low, high = fitted if fitted is not None else (0.0, PRIOR_P90_OFFSET)
+        return RuntimeForecast(
+            math.exp(base + low), math.exp(base + high), self.name, self.regression.version
+        )
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         actual = log_runtime(runtime_s)
         features = self._features.pop(job.job_id, None) or job_vector(job, self.history)
-        self.regression.add(features, actual)
+        self.regression.add(regression_row(features), actual - features[1])
         self.history.add(job, actual)
 
 
