@@ -37,6 +37,7 @@ GIB = 1024**3
         (["--replay", "/nonexistent/rec"], "--replay: /nonexistent/rec is not a folder"),
         (["--node", "n1", "--speed", "-1"], "--speed: -1 is outside"),
         (["--node", "n1", "--log-level", "chatty"], "--log-level: 'chatty'"),
+        (["--node", "n1", "--output", "/nonexistent/dir/out.jsonl"], "--output: folder /nonexistent/dir"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
@@ -136,6 +137,20 @@ async def test_sampling_keeps_the_grid_skips_overruns_and_survives_failures() ->
     assert stats.samples == 2  # ticks at 0 and 5 published; 1 lost to the sink, 4 raised
     assert stats.source_errors == {"power": 2}
     assert stats.unsupported == ["gpu0:ecc"]
+
+
+async def test_a_closed_output_stops_the_run_instead_of_failing_every_tick() -> None:
+    clock = FakeClock()
+    source = ScriptedSource(clock, [0.0] * 10)
+
+    class ClosedPipe(ListSink):
+        async def publish(self, samples: Sequence[GpuSample]) -> None:
+            raise BrokenPipeError
+
+    stats = await run_sampling(source, ClosedPipe(), TickSchedule(1.0, clock.now, 10.0),
+                               clock=clock, wall=clock, sleep=clock.sleep)
+    assert stats.ticks == 1
+    assert stats.publish_errors == 0
 
 
 async def test_replay_paces_batches_shifts_time_and_relabels_the_node() -> None:

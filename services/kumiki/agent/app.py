@@ -145,6 +145,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError("--log-level", f"{args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
     output = args.output
+    if output not in (None, "-") and not Path(output).parent.is_dir():
+        raise ConfigError("--output", f"folder {Path(output).parent} does not exist")
     if output is None and record_dir is None:
         output = "-"
     return AgentConfig(
@@ -262,6 +264,10 @@ async def run_sampling(
             try:
                 await sink.publish(samples)
                 stats.samples += len(samples)
+            except BrokenPipeError:
+                # The reader of stdout went away (`| head`): nobody will ever read another sample.
+                log.info("output closed by its reader; stopping")
+                break
             except Exception:
                 stats.publish_errors += 1
                 log.exception("publishing %d samples failed; they are dropped", len(samples))
