@@ -236,6 +236,33 @@ def test_gpus_without_nvlink_or_mig_report_none_not_zero(fake_nvml: FakeNvml) ->
     assert inventory.nvlink_peers(0) == ()
 
 
+def test_memory_used_excludes_driver_reserved_memory_like_dcgm(fake_nvml: FakeNvml) -> None:
+    config = hgx_node()
+    config.gpus[0] = {**config.gpus[0], "memory_reserved": 600 * 1024 * 1024}
+    source, _ = open_source(fake_nvml, config)
+    try:
+        gpu0 = source.sample(timestamp=1_700_000_001.0)[0]
+    finally:
+        source.close()
+    assert gpu0.fields.memory_used_bytes == config.gpus[0]["memory_used"]
+    assert gpu0.fields.memory_total_bytes == 80 * GIB
+
+
+def test_drivers_without_memory_info_v2_fall_back_to_v1(fake_nvml: FakeNvml) -> None:
+    config = hgx_node()
+    config.gpus[0] = {**config.gpus[0], "memory_reserved": 600 * 1024 * 1024,
+                      "errors": "memory_v2:13"}  # NVML_ERROR_FUNCTION_NOT_FOUND
+    source, _ = open_source(fake_nvml, config)
+    try:
+        samples = source.sample(timestamp=1_700_000_001.0)
+    finally:
+        source.close()
+    # v1's "used" includes what the driver reserved; every GPU is now read through v1.
+    assert samples[0].fields.memory_used_bytes == config.gpus[0]["memory_used"] + 600 * 1024 * 1024
+    assert samples[1].fields.memory_used_bytes == config.gpus[1]["memory_used"]
+    assert not source.errors
+
+
 def test_a_gpu_without_a_readable_uuid_is_left_out(fake_nvml: FakeNvml) -> None:
     config = hgx_node()
     config.gpus[1] = {**config.gpus[1], "errors": "uuid:15"}

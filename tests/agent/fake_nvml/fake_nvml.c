@@ -42,12 +42,12 @@ enum {
 
 /* Fields whose NVML getters can be told to fail (errors = field:code, unsupported = field,...). */
 enum field_id {
-    F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_POWER, F_TEMPERATURE, F_ECC, F_MIG, F_NVLINK,
-    F_TOPOLOGY, F_PCI, F_EVENTS, F_P2P, F_COUNT
+    F_NAME, F_UUID, F_MEMORY, F_MEMORY_V2, F_UTILIZATION, F_POWER, F_TEMPERATURE, F_ECC, F_MIG,
+    F_NVLINK, F_TOPOLOGY, F_PCI, F_EVENTS, F_P2P, F_COUNT
 };
 static const char *const FIELD_NAMES[F_COUNT] = {
-    "name", "uuid", "memory", "utilization", "power", "temperature", "ecc", "mig", "nvlink",
-    "topology", "pci", "events", "p2p",
+    "name", "uuid", "memory", "memory_v2", "utilization", "power", "temperature", "ecc", "mig",
+    "nvlink", "topology", "pci", "events", "p2p",
 };
 
 struct nvmlDevice_st {
@@ -74,6 +74,7 @@ typedef struct {
     char bus_id[32];
     unsigned long long memory_total;
     unsigned long long memory_used;
+    unsigned long long memory_reserved;  /* driver-reserved: inside v1 "used", apart in v2 */
     unsigned util_gpu[MAX_PATTERN];
     int util_gpu_len;
     unsigned util_memory[MAX_PATTERN];
@@ -330,6 +331,7 @@ static int set_key(enum section section, const char *key, char *value) {
         if (!strcmp(key, "bus_id")) return copy_text(gpu->bus_id, sizeof gpu->bus_id, value);
         if (!strcmp(key, "memory_total")) { NUM(gpu->memory_total); return 0; }
         if (!strcmp(key, "memory_used")) { NUM(gpu->memory_used); return 0; }
+        if (!strcmp(key, "memory_reserved")) { NUM(gpu->memory_reserved); return 0; }
         if (!strcmp(key, "util_gpu")) return parse_pattern(value, gpu->util_gpu, &gpu->util_gpu_len);
         if (!strcmp(key, "util_memory"))
             return parse_pattern(value, gpu->util_memory, &gpu->util_memory_len);
@@ -550,36 +552,42 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 }
 
 static nvmlReturn_t memory_of(nvmlDevice_t device, fake_gpu *gpu, unsigned long long *total,
-                              unsigned long long *used) {
+                              unsigned long long *used, unsigned long long *reserved) {
     FAIL_IF(gpu, F_MEMORY);
     fake_mig *mig = mig_of(device);
     *total = mig ? mig->memory_total : gpu->memory_total;
     *used = mig ? mig->memory_used : gpu->memory_used;
+    *reserved = mig ? 0 : gpu->memory_reserved;
     return NVML_SUCCESS;
 }
 
+/* v1, as recent drivers answer it: "used" includes the driver's reserved memory. */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     DEVICE(gpu, device);
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long total, used;
-    nvmlReturn_t status = memory_of(device, gpu, &total, &used);
+    unsigned long long total, used, reserved;
+    nvmlReturn_t status = memory_of(device, gpu, &total, &used, &reserved);
     if (status) return status;
     memory->total = total;
-    memory->used = used;
-    memory->free = total > used ? total - used : 0;
+    memory->used = used + reserved;
+    memory->free = total > used + reserved ? total - used - reserved : 0;
     return NVML_SUCCESS;
 }
 
+#define NVML_MEMORY_V2 0x02000028u
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     DEVICE(gpu, device);
+    FAIL_IF(gpu, F_MEMORY_V2);
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long total, used;
-    nvmlReturn_t status = memory_of(device, gpu, &total, &used);
+    if (memory->version != NVML_MEMORY_V2) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    unsigned long long total, used, reserved;
+    nvmlReturn_t status = memory_of(device, gpu, &total, &used, &reserved);
     if (status) return status;
     memory->total = total;
-    memory->reserved = 0;
+    memory->reserved = reserved;
     memory->used = used;
-    memory->free = total > used ? total - used : 0;
+    memory->free = total > used + reserved ? total - used - reserved : 0;
     return NVML_SUCCESS;
 }
 

@@ -38,6 +38,8 @@ T = TypeVar("T")
 MAX_EVENTS_PER_TICK = 256
 # NVML reports "no instance" in event data with all bits set.
 _NO_INSTANCE = 0xFFFFFFFF
+# Answers that mean "this driver has no nvmlDeviceGetMemoryInfo_v2": use v1 from then on.
+_NO_MEMORY_V2 = (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -80,6 +82,7 @@ class NvmlSource:
         self._gpus: list[_Gpu] = []
         self._event_set: Any = None
         self._open = False
+        self._memory_v2 = True
 
     # -- error policy ---------------------------------------------------------------------------
 
@@ -97,6 +100,24 @@ class NvmlSource:
                 log.warning("NVML %s on GPU %d failed: %s (code %d); field left unset",
                             name, gpu, error, code)
             return None
+
+    def _memory(self, gpu: int, name: str, handle: Any) -> Any:
+        """Memory info, v2 where the driver has it.
+
+        v1's `used` includes the driver's reserved memory on recent drivers; v2 keeps it apart, as
+        DCGM's FB_USED does, so both sources mean the same thing by "used".
+        """
+        if self._memory_v2:
+            try:
+                return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            except pynvml.NVMLError as error:
+                code = getattr(error, "value", None)
+                if code in _NO_MEMORY_V2:
+                    log.info("nvmlDeviceGetMemoryInfo_v2 unavailable (%s); using v1", error)
+                    self._memory_v2 = False
+                elif code != pynvml.NVML_ERROR_NOT_SUPPORTED:
+                    return self._call(gpu, name, _raise, error)
+        return self._call(gpu, name, pynvml.nvmlDeviceGetMemoryInfo, handle)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -160,7 +181,7 @@ class NvmlSource:
 
     def _read_gpu(self, index: int, handle: Any, uuid: str) -> tuple[GpuDevice, _Gpu, list[str]]:
         name = self._call(index, "name", pynvml.nvmlDeviceGetName, handle)
-        memory = self._call(index, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = self._memory(index, "memory", handle)
         pci = self._call(index, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
         modes = self._call(index, "mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
         mig_enabled = None if modes is None else modes[0] == pynvml.NVML_DEVICE_MIG_ENABLE
@@ -199,7 +220,7 @@ class NvmlSource:
                             mig_handle)
             mig_uuid = self._call(index, "mig_uuid", pynvml.nvmlDeviceGetUUID, mig_handle)
             mig_name = self._call(index, "mig_name", pynvml.nvmlDeviceGetName, mig_handle)
-            memory = self._call(index, "mig_memory", pynvml.nvmlDeviceGetMemoryInfo, mig_handle)
+            memory = self._memory(index, "mig_memory", mig_handle)
             attributes = self._call(index, "mig_attributes", pynvml.nvmlDeviceGetAttributes, mig_handle)
             instances.append(MigInstance(
                 gpu_instance_id=int(gi),
@@ -303,7 +324,7 @@ class NvmlSource:
     def _gpu_fields(self, gpu: _Gpu, xids: tuple[int, ...]) -> SampleFields:
         index, handle = gpu.index, gpu.handle
         utilisation = self._call(index, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
-        memory = self._call(index, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = self._memory(index, "memory", handle)
         power = self._call(index, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
         temperature = self._call(index, "temperature", pynvml.nvmlDeviceGetTemperature, handle,
                                  pynvml.NVML_TEMPERATURE_GPU)
@@ -327,7 +348,7 @@ class NvmlSource:
         # NVML gives a MIG device its memory; utilisation is NOT_SUPPORTED there on real drivers
         # (DCGM's profiling counters are the per-instance activity source), but ask anyway.
         utilisation = self._call(index, "mig_utilization", pynvml.nvmlDeviceGetUtilizationRates, mig.handle)
-        memory = self._call(index, "mig_memory", pynvml.nvmlDeviceGetMemoryInfo, mig.handle)
+        memory = self._memory(index, "mig_memory", mig.handle)
         return SampleFields(
             gpu_util_pct=None if utilisation is None else float(utilisation.gpu),
             memory_util_pct=None if utilisation is None else float(utilisation.memory),
