@@ -197,7 +197,8 @@ def test_nvlink_counts_match_remote_addresses_to_gpus() -> None:
 
 
 def test_sample_round_trips_through_json_dicts() -> None:
-    original = sample(xid_errors=(79, 48), mig_instance_id=3, labels={"pod": "p", "namespace": "n"})
+    original = sample(xid_errors=(79, 48), mig_instance_id=3, labels={"pod": "p", "namespace": "n"},
+                      model="NVIDIA L4", source="nvml")
     encoded = sample_to_dict(original)
     assert "last_xid" not in encoded["fields"]  # unset stays unset, not 0 or null
     assert sample_from_dict(encoded) == original
@@ -214,6 +215,7 @@ def test_sample_round_trips_through_json_dicts() -> None:
         (lambda d: d["fields"].update(xid_errors=[79, "x"]), r"fields.xid_errors\[1\]"),
         (lambda d: d.update(kind="inventory"), "kind: expected 'sample'"),
         (lambda d: d.update(labels={"pod": 3}), "labels.pod: expected str"),
+        (lambda d: d.update(source=1), "source: expected str"),
     ],
 )
 def test_bad_recorded_samples_name_the_field(mutate, message: str) -> None:

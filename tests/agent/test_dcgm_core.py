@@ -66,6 +66,7 @@ def test_exporter_page_becomes_samples_per_gpu_and_mig_instance() -> None:
     assert keys == [(0, None), (1, None), (1, 1), (1, 2), (2, None)]
     by_key = {(s.gpu_index, s.mig_instance_id): s for s in reading.samples}
     assert {s.node for s in reading.samples} == {"gpu-node-7"}
+    assert {(s.model, s.source) for s in reading.samples} == {("NVIDIA A100-SXM4-80GB", "dcgm")}
     assert {s.timestamp for s in reading.samples} == {1_700_000_000.0}
 
     gpu0 = by_key[(0, None)]

@@ -132,6 +132,10 @@ class GpuSample:
     fields: SampleFields
     # Kubernetes pod labels from DCGM (pod, namespace, container) when a pod holds the GPU.
     labels: Mapping[str, str] = field(default_factory=dict)
+    # The GPU's model (of the whole board, also on MIG samples) and where the reading came from
+    # ("nvml", "dcgm"): carried on each sample so a consumer needs no inventory to label it.
+    model: str | None = None
+    source: str | None = None
 
 
 class SampleSink(Protocol):
@@ -380,6 +384,10 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
     }
     if sample.labels:
         out["labels"] = dict(sample.labels)
+    if sample.model is not None:
+        out["model"] = sample.model
+    if sample.source is not None:
+        out["source"] = sample.source
     return out
 
 
@@ -438,6 +446,8 @@ def sample_from_dict(data: Mapping[str, Any], where: str = "") -> GpuSample:
         timestamp=float(_require(data, "timestamp", (int, float), where)),
         fields=SampleFields(xid_errors=tuple(xids), **values),
         labels=dict(labels),
+        model=_require(data, "model", (str,), where, optional=True),
+        source=_require(data, "source", (str,), where, optional=True),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from kumiki.agent.core import GpuDevice, GpuInventory, GpuSample, MigInstance, SampleFields
 
 MIB = 1024 * 1024
+SOURCE = "dcgm"
 
 # dcgm-exporter counter -> (SampleFields attribute, scale to the agent's unit).
 FIELD_BY_METRIC: Mapping[str, tuple[str, float]] = {
@@ -268,6 +269,7 @@ def read_exporter_page(text: str, node: str | None, scraped_at: float) -> Export
     errors = list(page.errors)
     series = _collect(page, node, errors)
     _hoist_gpu_wide(series)
+    models = {entry.uuid: entry.model for entry in series.values() if entry.model}
     samples: list[GpuSample] = []
     for entry in sorted(series.values(), key=lambda s: (s.node, s.index, s.instance is not None,
                                                         s.instance or 0)):
@@ -279,6 +281,8 @@ def read_exporter_page(text: str, node: str | None, scraped_at: float) -> Export
             timestamp=entry.timestamp_ms / 1000.0 if entry.timestamp_ms else scraped_at,
             fields=_fields(entry.values),
             labels=dict(entry.labels),
+            model=entry.model or models.get(entry.uuid),
+            source=SOURCE,
         ))
     return ExporterReading(tuple(samples), _inventory(series.values(), node, scraped_at), tuple(errors))
 

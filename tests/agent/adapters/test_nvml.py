@@ -111,6 +111,8 @@ def test_samples_follow_the_configured_values_tick_by_tick(fake_nvml: FakeNvml) 
             values = whole[index].fields
             assert whole[index].gpu_uuid == configured["uuid"]
             assert whole[index].node == NODE
+            assert whole[index].model == configured["name"]
+            assert whole[index].source == "nvml"
             util_gpu, util_memory = configured["util_gpu"], configured["util_memory"]
             assert values.gpu_util_pct == util_gpu[tick % len(util_gpu)]
             assert values.memory_util_pct == util_memory[tick % len(util_memory)]
@@ -150,6 +152,7 @@ def test_mig_instances_are_sampled_with_their_own_memory(fake_nvml: FakeNvml) ->
     assert parent.fields.gpu_util_pct is None
     assert parent.fields.power_w == 103.0
     assert instance.gpu_uuid == parent.gpu_uuid
+    assert instance.model == parent.model == "NVIDIA A100-SXM4-80GB"
     assert instance.fields.memory_used_bytes == 3 * GIB
     assert instance.fields.memory_total_bytes == 40 * GIB
     assert instance.fields.gpu_util_pct is None

@@ -32,6 +32,8 @@ from kumiki.agent.core import (
 
 log = logging.getLogger(__name__)
 
+SOURCE = "nvml"
+
 T = TypeVar("T")
 
 # Most events a tick drains, so a storm of XIDs cannot stall sampling.
@@ -67,6 +69,7 @@ class _Gpu:
     handle: Any
     uuid: str
     mig_enabled: bool
+    model: str | None = None
     migs: list[_Mig] = field(default_factory=list)
     events_registered: bool = False
 
@@ -185,7 +188,8 @@ class NvmlSource:
         pci = self._call(index, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
         modes = self._call(index, "mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
         mig_enabled = None if modes is None else modes[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-        gpu = _Gpu(index=index, handle=handle, uuid=uuid, mig_enabled=bool(mig_enabled))
+        gpu = _Gpu(index=index, handle=handle, uuid=uuid, mig_enabled=bool(mig_enabled),
+                   model=None if name is None else _text(name))
         instances: list[MigInstance] = []
         if mig_enabled:
             instances = self._read_migs(gpu)
@@ -309,6 +313,8 @@ class NvmlSource:
                 mig_instance_id=None,
                 timestamp=timestamp,
                 fields=self._gpu_fields(gpu, xids.get((gpu.index, None), ())),
+                model=gpu.model,
+                source=SOURCE,
             ))
             for mig in gpu.migs:
                 samples.append(GpuSample(
@@ -318,6 +324,8 @@ class NvmlSource:
                     mig_instance_id=mig.gpu_instance_id,
                     timestamp=timestamp,
                     fields=self._mig_fields(gpu.index, mig, xids.get((gpu.index, mig.gpu_instance_id), ())),
+                    model=gpu.model,
+                    source=SOURCE,
                 ))
         return samples
 
