@@ -33,6 +33,9 @@ class QueuePolicy:
     uses_forecast: bool = False
     starvation_s: float = 0.0
     preempt_ratio: float = 2.0
+    # never preempt jobs that fill a node or more (reservations protect them instead), so they need
+    # no periodic checkpoints
+    protect_full_nodes: bool = False
 
 
 POLICIES: dict[str, QueuePolicy] = {
@@ -49,6 +52,7 @@ POLICIES: dict[str, QueuePolicy] = {
         preemptive=True,
         uses_forecast=True,
         starvation_s=6 * 3600.0,
+        protect_full_nodes=True,
     ),
     "kumiki-oracle": QueuePolicy(
         "kumiki-oracle",
@@ -58,9 +62,15 @@ POLICIES: dict[str, QueuePolicy] = {
         preemptive=True,
         oracle=True,
         starvation_s=6 * 3600.0,
+        protect_full_nodes=True,
     ),
     "kumiki-noforecast": QueuePolicy(
-        "kumiki-noforecast", "forecast", reserve=True, preemptive=True, starvation_s=6 * 3600.0
+        "kumiki-noforecast",
+        "forecast",
+        reserve=True,
+        preemptive=True,
+        starvation_s=6 * 3600.0,
+        protect_full_nodes=True,
     ),
 }
 

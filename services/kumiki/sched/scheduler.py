@@ -95,7 +95,7 @@ class Scheduler:
         self.waiting: dict[str, _Waiting] = {}
         self.running: dict[str, _Running] = {}
         self.lists: dict[tuple[str, tuple[int, ...]], list[tuple[tuple[float, float, int], str]]] = {}
-        self.by_submit: list[tuple[float, int, str]] = []
+        self.by_submit: dict[tuple[int, ...], list[tuple[float, int, str]]] = {}
         self.lane_usage: dict[str, float] = {}
         self.on_node: list[set[str]] = [set() for _ in state.spec.nodes]
         self.reservation: Reservation | None = None
@@ -115,7 +115,7 @@ class Scheduler:
         entry = _Waiting(view, request, key, self.lane_of(view), shape)
         self.waiting[view.job_id] = entry
         bisect.insort(self.lists.setdefault((entry.lane, shape), []), (key, view.job_id))
-        heapq.heappush(self.by_submit, (view.submit_s, self.sequence, view.job_id))
+        heapq.heappush(self.by_submit.setdefault(shape, []), (view.submit_s, self.sequence, view.job_id))
 
     def _unqueue(self, job_id: str) -> _Waiting:
         entry = self.waiting.pop(job_id)
@@ -149,6 +149,24 @@ class Scheduler:
             self.on_node[node].add(entry.view.job_id)
         self.lane_usage[entry.lane] = self.lane_usage.get(entry.lane, 0.0) + gpus
         decisions.starts.append(Start(entry.view.job_id, placement, bool(borrower)))
+
+    def may_preempt(self, request: GangRequest, view: JobView) -> bool:
+        """Whether this policy could ever preempt the job (only then does it need periodic checkpoints)."""
+        if not self.policy.preemptive or not view.preemptible or len(request.pods) > 1:
+            return False
+        return not (self.policy.protect_full_nodes and request.pods[0].gpus >= self.state.max_gpus)
+
+    def _young_full_node(self, running: _Running, executed: float) -> bool:
+        """A protected full-node job may still yield before its first checkpoint would be due.
+
+        It never writes a checkpoint, so yielding then loses all its progress, at most one interval.
+        """
+        return (
+            self.policy.protect_full_nodes
+            and running.view.preemptible
+            and len(running.nodes) == 1
+            and executed < self.checkpoint.interval_s
+        )
 
     def executed(self, entry: _Running, now: float) -> float:
         return entry.view.executed_s + (now - entry.start_s)
@@ -289,10 +307,17 @@ class Scheduler:
     def _starving(self, now: float) -> str | None:
         if not self.policy.starvation_s:
             return None
-        while self.by_submit and self.by_submit[0][2] not in self.waiting:
-            heapq.heappop(self.by_submit)
-        if self.by_submit and now - self.by_submit[0][0] >= self.policy.starvation_s:
-            return self.by_submit[0][2]
+        # the starving job whose wait holds the most GPU capacity back: large gangs first
+        best: tuple[float, str] | None = None
+        for shape, heap in self.by_submit.items():
+            while heap and heap[0][2] not in self.waiting:
+                heapq.heappop(heap)
+            if heap and now - heap[0][0] >= self.policy.starvation_s:
+                weight = (now - heap[0][0]) * sum(shape)
+                if best is None or weight > best[0]:
+                    best = (weight, heap[0][2])
+        if best is not None:
+            return best[1]
         return None
 
     def _node_ready_times(self, node: int, now: float) -> list[tuple[float, int]]:
@@ -391,9 +416,13 @@ class Scheduler:
             victims: list[tuple[float, float, str, int]] = []
             for job_id in self.on_node[node]:
                 running = running_jobs[job_id]
-                if running.start_s > started_before or not running.view.preemptible or len(running.nodes) > 1:
+                if running.start_s > started_before:
                     continue
                 executed = running.view.executed_s + (now - running.start_s)
+                if not self.may_preempt(running.request, running.view) and not self._young_full_node(
+                    running, executed
+                ):
+                    continue
                 attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
                 victim_rank = running_rank(policy, running.view, executed, attained)
                 lost = checkpoint.lost_progress(executed) + checkpoint.restore_cost_s

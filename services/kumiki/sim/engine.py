@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
-from kumiki.sched.jobs import CheckpointModel, JobView, OracleJobView, consolidated_gang
+from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
 from kumiki.sched.scheduler import Decisions, Scheduler
 
@@ -80,6 +80,7 @@ class _SimJob:
     spec: SimJobSpec
     features: JobFeatures
     duration_s: float
+    request: GangRequest
     progress_s: float = 0.0
     run_start_s: float = -1.0
     run_start_progress_s: float = 0.0
@@ -94,6 +95,7 @@ class _SimJob:
     forecast: object = None
     finish_s: float = -1.0
     running: bool = False
+    checkpointing: bool = False
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -140,7 +142,8 @@ class Simulator:
             if job.gpus > self.gpus_per_node * len(spec.nodes):
                 raise ValueError(f"job {job.job_id} needs {job.gpus} GPUs, more than the cluster has")
             features = JobFeatures(job.job_id, job.queue, job.user, float(job.gpus), job.name, job.submit_s)
-            self.jobs[job.job_id] = _SimJob(job, features, job.duration_s)
+            request = consolidated_gang(job.job_id, job.gpus, self.gpus_per_node)
+            self.jobs[job.job_id] = _SimJob(job, features, job.duration_s, request)
             self._push(job.submit_s, ARRIVAL, job.job_id, 0)
         self.results: list[JobResult] = []
         self.samples: list[Sample] = []
@@ -211,14 +214,15 @@ class Simulator:
     def _arrive(self, job: _SimJob, now: float) -> None:
         if self.forecaster is not None:
             job.forecast = self.forecaster.predict(job.features)
-        self.scheduler.submit(
-            self.view(job), consolidated_gang(job.spec.job_id, job.spec.gpus, self.gpus_per_node)
-        )
+        self.scheduler.submit(self.view(job), job.request)
         if self.progress is not None:
             self.progress(1)
 
+    def _checkpoints(self, job: _SimJob) -> bool:
+        return self.scheduler.may_preempt(job.request, self.view(job))
+
     def _wall_to_finish(self, job: _SimJob) -> float:
-        if self.policy.preemptive:
+        if job.checkpointing:
             return job.overhead_s + self.config.checkpoint.wall_time(job.progress_s, job.duration_s)
         return job.overhead_s + job.duration_s - job.progress_s
 
@@ -231,6 +235,7 @@ class Simulator:
             job.generation += 1
             job.run_start_s = now
             job.run_start_progress_s = job.progress_s
+            job.checkpointing = self._checkpoints(job)
             if job.first_start_s < 0:
                 job.first_start_s = now
             self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
@@ -248,7 +253,7 @@ class Simulator:
         """Account a run that ends now; returns progress reached."""
         wall = now - job.run_start_s
         useful = max(0.0, wall - job.overhead_s)
-        if self.policy.preemptive:
+        if job.checkpointing:
             progress = self.config.checkpoint.progress_after(job.run_start_progress_s, useful)
             checkpoint_wall = useful - (progress - job.run_start_progress_s)
             job.checkpoint_gpu_s += max(0.0, checkpoint_wall) * job.spec.gpus
@@ -293,9 +298,7 @@ class Simulator:
         job.overhead_s = restore
         job.preemptions += 1
         job.generation += 1
-        self.scheduler.submit(
-            self.view(job), consolidated_gang(job.spec.job_id, job.spec.gpus, self.gpus_per_node)
-        )
+        self.scheduler.submit(self.view(job), job.request)
 
     # ---- time series ---------------------------------------------------------------------------
     def _sample_until(self, now: float) -> None:

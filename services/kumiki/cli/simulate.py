@@ -1,0 +1,329 @@
+"""`kumiki simulate` (trace-driven scheduling simulator) and `kumiki pack` (FGD fragmentation benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kumiki.cli.main import UsageError
+from kumiki.sched.forecasting import RuntimeForecaster
+from kumiki.sched.jobs import CheckpointModel
+from kumiki.sched.placement import STRATEGIES
+from kumiki.sched.policies import POLICIES
+
+DEFAULT_CHECKPOINT = CheckpointModel()
+
+SIMULATE_EPILOG = f"""\
+Checkpoint model (every preemptive policy pays the same): a job that its policy may preempt
+checkpoints every {DEFAULT_CHECKPOINT.interval_s:g} s of progress, each checkpoint stopping it for
+{DEFAULT_CHECKPOINT.checkpoint_cost_s:g} s; a preempted job loses the progress since its last checkpoint
+and pays {DEFAULT_CHECKPOINT.restore_cost_s:g} s to restore. Placement is consolidated: a job of up to
+one node's GPUs runs on one node, a larger one on whole nodes.
+Policies: {", ".join(POLICIES)}. The `kumiki` policy uses kumiki.forecast.models.build_default_forecaster.
+"""
+
+
+def register(subparsers: Any) -> None:
+    simulate = subparsers.add_parser(
+        "simulate",
+        help="replay a job trace against scheduling policies",
+        description="Replay a job trace (../shared/traces schema) on a simulated cluster under each policy.",
+        epilog=SIMULATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate.add_argument("--trace", required=True, help="job trace CSV")
+    simulate.add_argument("--nodes", required=True, help="number of nodes")
+    simulate.add_argument("--gpus-per-node", required=True, help="GPUs per node")
+    simulate.add_argument("--policy", required=True, help=f"comma-separated policies ({', '.join(POLICIES)})")
+    simulate.add_argument("--out", required=True, help="output directory")
+    simulate.add_argument(
+        "--placement", default="best-fit", help=f"placement strategy ({', '.join(STRATEGIES)})"
+    )
+    simulate.add_argument("--seed", default="0", help="orders jobs submitted at the same second (default 0)")
+    simulate.add_argument("--start-s", default=None, help="only jobs submitted at or after this time")
+    simulate.add_argument("--end-s", default=None, help="only jobs submitted before this time")
+    simulate.add_argument(
+        "--queues", default=None, help="JSON/YAML mapping queue -> guaranteed GPUs (fair share)"
+    )
+    simulate.add_argument("--nodes-per-rack", default="16", help="nodes per rack (default 16)")
+    simulate.add_argument("--checkpoint-interval-s", default=str(DEFAULT_CHECKPOINT.interval_s))
+    simulate.add_argument("--checkpoint-cost-s", default=str(DEFAULT_CHECKPOINT.checkpoint_cost_s))
+    simulate.add_argument("--restore-cost-s", default=str(DEFAULT_CHECKPOINT.restore_cost_s))
+    simulate.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    simulate.set_defaults(handler=run_simulate)
+
+    pack = subparsers.add_parser(
+        "pack",
+        help="FGD fragmentation benchmark: place pods until the cluster's GPUs are requested",
+        description=(
+            "Pods arrive with no departures until the requested GPUs reach the cluster's GPU capacity, repeating "
+            "the pod file in shuffled order when it runs out. Seed 0 starts with the file's order; other seeds "
+            "shuffle everything. A pod that does not fit is dropped and counted."
+        ),
+    )
+    pack.add_argument("--pods", required=True, help="pod trace CSV (openb-pods.csv schema)")
+    pack.add_argument("--nodes", required=True, help="node CSV (openb-nodes.csv schema)")
+    pack.add_argument(
+        "--placement", required=True, help=f"comma-separated strategies ({', '.join(STRATEGIES)})"
+    )
+    pack.add_argument("--out", required=True, help="output directory")
+    pack.add_argument("--seeds", default="1", help="number of seeds (0..K-1), default 1")
+    pack.set_defaults(handler=run_pack)
+
+
+# ---- validation helpers ---------------------------------------------------------------------------
+def _int(value: str, option: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise UsageError(f"{option} must be a whole number, got {value!r}") from None
+    if number < minimum:
+        raise UsageError(f"{option} must be >= {minimum}, got {number}")
+    return number
+
+
+def _float(value: str | None, option: str, minimum: float | None = 0.0) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise UsageError(f"{option} must be a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise UsageError(f"{option} must be finite, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise UsageError(f"{option} must be >= {minimum:g}, got {value}")
+    return number
+
+
+def _names(value: str, option: str, known: tuple[str, ...]) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise UsageError(f"{option} must name at least one of {', '.join(known)}")
+    for name in names:
+        if name not in known:
+            raise UsageError(f"{option}: unknown {name!r} (known: {', '.join(known)})")
+    if len(set(names)) != len(names):
+        raise UsageError(f"{option} repeats a name")
+    return names
+
+
+def load_queue_shares(path: str) -> dict[str, float]:
+    """A mapping queue -> guaranteed GPUs, JSON or YAML; every value a positive number."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"--queues: cannot read {path}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise UsageError(f"--queues: {path} is not valid JSON or YAML: {error}") from None
+    if isinstance(data, dict) and "queues" in data and isinstance(data["queues"], dict):
+        data = data["queues"]
+    if not isinstance(data, dict) or not data:
+        raise UsageError(f"--queues: {path} must map queue names to guaranteed GPUs")
+    shares: dict[str, float] = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            value = value.get("guarantee")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise UsageError(f"--queues: queue {name!r} needs a guaranteed GPU count > 0, got {value!r}")
+        shares[str(name)] = float(value)
+    return shares
+
+
+def default_forecaster() -> RuntimeForecaster:
+    try:
+        from kumiki.forecast.models import build_default_forecaster
+    except ImportError as error:
+        raise UsageError(
+            f"--policy kumiki needs kumiki.forecast.models ({error}); use kumiki-oracle or kumiki-noforecast"
+        ) from None
+    return build_default_forecaster()
+
+
+# ---- simulate -------------------------------------------------------------------------------------
+def run_simulate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kumiki.sched.cluster import uniform_cluster
+    from kumiki.sim.engine import SimConfig, Simulator
+    from kumiki.sim.report import markdown_table, plot_results, summarize, write_json
+    from kumiki.sim.trace import TraceError, load_jobs, window
+    from kumiki.sim.workload import WorkloadError, sim_jobs
+
+    nodes = _int(args.nodes, "--nodes", 1)
+    gpus_per_node = _int(args.gpus_per_node, "--gpus-per-node", 1)
+    policies = _names(args.policy, "--policy", tuple(POLICIES))
+    placement = _names(args.placement, "--placement", STRATEGIES)
+    if len(placement) != 1:
+        raise UsageError("--placement takes one strategy for simulate")
+    seed = _int(args.seed, "--seed", 0)
+    start_s = _float(args.start_s, "--start-s", None)
+    end_s = _float(args.end_s, "--end-s", None)
+    if start_s is not None and end_s is not None and end_s <= start_s:
+        raise UsageError(f"--end-s ({end_s:g}) must be greater than --start-s ({start_s:g})")
+    nodes_per_rack = _int(args.nodes_per_rack, "--nodes-per-rack", 1)
+    interval = _float(args.checkpoint_interval_s, "--checkpoint-interval-s")
+    cost = _float(args.checkpoint_cost_s, "--checkpoint-cost-s")
+    restore = _float(args.restore_cost_s, "--restore-cost-s")
+    assert interval is not None and cost is not None and restore is not None
+    if interval <= 0:
+        raise UsageError("--checkpoint-interval-s must be > 0")
+    checkpoint = CheckpointModel(interval, cost, restore)
+    shares = load_queue_shares(args.queues) if args.queues else None
+    try:
+        trace = window(load_jobs(args.trace), start_s, end_s)
+        jobs = sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=seed)
+    except (TraceError, WorkloadError) as error:
+        raise UsageError(f"--trace: {error}") from None
+    if not jobs:
+        raise UsageError("--trace: no jobs in the chosen window")
+    if shares is not None:
+        unknown = sorted({job.queue for job in jobs} - set(shares))
+        if unknown:
+            raise UsageError(f"--queues: no guarantee for queue(s) {', '.join(unknown)} found in the trace")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = uniform_cluster(nodes, gpus_per_node, nodes_per_rack=nodes_per_rack)
+    forecaster = default_forecaster() if "kumiki" in policies else None
+
+    console = Console(stderr=True)
+    results = []
+    report: dict[str, Any] = {
+        "policies": {},
+        "config": {
+            "trace": str(args.trace),
+            "jobs": len(jobs),
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "placement": placement[0],
+            "consolidated": True,
+            "seed": seed,
+            "start_s": start_s,
+            "end_s": end_s,
+            "queues": shares,
+            "checkpoint": {
+                "interval_s": checkpoint.interval_s,
+                "checkpoint_cost_s": checkpoint.checkpoint_cost_s,
+                "restore_cost_s": checkpoint.restore_cost_s,
+            },
+        },
+    }
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        for name in policies:
+            task = progress.add_task(f"{name:>18}", total=len(jobs))
+            config = SimConfig(
+                POLICIES[name], placement=placement[0], checkpoint=checkpoint, queue_shares=shares
+            )
+            started = time.perf_counter()
+            simulator = Simulator(
+                spec,
+                jobs,
+                config,
+                forecaster=forecaster if name == "kumiki" else None,
+                progress=lambda done, task=task: progress.advance(task, done),
+            )
+            result = simulator.run()
+            summary = summarize(result, large_gpus=gpus_per_node)
+            summary["wall_s"] = round(time.perf_counter() - started, 3)
+            report["policies"][name] = summary
+            results.append(result)
+    write_json(out / "report.json", report)
+    baseline = "fifo" if "fifo" in policies else None
+    table = markdown_table(report["policies"], baseline)
+    per_queue = _queue_table(report["policies"])
+    (out / "report.md").write_text(
+        f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
+        f"{table}\n## Average JCT per queue (s)\n\n{per_queue}",
+        encoding="utf-8",
+    )
+    if not args.no_plots:
+        plot_results(results, out)
+    console.print(table)
+    console.print(f"wrote {out / 'report.json'} and {out / 'report.md'}")
+    return 0
+
+
+def _queue_table(policies: dict[str, Any]) -> str:
+    queues = sorted({queue for row in policies.values() for queue in row["per_queue"]})
+    lines = ["| queue | jobs | " + " | ".join(policies) + " |", "|" + "---|" * (len(policies) + 2)]
+    for queue in queues:
+        first = next(iter(policies.values()))["per_queue"].get(queue, {"jobs": 0})
+        cells = [f"{row['per_queue'].get(queue, {}).get('avg_jct_s', 0):,.0f}" for row in policies.values()]
+        lines.append(f"| {queue} | {first['jobs']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- pack -----------------------------------------------------------------------------------------
+def run_pack(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kumiki.sim.pack import PackError, pack_report, prepare
+    from kumiki.sim.trace import TraceError, load_jobs, load_nodes
+
+    strategies = _names(args.placement, "--placement", STRATEGIES)
+    seeds = _int(args.seeds, "--seeds", 1)
+    try:
+        pods = load_jobs(args.pods)
+    except TraceError as error:
+        raise UsageError(f"--pods: {error}") from None
+    try:
+        nodes = load_nodes(args.nodes)
+    except TraceError as error:
+        raise UsageError(f"--nodes: {error}") from None
+    try:
+        problem = prepare(pods, nodes)
+    except PackError as error:
+        raise UsageError(str(error)) from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("pack runs", total=len(strategies) * seeds)
+        report = pack_report(problem, strategies, seeds, on_run=lambda: progress.advance(task))
+    report["config"] = {"pods": str(args.pods), "nodes": str(args.nodes), "seeds": seeds}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        "| strategy | unallocated GPU share (mean) | std | arrivals at first failure (mean) | std | failed pods |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in report["strategies"].items():
+        lines.append(
+            f"| {name} | {row['unallocated_share_mean']:.4f} | {row['unallocated_share_std']:.4f} | "
+            f"{row['first_failure_arrival_mean']:,.1f} | {row['first_failure_arrival_std']:,.1f} | "
+            f"{row['failed_pods_mean']:,.1f} |"
+        )
+    table = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(f"# Fragmentation benchmark ({seeds} seeds)\n\n{table}", encoding="utf-8")
+    _plot_pack(report, out)
+    console.print(table)
+    console.print(f"wrote {out / 'report.json'}")
+    return 0
+
+
+def _plot_pack(report: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["strategies"])
+    means = [100 * report["strategies"][name]["unallocated_share_mean"] for name in names]
+    stds = [100 * report["strategies"][name]["unallocated_share_std"] for name in names]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(names, means, yerr=stds, color="#4878a8", capsize=4)
+    ax.set_ylabel("GPU capacity unallocated (%)")
+    ax.set_title("openb fragmentation at full request")
+    fig.tight_layout()
+    fig.savefig(out / "unallocated.png", dpi=90)
+    plt.close(fig)

@@ -1,0 +1,131 @@
+"""Summaries of simulation runs: report.json, report.md and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kumiki.sim.engine import SimResult
+
+REPORT_KEYS = (
+    "jobs",
+    "avg_jct_s",
+    "p50_jct_s",
+    "p95_jct_s",
+    "p99_jct_s",
+    "avg_queue_s",
+    "makespan_s",
+    "gpu_utilization",
+    "preemptions",
+    "lost_gpu_hours",
+)
+
+
+def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
+    """The report.json entry of one policy; percentiles are numpy's linear interpolation."""
+    jobs = result.jobs
+    if not jobs:
+        return {key: 0 for key in REPORT_KEYS}
+    jct = np.array([job.jct_s for job in jobs])
+    first_submit = min(job.submit_s for job in jobs)
+    makespan = max(job.finish_s for job in jobs) - first_submit
+    large = np.array([job.jct_s for job in jobs if job.gpus >= large_gpus])
+    queues: dict[str, list[float]] = {}
+    for job in jobs:
+        queues.setdefault(job.queue, []).append(job.jct_s)
+    return {
+        "jobs": len(jobs),
+        "avg_jct_s": float(jct.mean()),
+        "p50_jct_s": float(np.percentile(jct, 50)),
+        "p95_jct_s": float(np.percentile(jct, 95)),
+        "p99_jct_s": float(np.percentile(jct, 99)),
+        "avg_queue_s": float(np.mean([job.queue_s for job in jobs])),
+        "makespan_s": float(makespan),
+        "gpu_utilization": float(result.busy_gpu_s / (result.total_gpus * makespan)) if makespan > 0 else 0.0,
+        "preemptions": int(sum(job.preemptions for job in jobs)),
+        "lost_gpu_hours": float(sum(job.lost_gpu_s for job in jobs) / 3600.0),
+        "checkpoint_gpu_hours": float(sum(job.checkpoint_gpu_s for job in jobs) / 3600.0),
+        f"large_jobs_ge_{large_gpus}_gpus": len(large),
+        "p99_jct_large_s": float(np.percentile(large, 99)) if len(large) else 0.0,
+        "events": result.events,
+        "per_queue": {
+            queue: {"jobs": len(values), "avg_jct_s": float(np.mean(values))}
+            for queue, values in sorted(queues.items())
+        },
+    }
+
+
+def write_json(path: Path, report: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def markdown_table(policies: Mapping[str, Mapping[str, Any]], baseline: str | None = None) -> str:
+    header = "| policy | jobs | avg JCT s | p50 | p95 | p99 | p99 large | avg queue s | makespan s | GPU util | preempt | lost GPU-h |"
+    lines = [header, "|" + "---|" * 12]
+    for name, row in policies.items():
+        lines.append(
+            f"| {name} | {row['jobs']} | {row['avg_jct_s']:,.0f} | {row['p50_jct_s']:,.0f} | {row['p95_jct_s']:,.0f} | "
+            f"{row['p99_jct_s']:,.0f} | {row.get('p99_jct_large_s', 0):,.0f} | {row['avg_queue_s']:,.0f} | "
+            f"{row['makespan_s']:,.0f} | {row['gpu_utilization']:.3f} | {row['preemptions']} | {row['lost_gpu_hours']:,.1f} |"
+        )
+    if baseline and baseline in policies:
+        base = policies[baseline]["avg_jct_s"]
+        lines.append("")
+        lines.append(
+            f"avg JCT relative to `{baseline}`: "
+            + ", ".join(f"{name} {row['avg_jct_s'] / base:.3f}x" for name, row in policies.items())
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: Sequence[SimResult], out: Path) -> list[Path]:
+    """JCT CDF, allocated GPUs and queue length over time, fragmentation over time (one PNG each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for result in results:
+        jct = np.sort([job.jct_s for job in result.jobs])
+        if len(jct):
+            ax.plot(np.maximum(jct, 1.0), np.arange(1, len(jct) + 1) / len(jct), label=result.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, "jct_cdf.png")
+
+    for attribute, label, name in (
+        ("allocated_gpus", "allocated GPUs", "allocated_gpus.png"),
+        ("queue_length", "waiting jobs", "queue_length.png"),
+        ("fragmented_gpus", "free GPUs no waiting job can use", "fragmentation.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for result in results:
+            times = np.array([sample.time_s for sample in result.samples]) / 3600.0
+            values = np.array([getattr(sample, attribute) for sample in result.samples])
+            ax.plot(times, values, label=result.policy, linewidth=0.8)
+        if attribute == "allocated_gpus" and results:
+            ax.axhline(results[0].total_gpus, color="black", linestyle=":", linewidth=0.8)
+        ax.set_xlabel("time (h)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        save(fig, name)
+    return written
