@@ -6,6 +6,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kumiki.agent.core import (
     GpuDevice,
     GpuInventory,
@@ -266,3 +268,23 @@ def test_batches_are_runs_of_one_timestamp() -> None:
     samples = [sample(timestamp=t, gpu_index=i) for t, i in stamps]
     batches = group_by_timestamp(samples)
     assert [[s.gpu_index for s in batch] for batch in batches] == [[0, 1], [0, 1], [0]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    interval=st.floats(min_value=0.01, max_value=60),
+    start_tick=st.integers(min_value=0, max_value=10_000),
+    late_by=st.floats(min_value=0, max_value=1000),
+)
+def test_next_tick_is_on_the_grid_in_the_future_and_counts_what_it_skipped(
+    interval: float, start_tick: int, late_by: float
+) -> None:
+    schedule = TickSchedule(interval_s=interval, origin=50.0)
+    previous = 50.0 + start_tick * interval
+    now = previous + late_by
+    tick, skipped = schedule.next_tick(previous, now)
+    assert tick >= now - 1e-9
+    assert tick - now < interval + 1e-6  # never a tick further than necessary
+    steps = (tick - previous) / interval
+    assert abs(steps - round(steps)) < 1e-6  # on the grid
+    assert skipped == round(steps) - 1

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kumiki.agent.core import validate_sample
 from kumiki.agent.dcgm_core import parse_exposition, read_exporter_page
 
@@ -134,3 +136,30 @@ def test_configured_node_overrides_hostname_and_unlabelled_series_are_skipped() 
     assert reading.samples[1].fields.gpu_util_pct is None  # NaN: the exporter had no value
     assert reading.samples[2].timestamp == 1_700_000_000.5
     assert len(reading.errors) == 1 and "without UUID" in reading.errors[0]
+
+
+_label_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
+_label_values = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.from_regex(r"[A-Za-z_:][A-Za-z0-9_:]{0,20}", fullmatch=True),
+    labels=st.dictionaries(_label_names, _label_values, max_size=5),
+    value=st.floats(allow_nan=False),
+    timestamp=st.none() | st.integers(min_value=0, max_value=2**53),
+)
+def test_any_rendered_series_parses_back(name: str, labels: dict[str, str], value: float,
+                                         timestamp: int | None) -> None:
+    rendered = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
+    value_text = {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, repr(value))
+    line = f"{name}{{{rendered}}} {value_text}" + ("" if timestamp is None else f" {timestamp}")
+    page = parse_exposition(line)
+    assert page.errors == ()
+    (metric,) = page.metrics
+    assert (metric.name, dict(metric.labels), metric.value, metric.timestamp_ms) == (
+        name, labels, value, timestamp)

@@ -67,6 +67,14 @@ class _LineError(ValueError):
     pass
 
 
+# The format is ASCII-framed: names are [a-zA-Z_:][a-zA-Z0-9_:]*, separators are spaces and tabs,
+# and lines end at "\n" only. (Python's splitlines/strip/isalnum would also split or trim on
+# characters such as \x1e or \u2028 that may legally sit inside a label value.)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
+_LABEL_CHARS = _NAME_CHARS - {":"}
+_BLANK = " \t"
+
+
 def _parse_value(text: str) -> float:
     lowered = text.lower()
     if lowered in ("nan",):
@@ -87,12 +95,12 @@ def _parse_labels(line: str, start: int) -> tuple[dict[str, str], int]:
     position = start + 1
     length = len(line)
     while True:
-        while position < length and line[position] in " \t":
+        while position < length and line[position] in _BLANK:
             position += 1
         if position < length and line[position] == "}":
             return labels, position + 1
         name_start = position
-        while position < length and (line[position].isalnum() or line[position] == "_"):
+        while position < length and line[position] in _LABEL_CHARS:
             position += 1
         name = line[name_start:position]
         if not name or position >= length or line[position] != "=":
@@ -119,7 +127,7 @@ def _parse_labels(line: str, start: int) -> tuple[dict[str, str], int]:
         if name in labels:
             raise _LineError(f"label {name} given twice")
         labels[name] = "".join(value)
-        while position < length and line[position] in " \t":
+        while position < length and line[position] in _BLANK:
             position += 1
         if position < length and line[position] == ",":
             position += 1
@@ -133,13 +141,13 @@ def parse_exposition(text: str) -> ParsedPage:
     """Parse Prometheus text format; comments and blank lines are skipped, bad lines reported."""
     metrics: list[MetricSample] = []
     errors: list[str] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip(_BLANK + "\r")
         if not line or line.startswith("#"):
             continue
         try:
             position = 0
-            while position < len(line) and (line[position].isalnum() or line[position] in "_:"):
+            while position < len(line) and line[position] in _NAME_CHARS:
                 position += 1
             name = line[:position]
             if not name or name[0].isdigit():
@@ -147,7 +155,8 @@ def parse_exposition(text: str) -> ParsedPage:
             labels: dict[str, str] = {}
             if position < len(line) and line[position] == "{":
                 labels, position = _parse_labels(line, position)
-            rest = line[position:].split()
+            rest = line[position:].replace("\t", " ").split(" ")
+            rest = [part for part in rest if part]
             if not rest or len(rest) > 2:
                 raise _LineError("expected a value and an optional timestamp")
             timestamp = None
