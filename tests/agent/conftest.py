@@ -56,3 +56,8 @@ def fake_nvml(fake_nvml_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(pynvml, "nvmlLib", library)
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
     yield FakeNvml(fake_nvml_dir, tmp_path / "fake_nvml.ini", monkeypatch)
+    # The library stays loaded for the session: undo any init a failed test left behind, so the
+    # next test's nvmlInit reads its own config.
+    for _ in range(100):
+        if library.nvmlShutdown() != 0:
+            break

@@ -287,6 +287,19 @@ def test_nvml_that_cannot_start_raises_nvml_unavailable(fake_nvml: FakeNvml, tmp
         NvmlSource(NODE).open(now=1.0)
 
 
+def test_two_sources_in_one_process_share_nvml_like_the_real_library(fake_nvml: FakeNvml) -> None:
+    first, _ = open_source(fake_nvml, hgx_node())
+    second = NvmlSource("gpu-node-1")
+    second.open(now=1.0)
+    second.close()  # one shutdown of two inits: NVML stays up for the first source
+    try:
+        samples = first.sample(timestamp=1_700_000_001.0)
+    finally:
+        first.close()
+    assert samples[0].fields.gpu_util_pct == 10.0
+    assert not first.errors
+
+
 def test_sample_before_open_is_a_programming_error(fake_nvml: FakeNvml) -> None:
     with pytest.raises(RuntimeError, match="before open"):
         NvmlSource(NODE).sample(timestamp=1.0)

@@ -4,7 +4,8 @@
  * It exports the NVML entry points (with the symbol versions pynvml looks up) that the Kumiki node
  * agent calls, with NVML's calling conventions and struct layouts, so the agent's pynvml code runs
  * unchanged. The GPUs and their readings come from an INI-like file named by FAKE_NVML_CONFIG, read
- * at every nvmlInit; see docs/agent.md for the format and tests/agent/conftest.py for a writer.
+ * by the first nvmlInit after the library is loaded or fully shut down (init is reference counted,
+ * as in NVML); see docs/agent.md for the format and tests/agent/fake_nvml/build.py for a writer.
  *
  * Build: gcc -shared -fPIC -Wall -Wextra -Werror -Wl,-soname,libnvidia-ml.so.1 \
  *            -o libnvidia-ml.so.1 fake_nvml.c
@@ -454,8 +455,13 @@ static nvmlReturn_t copy_out(char *dest, unsigned length, const char *value) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Entry points                                                                                   */
 
+/* Like real NVML, init and shutdown are reference counted; the config is read on the first init. */
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
+    if (fake.initialised > 0) {
+        fake.initialised++;
+        return NVML_SUCCESS;
+    }
     if (load_config()) {
         fprintf(stderr, "fake NVML: %s\n", parse_error);
         return NVML_ERROR_UNKNOWN;
@@ -469,7 +475,7 @@ EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     CHECK_INIT();
-    fake.initialised = 0;
+    fake.initialised--;
     return NVML_SUCCESS;
 }
 
