@@ -278,7 +278,8 @@ async def run_sampling(
             stats.skipped_ticks += skipped
             log.warning("sampling fell behind: skipped %d tick(s)", skipped)
     stats.source_errors = dict(source.errors)
-    stats.unsupported = sorted({f"gpu{index}:{name}" for index, name in source.unsupported})
+    stats.unsupported = sorted({f"gpu{index}:{name}" if index >= 0 else f"system:{name}"
+                                for index, name in source.unsupported})
     return stats
 
 

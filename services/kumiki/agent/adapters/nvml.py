@@ -80,6 +80,7 @@ class NvmlSource:
     def __init__(self, node: str) -> None:
         self.node = node
         self.errors: Counter[str] = Counter()
+        # (GPU index, field) the hardware or driver does not offer; index -1 for system-wide calls.
         self.unsupported: set[tuple[int, str]] = set()
         self._logged: set[tuple[int, str, int]] = set()
         self._gpus: list[_Gpu] = []
@@ -100,8 +101,8 @@ class NvmlSource:
             self.errors[name] += 1
             if (gpu, name, code) not in self._logged:
                 self._logged.add((gpu, name, code))
-                log.warning("NVML %s on GPU %d failed: %s (code %d); field left unset",
-                            name, gpu, error, code)
+                where = "" if gpu < 0 else f" on GPU {gpu}"
+                log.warning("NVML %s%s failed: %s (code %d); field left unset", name, where, error, code)
             return None
 
     def _memory(self, gpu: int, name: str, handle: Any) -> Any:
