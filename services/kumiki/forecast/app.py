@@ -27,6 +27,11 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
 
 
 SPEC = ServiceSpec(
-    name="forecast", grpc_port=50052, http_port=8082, wire=wire,
-    schema="forecast", migrations="kumiki.forecast.migrations", grpc_services=("kumiki.v1.Forecaster",),
+    name="forecast",
+    grpc_port=50052,
+    http_port=8082,
+    wire=wire,
+    schema="forecast",
+    migrations="kumiki.forecast.migrations",
+    grpc_services=("kumiki.v1.Forecaster",),
 )

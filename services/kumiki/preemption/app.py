@@ -12,10 +12,17 @@ from kumiki.preemption.adapters.registry import CheckpointRegistry
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     assert runtime.pool is not None
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(CheckpointRegistry(runtime.pool)), server)
+    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
+        CheckpointsServicer(CheckpointRegistry(runtime.pool)), server
+    )
 
 
 SPEC = ServiceSpec(
-    name="preemption", grpc_port=50054, http_port=8084, wire=wire,
-    schema="preemption", migrations="kumiki.preemption.migrations", grpc_services=("kumiki.v1.Checkpoints",),
+    name="preemption",
+    grpc_port=50054,
+    http_port=8084,
+    wire=wire,
+    schema="preemption",
+    migrations="kumiki.preemption.migrations",
+    grpc_services=("kumiki.v1.Checkpoints",),
 )

@@ -32,7 +32,11 @@ def supersedes(new: CheckpointRecord, current: CheckpointRecord | None) -> bool:
     """A report becomes the latest when it is from a newer generation or a later step of the same one."""
     if current is None:
         return True
-    return (new.generation, new.step, new.completed_unix_s) > (current.generation, current.step, current.completed_unix_s)
+    return (new.generation, new.step, new.completed_unix_s) > (
+        current.generation,
+        current.step,
+        current.completed_unix_s,
+    )
 
 
 def lost_work_seconds(now_unix_s: float, started_unix_s: float, latest: CheckpointRecord | None) -> float:

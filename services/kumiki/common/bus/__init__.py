@@ -7,6 +7,14 @@ from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import ALL_TOPICS, TopicSpec
 
 __all__ = [
-    "ALL_TOPICS", "BrokerUnavailable", "Event", "EventConsumer", "EventProducer", "EventRejected",
-    "RejectedRecord", "TopicSpec", "decode", "ensure_topics",
+    "ALL_TOPICS",
+    "BrokerUnavailable",
+    "Event",
+    "EventConsumer",
+    "EventProducer",
+    "EventRejected",
+    "RejectedRecord",
+    "TopicSpec",
+    "decode",
+    "ensure_topics",
 ]

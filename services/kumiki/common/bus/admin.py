@@ -20,7 +20,7 @@ class BrokerUnavailable(RuntimeError):
 
 async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
     """Create the topics that do not exist yet; return the names created."""
-    admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)  # type: ignore[arg-type]
+    admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
     try:
         await admin.start()
     except KafkaConnectionError as error:

@@ -58,6 +58,9 @@ def parse_headers(headers: Iterable[tuple[str, bytes]]) -> CloudEventAttributes:
     except ValueError:
         raise CloudEventError(f"header ce_time: not RFC 3339, got {found['ce_time']!r}") from None
     return CloudEventAttributes(
-        id=found["ce_id"], type=found["ce_type"], source=found["ce_source"], time=time,
+        id=found["ce_id"],
+        type=found["ce_type"],
+        source=found["ce_source"],
+        time=time,
         specversion=found["ce_specversion"],
     )

@@ -86,7 +86,7 @@ class EventConsumer:
         self.dead_lettered = 0
         self._consumer = AIOKafkaConsumer(
             *self._specs,
-            **settings.client_options(),  # type: ignore[arg-type]
+            **settings.client_options(),
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -154,7 +154,10 @@ class EventConsumer:
                 "INSERT INTO kumiki_bus.consumer_offsets (group_id, topic, partition, next_offset)"
                 " VALUES ($1, $2, $3, $4) ON CONFLICT (group_id, topic, partition)"
                 " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
-                self.group_id, partition.topic, partition.partition, records[-1].offset + 1,
+                self.group_id,
+                partition.topic,
+                partition.partition,
+                records[-1].offset + 1,
             )
         try:  # for lag monitoring only: the Postgres row is the truth
             await self._consumer.commit({partition: records[-1].offset + 1})
@@ -202,7 +205,9 @@ class EventConsumer:
             except INFRASTRUCTURE_ERRORS:
                 raise
             except Exception as error:  # a handler bug must not block the partition forever
-                log.warning("handler failed", extra={"attempt": attempt, "ce_id": event.attributes.id, "error": repr(error)})
+                log.warning(
+                    "handler failed", extra={"attempt": attempt, "ce_id": event.attributes.id, "error": repr(error)}
+                )
                 if attempt == self.max_attempts:
                     return f"handler failed after {attempt} attempts: {error!r}"
                 await asyncio.sleep(0.05 * 2**attempt)
@@ -216,7 +221,8 @@ class EventConsumer:
             self._seen.popitem(last=False)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
-        headers = [*list(record.headers or ()),
+        headers = [
+            *list(record.headers or ()),
             ("kumiki_dlq_reason", reason.encode()),
             ("kumiki_dlq_topic", record.topic.encode()),
             ("kumiki_dlq_partition", str(record.partition).encode()),

@@ -5,8 +5,12 @@ from prometheus_client import Counter, Histogram
 PUBLISHED = Counter("kumiki_bus_published_total", "Events published", ["topic"])
 CONSUMED = Counter("kumiki_bus_consumed_total", "Events handled successfully", ["topic", "group"])
 DEAD_LETTERED = Counter("kumiki_bus_dead_lettered_total", "Records sent to the dead-letter topic", ["topic", "group"])
-DUPLICATES = Counter("kumiki_bus_duplicates_total", "Records skipped as already handled (same ce_id)", ["topic", "group"])
+DUPLICATES = Counter(
+    "kumiki_bus_duplicates_total", "Records skipped as already handled (same ce_id)", ["topic", "group"]
+)
 HANDLER_SECONDS = Histogram(
-    "kumiki_bus_handler_seconds", "Time to handle one event", ["topic", "group"],
+    "kumiki_bus_handler_seconds",
+    "Time to handle one event",
+    ["topic", "group"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )

@@ -28,7 +28,7 @@ class EventProducer:
         self.settings = settings
         self.source = source
         self._producer = AIOKafkaProducer(
-            **settings.client_options(),  # type: ignore[arg-type]
+            **settings.client_options(),
             acks="all",
             enable_idempotence=settings.idempotent_producer,
             linger_ms=2,
@@ -62,7 +62,12 @@ class EventProducer:
         return payload.SerializeToString(), attributes.headers() + inject_headers(), attributes
 
     async def publish(
-        self, spec: TopicSpec, key: str, payload: Message, *, event_id: str | None = None,
+        self,
+        spec: TopicSpec,
+        key: str,
+        payload: Message,
+        *,
+        event_id: str | None = None,
         time: datetime | None = None,
     ) -> CloudEventAttributes:
         """Publish and wait for the broker's acknowledgement; the event id is the CloudEvents ce_id."""
@@ -85,7 +90,7 @@ class EventProducer:
         with tracer.start_as_current_span(f"publish {spec.name} x{len(items)}", kind=trace.SpanKind.PRODUCER):
             for item in items:
                 key, payload = item[0], item[1]
-                event_id = item[2] if len(item) > 2 else None  # type: ignore[misc]
+                event_id = item[2] if len(item) > 2 else None
                 value, headers, _ = self._record(spec, payload, event_id, None)
                 futures.append(await self._producer.send(topic, value, key=key.encode(), headers=headers))
             await asyncio.gather(*futures)

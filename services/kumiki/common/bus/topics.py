@@ -49,7 +49,7 @@ def _required(message: Message, *names: str) -> list[str]:
 
 
 def _job_required(message: Message) -> list[str]:
-    job = getattr(message, "job")
+    job = message.job  # type: ignore[attr-defined]
     problems = [] if job.job_id else ["job.job_id: required"]
     if job.job_id and job.generation == 0:
         problems.append("job.generation: must be >= 1")
@@ -63,11 +63,11 @@ def validate_gpu_sample(message: Message) -> list[str]:
     for name in ("gpu_utilization_pct", "memory_utilization_pct"):
         if sample.HasField(name) and not 0.0 <= getattr(sample, name) <= 100.0:
             problems.append(f"{name}: must be within 0..100, got {getattr(sample, name):g}")
-    if sample.HasField("memory_used_mib") and sample.HasField("memory_total_mib"):
-        if sample.memory_used_mib > sample.memory_total_mib:
-            problems.append(
-                f"memory_used_mib: {sample.memory_used_mib} exceeds memory_total_mib {sample.memory_total_mib}"
-            )
+    has_memory = sample.HasField("memory_used_mib") and sample.HasField("memory_total_mib")
+    if has_memory and sample.memory_used_mib > sample.memory_total_mib:
+        problems.append(
+            f"memory_used_mib: {sample.memory_used_mib} exceeds memory_total_mib {sample.memory_total_mib}"
+        )
     if sample.HasField("power_w") and sample.power_w < 0:
         problems.append(f"power_w: must be >= 0, got {sample.power_w:g}")
     return problems
@@ -120,25 +120,42 @@ def validate_preemption(message: Message) -> list[str]:
     return problems
 
 
-GPU_SAMPLES = TopicSpec("gpu.samples", events_pb2.GpuSample, "node/gpu_uuid", retention_ms=DAY_MS,
-                        validate=validate_gpu_sample)
-CLUSTER_STATE = TopicSpec("cluster.state", events_pb2.NodeState, "node", cleanup_policy="compact",
-                          validate=validate_node_state)
-GPU_IDLE = TopicSpec("gpu.idle", events_pb2.GpuIdle, "job_id", retention_ms=7 * DAY_MS,
-                     validate=_job_required)
-JOB_LIFECYCLE = TopicSpec("job.lifecycle", events_pb2.JobLifecycle, "job_id", retention_ms=30 * DAY_MS,
-                          validate=validate_job_lifecycle)
-JOB_FORECAST = TopicSpec("job.forecast", events_pb2.RuntimeForecast, "job_id", cleanup_policy="compact",
-                         validate=validate_forecast)
-QUOTA_STATE = TopicSpec("quota.state", events_pb2.QuotaState, "queue", cleanup_policy="compact",
-                        validate=validate_quota_state)
-SCHEDULING_DECISIONS = TopicSpec("scheduling.decisions", events_pb2.SchedulingDecision, "job_id",
-                                 retention_ms=30 * DAY_MS, validate=validate_decision)
-PREEMPTION_COMMANDS = TopicSpec("preemption.commands", events_pb2.PreemptionCommand, "job_id",
-                                retention_ms=7 * DAY_MS, validate=validate_preemption)
+GPU_SAMPLES = TopicSpec(
+    "gpu.samples", events_pb2.GpuSample, "node/gpu_uuid", retention_ms=DAY_MS, validate=validate_gpu_sample
+)
+CLUSTER_STATE = TopicSpec(
+    "cluster.state", events_pb2.NodeState, "node", cleanup_policy="compact", validate=validate_node_state
+)
+GPU_IDLE = TopicSpec("gpu.idle", events_pb2.GpuIdle, "job_id", retention_ms=7 * DAY_MS, validate=_job_required)
+JOB_LIFECYCLE = TopicSpec(
+    "job.lifecycle", events_pb2.JobLifecycle, "job_id", retention_ms=30 * DAY_MS, validate=validate_job_lifecycle
+)
+JOB_FORECAST = TopicSpec(
+    "job.forecast", events_pb2.RuntimeForecast, "job_id", cleanup_policy="compact", validate=validate_forecast
+)
+QUOTA_STATE = TopicSpec(
+    "quota.state", events_pb2.QuotaState, "queue", cleanup_policy="compact", validate=validate_quota_state
+)
+SCHEDULING_DECISIONS = TopicSpec(
+    "scheduling.decisions",
+    events_pb2.SchedulingDecision,
+    "job_id",
+    retention_ms=30 * DAY_MS,
+    validate=validate_decision,
+)
+PREEMPTION_COMMANDS = TopicSpec(
+    "preemption.commands", events_pb2.PreemptionCommand, "job_id", retention_ms=7 * DAY_MS, validate=validate_preemption
+)
 DEAD_LETTER = TopicSpec("dead-letter", None, "original key", retention_ms=14 * DAY_MS, partitions=1)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
-    GPU_SAMPLES, CLUSTER_STATE, GPU_IDLE, JOB_LIFECYCLE, JOB_FORECAST, QUOTA_STATE, SCHEDULING_DECISIONS,
-    PREEMPTION_COMMANDS, DEAD_LETTER,
+    GPU_SAMPLES,
+    CLUSTER_STATE,
+    GPU_IDLE,
+    JOB_LIFECYCLE,
+    JOB_FORECAST,
+    QUOTA_STATE,
+    SCHEDULING_DECISIONS,
+    PREEMPTION_COMMANDS,
+    DEAD_LETTER,
 )

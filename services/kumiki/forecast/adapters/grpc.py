@@ -19,15 +19,16 @@ def features_from_request(request: forecast_pb2.PredictRequest) -> JobFeatures:
         raise InvalidRequest("gpus", f"must be a finite number >= 0, got {request.gpus}")
     if not math.isfinite(request.submit_unix_s) or request.submit_unix_s < 0:
         raise InvalidRequest("submit_unix_s", f"must be >= 0, got {request.submit_unix_s}")
-    return JobFeatures(request.job.job_id, request.queue, request.user, request.gpus, request.name,
-                       request.submit_unix_s)
+    return JobFeatures(
+        request.job.job_id, request.queue, request.user, request.gpus, request.name, request.submit_unix_s
+    )
 
 
 class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
     def __init__(self, book: ForecastBook) -> None:
         self.book = book
 
-    async def Predict(  # noqa: N802
+    async def Predict(
         self, request: forecast_pb2.PredictRequest, context: grpc.aio.ServicerContext
     ) -> forecast_pb2.PredictResponse:
         try:
@@ -39,3 +40,12 @@ class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
         return forecast_pb2.PredictResponse(
             p50_s=forecast.p50_s, p90_s=forecast.p90_s, model=forecast.model, model_version=forecast.model_version
         )
+
+    async def Demand(  # noqa: N802
+        self, request: forecast_pb2.DemandRequest, context: grpc.aio.ServicerContext
+    ) -> forecast_pb2.DemandResponse:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "demand forecasting over gRPC is not in this build yet; use `kumiki forecast demand`",
+        )
+        raise AssertionError("unreachable")

@@ -22,7 +22,11 @@ FINAL_STATES = {
 
 def features_of(message: events_pb2.JobLifecycle) -> JobFeatures:
     return JobFeatures(
-        job_id=message.job.job_id, queue=message.queue, user=message.user, gpus=message.gpus, name=message.name,
+        job_id=message.job.job_id,
+        queue=message.queue,
+        user=message.user,
+        gpus=message.gpus,
+        name=message.name,
         submit_s=message.at.seconds + message.at.nanos / 1e9,
     )
 
@@ -43,15 +47,27 @@ class LifecycleHandler:
             await connection.execute(
                 "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, submitted_at,"
                 " p50_s, p90_s, model) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) ON CONFLICT DO NOTHING",
-                message.job.job_id, message.job.generation, message.queue, message.user, message.name, message.gpus,
-                at, forecast.p50_s, forecast.p90_s, forecast.model,
+                message.job.job_id,
+                message.job.generation,
+                message.queue,
+                message.user,
+                message.name,
+                message.gpus,
+                at,
+                forecast.p50_s,
+                forecast.p90_s,
+                forecast.model,
             )
             await self.producer.publish(
-                JOB_FORECAST, message.job.job_id,
+                JOB_FORECAST,
+                message.job.job_id,
                 events_pb2.RuntimeForecast(
                     job=common_pb2.JobRef(job_id=message.job.job_id, generation=message.job.generation),
-                    p50_s=forecast.p50_s, p90_s=forecast.p90_s, model=forecast.model,
-                    model_version=forecast.model_version, at=timestamp(),
+                    p50_s=forecast.p50_s,
+                    p90_s=forecast.p90_s,
+                    model=forecast.model,
+                    model_version=forecast.model_version,
+                    at=timestamp(),
                 ),
             )
         elif message.state in FINAL_STATES:
@@ -61,21 +77,31 @@ class LifecycleHandler:
                 " finished_at, final_state, runtime_s) VALUES ($1,$2,$3,$4,$5,$6,$7,$7,$8,$9)"
                 " ON CONFLICT (job_id, generation) DO UPDATE SET finished_at = EXCLUDED.finished_at,"
                 " final_state = EXCLUDED.final_state, runtime_s = EXCLUDED.runtime_s",
-                message.job.job_id, message.job.generation, message.queue, message.user, message.name, message.gpus,
-                at, FINAL_STATES[message.state], message.runtime_s if learned else None,
+                message.job.job_id,
+                message.job.generation,
+                message.queue,
+                message.user,
+                message.name,
+                message.gpus,
+                at,
+                FINAL_STATES[message.state],
+                message.runtime_s if learned else None,
             )
 
 
 async def load_history(pool: asyncpg.Pool, limit: int = 200_000) -> list[FinishedJob]:
     rows = await pool.fetch(
         "SELECT job_id, queue, user_name, name, gpus, submitted_at, finished_at, runtime_s FROM forecast.job_history"
-        " WHERE runtime_s IS NOT NULL ORDER BY finished_at DESC LIMIT $1", limit,
+        " WHERE runtime_s IS NOT NULL ORDER BY finished_at DESC LIMIT $1",
+        limit,
     )
     return [
         FinishedJob(
-            JobFeatures(row["job_id"], row["queue"], row["user_name"], row["gpus"], row["name"],
-                        row["submitted_at"].timestamp()),
-            row["runtime_s"], row["finished_at"].timestamp(),
+            JobFeatures(
+                row["job_id"], row["queue"], row["user_name"], row["gpus"], row["name"], row["submitted_at"].timestamp()
+            ),
+            row["runtime_s"],
+            row["finished_at"].timestamp(),
         )
         for row in rows
     ]

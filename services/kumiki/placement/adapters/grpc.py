@@ -12,12 +12,28 @@ NOT_YET = "placement over live cluster state is not in this build yet (tracked b
 
 
 class PlacementServicer(placement_pb2_grpc.PlacementServicer):
-    async def Bind(  # noqa: N802
+    async def Bind(
         self, request: placement_pb2.BindRequest, context: grpc.aio.ServicerContext
     ) -> placement_pb2.BindResponse:
         try:
             validate_bind(request)
         except InvalidRequest as error:
             await abort_invalid(context, error)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
+        raise AssertionError("unreachable")
+
+    async def Release(  # noqa: N802
+        self, request: placement_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> placement_pb2.ReleaseResponse:
+        if not request.job.job_id:
+            await abort_invalid(context, InvalidRequest("job.job_id", "required"))
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
+        raise AssertionError("unreachable")
+
+    async def Explain(  # noqa: N802
+        self, request: placement_pb2.ExplainRequest, context: grpc.aio.ServicerContext
+    ) -> placement_pb2.ExplainResponse:
+        if not request.job_id:
+            await abort_invalid(context, InvalidRequest("job_id", "required"))
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
         raise AssertionError("unreachable")

@@ -13,7 +13,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
     def __init__(self, registry: CheckpointRegistry) -> None:
         self.registry = registry
 
-    async def Report(  # noqa: N802 (gRPC method name)
+    async def Report(
         self, request: checkpoints_pb2.CheckpointReport, context: grpc.aio.ServicerContext
     ) -> checkpoints_pb2.CheckpointAck:
         completed = request.completed_at.seconds + request.completed_at.nanos / 1e9

@@ -12,12 +12,18 @@ NOT_YET = "queue quotas and the GPU-hour ledger are not in this build yet (track
 
 
 class QuotaServicer(quota_pb2_grpc.QuotaServicer):
-    async def Admit(  # noqa: N802
+    async def Admit(
         self, request: quota_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> quota_pb2.AdmitResponse:
         try:
             validate_admit(request)
         except InvalidRequest as error:
             await abort_invalid(context, error)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
+        raise AssertionError("unreachable")
+
+    async def Usage(  # noqa: N802
+        self, request: quota_pb2.UsageRequest, context: grpc.aio.ServicerContext
+    ) -> quota_pb2.UsageResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
         raise AssertionError("unreachable")

@@ -21,7 +21,8 @@ class SampleHandler:
         sample = event.payload
         assert isinstance(sample, events_pb2.GpuSample)
         reading = GpuReading(
-            node=sample.node, gpu_uuid=sample.gpu_uuid,
+            node=sample.node,
+            gpu_uuid=sample.gpu_uuid,
             sampled_unix_s=sample.sampled_at.seconds + sample.sampled_at.nanos / 1e9,
             utilization_pct=sample.gpu_utilization_pct if sample.HasField("gpu_utilization_pct") else None,
             memory_used_mib=sample.memory_used_mib if sample.HasField("memory_used_mib") else None,

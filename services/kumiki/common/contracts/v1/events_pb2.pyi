@@ -730,7 +730,7 @@ class GpuIdle(_message.Message):
     queue: _builtins.str
     """Queue of the job."""
     node: _builtins.str
-    """Node and GPU UUIDs that were idle."""
+    """Node of the idle GPUs."""
     mean_utilization_pct: _builtins.float
     """Mean SM utilisation over the window, percent."""
     idle_gpu_seconds: _builtins.float
@@ -740,13 +740,17 @@ class GpuIdle(_message.Message):
         """The job holding the GPUs."""
 
     @_builtins.property
-    def gpu_uuids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def since(self) -> _timestamp_pb2.Timestamp:
-        """Start and end of the idle window."""
+    def gpu_uuids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """UUIDs of the idle GPUs on that node."""
 
     @_builtins.property
-    def until(self) -> _timestamp_pb2.Timestamp: ...
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Start of the idle window."""
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """End of the idle window."""
+
     def __init__(
         self,
         *,

@@ -126,6 +126,7 @@ class QueueDemand(_message.Message):
     GPU_HOURS_PER_HOUR_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
+    """Queue path."""
     model: _builtins.str
     """Model used ("holt-winters", "mean")."""
     @_builtins.property
@@ -158,7 +159,9 @@ class DemandResponse(_message.Message):
 
     QUEUES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueDemand]: ...
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueDemand]:
+        """One forecast per queue."""
+
     def __init__(
         self,
         *,

@@ -108,6 +108,7 @@ class BindResponse(_message.Message):
     REASONS_FIELD_NUMBER: _builtins.int
     DECISION_ID_FIELD_NUMBER: _builtins.int
     outcome: Global___BindResponse.Outcome.ValueType
+    """Bound or pending."""
     decision_id: _builtins.str
     """Id of the published scheduling decision."""
     @_builtins.property

@@ -134,10 +134,15 @@ class QueueUsage(_message.Message):
     GPU_SECONDS_FIELD_NUMBER: _builtins.int
     COST_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
+    """Queue path."""
     gpu_model: _builtins.str
+    """GPU model the seconds ran on."""
     priority_tier: _builtins.int
+    """Priority tier of the work."""
     gpu_seconds: _builtins.float
+    """GPU-seconds used in the window."""
     cost: _builtins.float
+    """Cost at the GPU model's rate."""
     def __init__(
         self,
         *,
@@ -161,7 +166,9 @@ class UsageResponse(_message.Message):
 
     USAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueUsage]: ...
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueUsage]:
+        """Usage rows, one per queue, model and tier."""
+
     def __init__(
         self,
         *,

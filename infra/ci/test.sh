@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The test command (README, "Run the tests"; .ci/run calls exactly this).
+# On a fresh Debian machine it installs what the tests need, starts Apache Kafka (KRaft, jars from Maven
+# Central) and PostgreSQL (Debian package) on loopback, runs the whole suite, and stops them again.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+export KUMIKI_HOME="${KUMIKI_CI_HOME:-$ROOT/.kumiki/ci}"
+PY="${PYTHON:-python3}"
+
+need=()
+for pkg in postgresql maven default-jre-headless gcc; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # the Debian package starts its own cluster on 5432; the tests use their own, so stop it
+  command -v pg_ctlcluster >/dev/null && (pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r v c; do pg_ctlcluster "$v" "$c" stop || true; done)
+fi
+
+echo "== python environment (.venv)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev,local]'
+
+echo "== starting Apache Kafka and PostgreSQL on loopback"
+cleanup() { .venv/bin/kumiki down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+cleanup
+unset KUMIKI_KAFKA_BOOTSTRAP KUMIKI_DATABASE_URL
+KAFKA_PORT=$(.venv/bin/python -c 'from kumiki.devstack.processes import free_port; print(free_port())')
+PG_PORT=$(.venv/bin/python -c 'from kumiki.devstack.processes import free_port; print(free_port())')
+eval "$(.venv/bin/kumiki up --infra-only --broker kafka --database system --kafka-port "$KAFKA_PORT" --postgres-port "$PG_PORT")"
+export KUMIKI_TEST_KAFKA_BOOTSTRAP="$KUMIKI_KAFKA_BOOTSTRAP" KUMIKI_TEST_DATABASE_URL="$KUMIKI_DATABASE_URL"
+unset KUMIKI_KAFKA_BOOTSTRAP KUMIKI_DATABASE_URL
+echo "   Kafka $KUMIKI_TEST_KAFKA_BOOTSTRAP, Postgres $KUMIKI_TEST_DATABASE_URL"
+
+echo "== lint and types"
+.venv/bin/ruff check services tests benchmarks
+.venv/bin/mypy
+
+echo "== tests"
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"

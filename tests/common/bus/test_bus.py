@@ -1,0 +1,151 @@
+"""The bus against real brokers (Apache Kafka and the development broker): round trip with CloudEvents
+and trace context, and dead-lettering that never stops the consumer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaConsumer
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kumiki.common.bus import Event, EventConsumer, EventProducer, EventRejected, ensure_topics
+from kumiki.common.bus.cloudevents import CloudEventAttributes
+from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.tracing import configure_tracing
+from tests.conftest import wait_until
+
+EXPORTER = InMemorySpanExporter()
+configure_tracing("test", None, EXPORTER)
+
+
+def lifecycle(job_id: str, queue: str = "team-a") -> events_pb2.JobLifecycle:
+    return events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id=job_id, generation=1), state=events_pb2.JOB_STATE_SUBMITTED, queue=queue
+    )
+
+
+async def read_dead_letters(settings: KafkaSettings, count: int) -> list:  # type: ignore[type-arg]
+    consumer = AIOKafkaConsumer(
+        DEAD_LETTER.full_name(settings.topic_prefix),
+        bootstrap_servers=settings.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list = []  # type: ignore[type-arg]
+    try:
+
+        async def enough() -> bool:
+            batch = await consumer.getmany(timeout_ms=200)
+            for items in batch.values():
+                records.extend(items)
+            return len(records) >= count
+
+        await wait_until(enough, timeout_s=30, what=f"{count} dead-lettered records")
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def test_topics_are_created_once(kafka_settings: KafkaSettings) -> None:
+    created = await ensure_topics(kafka_settings, [JOB_LIFECYCLE, DEAD_LETTER])
+    assert sorted(created) == sorted(
+        spec.full_name(kafka_settings.topic_prefix) for spec in (JOB_LIFECYCLE, DEAD_LETTER)
+    )
+    assert await ensure_topics(kafka_settings, [JOB_LIFECYCLE, DEAD_LETTER]) == []
+
+
+async def test_round_trip_carries_cloudevents_and_trace(kafka_settings: KafkaSettings) -> None:
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE, DEAD_LETTER])
+    received: list[tuple[Event, int]] = []
+
+    async def handler(event: Event, connection: object) -> None:
+        received.append((event, trace.get_current_span().get_span_context().trace_id))
+
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("decide") as span:
+            sent = await producer.publish(JOB_LIFECYCLE, "job-1", lifecycle("job-1"), event_id="evt-1")
+            trace_id = span.get_span_context().trace_id
+        consumer = EventConsumer(kafka_settings, [JOB_LIFECYCLE], "g-roundtrip", handler, producer)
+        await consumer.start()
+        task = asyncio.create_task(consumer.run())
+        try:
+            await wait_until(lambda: received, what="the event")
+        finally:
+            consumer.request_stop()
+            await task
+            await consumer.stop()
+    event, consumer_trace = received[0]
+    assert event.key == "job-1"
+    assert event.attributes.id == "evt-1" == sent.id
+    assert event.attributes.type == "dev.kumiki.v1.JobLifecycle"
+    assert event.attributes.source == "//kumiki/test"
+    assert event.payload == lifecycle("job-1")
+    assert consumer_trace == trace_id, "the consumer span must continue the producer's trace"
+
+
+async def test_bad_records_go_to_dead_letter_and_consumer_carries_on(kafka_settings: KafkaSettings) -> None:
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE, DEAD_LETTER])
+    topic = JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix)
+    handled: list[str] = []
+
+    async def handler(event: Event, connection: object) -> None:
+        if event.payload.queue == "unknown-queue":
+            raise EventRejected("queue: unknown queue 'unknown-queue'")
+        handled.append(event.key)
+
+    headers = CloudEventAttributes.new(JOB_LIFECYCLE.ce_type, "//test").headers()
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        # everything on one key = one partition, so the order below is the order consumed
+        await producer.publish(JOB_LIFECYCLE, "k", lifecycle("first"))
+        await producer.send_raw(topic, b"k", b"\x08\x96\x01\xff\xff", headers)  # not protobuf
+        await producer.send_raw(topic, b"k", lifecycle("x").SerializeToString(), [])  # no CloudEvents headers
+        bad = events_pb2.JobLifecycle(job=common_pb2.JobRef(job_id="no-state", generation=1))
+        await producer.send_raw(topic, b"k", bad.SerializeToString(), headers)  # fails validation
+        await producer.publish(JOB_LIFECYCLE, "k", lifecycle("rejected", queue="unknown-queue"))
+        await producer.publish(JOB_LIFECYCLE, "k", lifecycle("last"))
+        consumer = EventConsumer(kafka_settings, [JOB_LIFECYCLE], "g-dlq", handler, producer)
+        await consumer.start()
+        task = asyncio.create_task(consumer.run())
+        try:
+            await wait_until(lambda: len(handled) == 2, what="both valid events")
+        finally:
+            consumer.request_stop()
+            await task
+            await consumer.stop()
+    assert consumer.dead_lettered == 4
+    records = await read_dead_letters(kafka_settings, 4)
+    reasons = [dict(record.headers)["kumiki_dlq_reason"].decode() for record in records]
+    assert "not a valid kumiki.v1.JobLifecycle" in reasons[0]
+    assert "header ce_specversion: missing" in reasons[1]
+    assert "state: required" in reasons[2]
+    assert reasons[3] == "rejected: queue: unknown queue 'unknown-queue'"
+    assert {dict(record.headers)["kumiki_dlq_topic"] for record in records} == {topic.encode()}
+    assert records[0].value == b"\x08\x96\x01\xff\xff", "the original bytes are kept"
+
+
+async def test_duplicate_ce_id_is_applied_once(kafka_settings: KafkaSettings) -> None:
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE, DEAD_LETTER])
+    handled: list[str] = []
+
+    async def handler(event: Event, connection: object) -> None:
+        handled.append(event.attributes.id)
+
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        for _ in range(3):  # a producer retrying the same event
+            await producer.publish(JOB_LIFECYCLE, "k", lifecycle("j"), event_id="same-id")
+        await producer.publish(JOB_LIFECYCLE, "k", lifecycle("j"), event_id="other-id")
+        consumer = EventConsumer(kafka_settings, [JOB_LIFECYCLE], "g-dupe", handler, producer)
+        await consumer.start()
+        task = asyncio.create_task(consumer.run())
+        try:
+            await wait_until(lambda: "other-id" in handled, what="the last event")
+        finally:
+            consumer.request_stop()
+            await task
+            await consumer.stop()
+    assert handled == ["same-id", "other-id"]

@@ -1,0 +1,104 @@
+"""Real infrastructure for the tests: Apache Kafka and Postgres started by .ci/run (infra/ci/test.sh), and
+the pip-installed development broker (noida-db) started here, so bus behaviour is checked on both.
+
+KUMIKI_TEST_KAFKA_BOOTSTRAP and KUMIKI_TEST_DATABASE_URL name the Apache Kafka broker and the Postgres
+server; a test that needs one that is not configured is skipped with the reason (CI configures both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.devstack.broker import start_noida
+from kumiki.devstack.processes import free_port, terminate
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces"
+
+
+def apache_kafka_bootstrap() -> str | None:
+    return os.environ.get("KUMIKI_TEST_KAFKA_BOOTSTRAP") or None
+
+
+@pytest.fixture(scope="session")
+def noida_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("noida")
+    try:
+        broker = start_noida(folder / "data", free_port(), folder / "noida.log")
+    except Exception as error:  # the development broker is optional on a machine without the [local] extra
+        pytest.skip(f"development broker unavailable: {error}")
+    yield broker.bootstrap
+    terminate(broker.pid)
+
+
+@pytest.fixture(params=["kafka", "noida"])
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def kafka_settings(broker_kind: str, request: pytest.FixtureRequest) -> KafkaSettings:
+    """Settings with a topic prefix unique to the test, so tests never see each other's records."""
+    if broker_kind == "kafka":
+        bootstrap = apache_kafka_bootstrap()
+        if bootstrap is None:
+            pytest.skip("KUMIKI_TEST_KAFKA_BOOTSTRAP not set (CI starts Apache Kafka)")
+        idempotent = True
+    else:
+        bootstrap = request.getfixturevalue("noida_bootstrap")
+        idempotent = True
+    return KafkaSettings(
+        bootstrap=bootstrap,
+        topic_prefix=f"test-{uuid.uuid4().hex[:10]}.",
+        idempotent_producer=idempotent,
+        default_partitions=3,
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> str:
+    url = os.environ.get("KUMIKI_TEST_DATABASE_URL")
+    if not url:
+        pytest.skip("KUMIKI_TEST_DATABASE_URL not set (CI starts Postgres)")
+    return url
+
+
+@pytest.fixture
+async def database_settings(postgres_admin_url: str) -> AsyncIterator[DatabaseSettings]:
+    """A fresh database for the test, dropped afterwards."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = postgres_admin_url.rpartition("/")
+    yield DatabaseSettings(url=f"{base}/{name}", pool_min=1, pool_max=8)
+    admin = await asyncpg.connect(postgres_admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll an async or plain predicate until it is truthy; fail with `what` after the timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(interval_s)
