@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
 from kumiki.agent.app import main, run_replay, run_sampling
 from kumiki.agent.core import GpuDevice, GpuInventory, GpuSample, SampleFields, TickSchedule
 

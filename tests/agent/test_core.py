@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kumiki.agent.core import (
     GpuDevice,
     GpuInventory,
@@ -234,7 +235,7 @@ def inventory() -> GpuInventory:
         gpus=(
             GpuDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3", 80 * GIB, "00000000:07:00.0", False, (), 18),
             GpuDevice(1, "GPU-1", "NVIDIA H100 80GB HBM3", 80 * GIB, "00000000:0F:00.0", True,
-                      (MigInstance(1, 0, "MIG-1", "3g.40gb", 40 * GIB),
+                      (MigInstance(1, 0, "MIG-1", "3g.40gb", 40 * GIB, 4, 4),
                        MigInstance(2, None, None, None, None)),
                       18),
             GpuDevice(2, "GPU-2", None, None, None, None, (), None),

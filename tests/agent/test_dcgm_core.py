@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kumiki.agent.core import validate_sample
 from kumiki.agent.dcgm_core import parse_exposition, read_exporter_page
 

@@ -48,6 +48,9 @@ class MigInstance:
     uuid: str | None
     profile: str | None
     memory_total_bytes: int | None
+    # Where the instance sits among the GPU's memory slices: placement packs MIG layouts by it.
+    placement_start: int | None = None
+    placement_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,6 +478,8 @@ def inventory_to_dict(inventory: GpuInventory) -> dict[str, Any]:
                         "uuid": mig.uuid,
                         "profile": mig.profile,
                         "memory_total_bytes": mig.memory_total_bytes,
+                        "placement_start": mig.placement_start,
+                        "placement_size": mig.placement_size,
                     }
                     for mig in gpu.mig_instances
                 ],
@@ -513,6 +518,8 @@ def inventory_from_dict(data: Mapping[str, Any]) -> GpuInventory:
                 uuid=_require(mig, "uuid", (str,), mig_where, True),
                 profile=_require(mig, "profile", (str,), mig_where, True),
                 memory_total_bytes=_require(mig, "memory_total_bytes", (int,), mig_where, True),
+                placement_start=_require(mig, "placement_start", (int,), mig_where, True),
+                placement_size=_require(mig, "placement_size", (int,), mig_where, True),
             ))
         gpus.append(GpuDevice(
             index=_require(raw, "index", (int,), where),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+
 from kumiki.agent.adapters.dcgm import DcgmExporterSource, DcgmScrapeFailed, url_error
 
 PAGE = (Path(__file__).parent.parent / "fixtures" / "dcgm_exporter_a100_mig.prom").read_text(encoding="utf-8")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from kumiki.agent.adapters.jsonl import (
     FanOutSink,
     JsonLinesSink,

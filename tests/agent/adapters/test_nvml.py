@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+
 from kumiki.agent.adapters.nvml import NvmlSource, NvmlUnavailable
 from kumiki.agent.core import GpuPair, MigInstance, validate_sample
 
@@ -42,12 +43,12 @@ def hgx_node() -> FakeNvmlConfig:
             {"gpu": 2, "gpu_instance": 1, "compute_instance": 0,
              "uuid": "MIG-11111111-2222-3333-4444-555555555555",
              "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb", "memory_total": 40 * GIB, "memory_used": 3 * GIB,
-             "slices": 3},
+             "slices": 3, "placement_start": 4},
             # No profile in the name: the agent derives it from the instance's attributes.
             {"gpu": 2, "gpu_instance": 9, "compute_instance": 0,
              "uuid": "MIG-66666666-7777-8888-9999-000000000000",
              "name": "NVIDIA A100-SXM4-80GB MIG", "memory_total": 9728 * 1024 * 1024, "memory_used": 0,
-             "slices": 1},
+             "slices": 1, "placement_start": 0},
         ],
         nvlinks=[{"a": 0, "b": 1, "links": 12}, {"a": 2, "b": 3, "links": 4}],
         topology=[{"a": 0, "b": 1, "level": "SINGLE"}, {"a": 2, "b": 3, "level": "HOSTBRIDGE"},
@@ -77,8 +78,9 @@ def test_inventory_reports_configured_gpus_mig_and_topology(fake_nvml: FakeNvml)
             assert gpu.pci_bus_id == configured["bus_id"]
         assert [gpu.mig_enabled for gpu in inventory.gpus] == [False, False, True, False]
         assert inventory.gpus[2].mig_instances == (
-            MigInstance(1, 0, "MIG-11111111-2222-3333-4444-555555555555", "3g.40gb", 40 * GIB),
-            MigInstance(9, 0, "MIG-66666666-7777-8888-9999-000000000000", "1g.10gb", 9728 * 1024 * 1024),
+            MigInstance(1, 0, "MIG-11111111-2222-3333-4444-555555555555", "3g.40gb", 40 * GIB, 4, 3),
+            MigInstance(9, 0, "MIG-66666666-7777-8888-9999-000000000000", "1g.10gb", 9728 * 1024 * 1024,
+                        0, 1),
         )
         assert [gpu.nvlinks_active for gpu in inventory.gpus] == [12, 12, 4, 4]
         pairs = {(pair.a, pair.b): pair for pair in inventory.pairs}
@@ -285,6 +287,17 @@ def test_nvml_that_cannot_start_raises_nvml_unavailable(fake_nvml: FakeNvml, tmp
     fake_nvml.monkeypatch.setenv("FAKE_NVML_CONFIG", str(bad))
     with pytest.raises(NvmlUnavailable, match="NVML could not be initialised"):
         NvmlSource(NODE).open(now=1.0)
+
+
+def test_mig_placement_needs_privilege_and_its_absence_only_blanks_it(fake_nvml: FakeNvml) -> None:
+    config = hgx_node()
+    config.gpus[2] = {**config.gpus[2], "errors": "gpu_instance:4"}  # NVML_ERROR_NO_PERMISSION
+    source, inventory = open_source(fake_nvml, config)
+    source.close()
+    instances = inventory.gpus[2].mig_instances
+    assert [(m.gpu_instance_id, m.profile, m.placement_start) for m in instances] == [
+        (1, "3g.40gb", None), (9, "1g.10gb", None)]
+    assert source.errors["mig_placement"] == 2
 
 
 def test_two_sources_in_one_process_share_nvml_like_the_real_library(fake_nvml: FakeNvml) -> None:

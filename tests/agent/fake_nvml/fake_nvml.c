@@ -44,11 +44,11 @@ enum {
 /* Fields whose NVML getters can be told to fail (errors = field:code, unsupported = field,...). */
 enum field_id {
     F_NAME, F_UUID, F_MEMORY, F_MEMORY_V2, F_UTILIZATION, F_POWER, F_TEMPERATURE, F_ECC, F_MIG,
-    F_NVLINK, F_TOPOLOGY, F_PCI, F_EVENTS, F_P2P, F_COUNT
+    F_NVLINK, F_TOPOLOGY, F_PCI, F_EVENTS, F_P2P, F_GPU_INSTANCE, F_COUNT
 };
 static const char *const FIELD_NAMES[F_COUNT] = {
     "name", "uuid", "memory", "memory_v2", "utilization", "power", "temperature", "ecc", "mig",
-    "nvlink", "topology", "pci", "events", "p2p",
+    "nvlink", "topology", "pci", "events", "p2p", "gpu_instance",
 };
 
 struct nvmlDevice_st {
@@ -57,8 +57,15 @@ struct nvmlDevice_st {
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
+/* A GPU instance handle (nvmlGpuInstance_t) points at the MIG device that represents it. */
+struct nvmlGpuInstance_st {
+    struct nvmlDevice_st *device;
+};
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+
 typedef struct {
     struct nvmlDevice_st handle;
+    struct nvmlGpuInstance_st instance;
     unsigned gpu_instance;
     unsigned compute_instance;
     char uuid[MAX_TEXT];
@@ -66,6 +73,8 @@ typedef struct {
     unsigned long long memory_total;
     unsigned long long memory_used;
     unsigned slices;
+    unsigned profile_id;
+    unsigned placement_start;
 } fake_mig;
 
 typedef struct {
@@ -232,7 +241,9 @@ static int finish_section(enum section section) {
         }
         pending_mig.handle.gpu = pending_mig_gpu;
         pending_mig.handle.mig = gpu->mig_count;
-        gpu->migs[gpu->mig_count++] = pending_mig;
+        gpu->migs[gpu->mig_count] = pending_mig;
+        gpu->migs[gpu->mig_count].instance.device = &gpu->migs[gpu->mig_count].handle;
+        gpu->mig_count++;
     } else if (section == S_NVLINK) {
         if (pair.a < 0 || pair.b < 0 || pair.a >= fake.gpu_count || pair.b >= fake.gpu_count ||
             pair.a == pair.b || pair.links <= 0) {
@@ -362,6 +373,8 @@ static int set_key(enum section section, const char *key, char *value) {
         if (!strcmp(key, "memory_total")) { NUM(pending_mig.memory_total); return 0; }
         if (!strcmp(key, "memory_used")) { NUM(pending_mig.memory_used); return 0; }
         if (!strcmp(key, "slices")) { NUM(pending_mig.slices); return 0; }
+        if (!strcmp(key, "profile_id")) { NUM(pending_mig.profile_id); return 0; }
+        if (!strcmp(key, "placement_start")) { NUM(pending_mig.placement_start); return 0; }
     } else if (section == S_NVLINK || section == S_TOPOLOGY) {
         if (!strcmp(key, "a")) { NUM(pair.a); return 0; }
         if (!strcmp(key, "b")) { NUM(pair.b); return 0; }
@@ -692,6 +705,42 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned
     if (!mig) return NVML_ERROR_NOT_SUPPORTED;
     if (!id) return NVML_ERROR_INVALID_ARGUMENT;
     *id = mig->compute_instance;
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned start, size; } nvmlGpuInstancePlacement_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned id,
+                                                 nvmlGpuInstance_t *instance) {
+    DEVICE(gpu, device);
+    FAIL_IF(gpu, F_GPU_INSTANCE);
+    if (gpu->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (!instance || device->mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; gpu->mig_mode == 1 && i < gpu->mig_count; i++) {
+        if (gpu->migs[i].gpu_instance == id) {
+            *instance = &gpu->migs[i].instance;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t instance, nvmlGpuInstanceInfo_t *info) {
+    CHECK_INIT();
+    if (!instance || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    fake_mig *mig = mig_of(instance->device);
+    if (!mig) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(info, 0, sizeof *info);
+    info->device = &fake.gpus[instance->device->gpu].handle;
+    info->id = mig->gpu_instance;
+    info->profileId = mig->profile_id;
+    info->placement.start = mig->placement_start;
+    info->placement.size = mig->slices;
     return NVML_SUCCESS;
 }
 

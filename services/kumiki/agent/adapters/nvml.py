@@ -227,6 +227,10 @@ class NvmlSource:
             mig_name = self._call(index, "mig_name", pynvml.nvmlDeviceGetName, mig_handle)
             memory = self._memory(index, "mig_memory", mig_handle)
             attributes = self._call(index, "mig_attributes", pynvml.nvmlDeviceGetAttributes, mig_handle)
+            # The GPU-instance query needs a privileged agent on real drivers (NO_PERMISSION else).
+            instance = self._call(index, "mig_placement", pynvml.nvmlDeviceGetGpuInstanceById, handle, gi)
+            info = None if instance is None else self._call(
+                index, "mig_placement", pynvml.nvmlGpuInstanceGetInfo, instance)
             instances.append(MigInstance(
                 gpu_instance_id=int(gi),
                 compute_instance_id=None if ci is None else int(ci),
@@ -237,6 +241,8 @@ class NvmlSource:
                     None if attributes is None else int(attributes.memorySizeMB),
                 ),
                 memory_total_bytes=None if memory is None else int(memory.total),
+                placement_start=None if info is None else int(info.placement.start),
+                placement_size=None if info is None else int(info.placement.size),
             ))
             gpu.migs.append(_Mig(handle=mig_handle, gpu_instance_id=int(gi)))
         return instances
