@@ -1,0 +1,74 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kumiki.common.config import ConfigError, Settings
+
+
+def settings(**env: str) -> Settings:
+    return Settings.from_env("placement", env, grpc_port=50051, http_port=8081)
+
+
+def test_defaults_are_valid() -> None:
+    loaded = settings()
+    assert loaded.kafka.bootstrap == "127.0.0.1:9092"
+    assert loaded.server.grpc_port == 50051
+    assert loaded.kafka.security_protocol == "PLAINTEXT"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"KUMIKI_KAFKA_BOOTSTRAP": "localhost"}, "KUMIKI_KAFKA_BOOTSTRAP: expected host:port"),
+        ({"KUMIKI_PLACEMENT_GRPC_PORT": "seventy"}, "KUMIKI_PLACEMENT_GRPC_PORT: expected an integer in 0..65535"),
+        ({"KUMIKI_PLACEMENT_HTTP_PORT": "70000"}, "KUMIKI_PLACEMENT_HTTP_PORT: expected an integer in 0..65535"),
+        ({"KUMIKI_DATABASE_URL": "mysql://x@h/db"}, "KUMIKI_DATABASE_URL: expected postgresql://"),
+        ({"KUMIKI_LOG_LEVEL": "LOUD"}, "KUMIKI_LOG_LEVEL: expected one of DEBUG, INFO, WARNING, ERROR"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "jaeger:4317"}, "OTEL_EXPORTER_OTLP_ENDPOINT: expected http(s)://host:port"),
+        (
+            {"KUMIKI_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KUMIKI_KAFKA_SASL_USERNAME": "u"},
+            "KUMIKI_KAFKA_SASL_PASSWORD: required with SASL",
+        ),
+        ({"KUMIKI_KAFKA_SSL_CAFILE": "/nonexistent/ca.pem"}, "KUMIKI_KAFKA_SSL_CAFILE: expected a readable file"),
+        ({"KUMIKI_TLS_CERTFILE": __file__}, "KUMIKI_TLS_KEYFILE: KUMIKI_TLS_CERTFILE and KUMIKI_TLS_KEYFILE"),
+        ({"KUMIKI_DATABASE_POOL_MIN": "5", "KUMIKI_DATABASE_POOL_MAX": "2"}, "KUMIKI_DATABASE_POOL_MAX: expected >="),
+    ],
+)
+def test_wrong_values_name_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        settings(**env)
+    assert str(error.value).startswith(named)
+
+
+def test_secrets_come_from_files_and_are_not_printed(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\n")
+    loaded = settings(
+        KUMIKI_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        KUMIKI_KAFKA_SASL_USERNAME="kumiki",
+        KUMIKI_KAFKA_SASL_PASSWORD_FILE=str(secret),
+        KUMIKI_DATABASE_PASSWORD_FILE=str(secret),
+        KUMIKI_DATABASE_URL="postgresql://kumiki@db:5432/kumiki",
+    )
+    assert loaded.kafka.sasl_password == "s3cret"
+    assert loaded.kafka.client_options()["sasl_plain_password"] == "s3cret"
+    assert "s3cret" not in repr(loaded)
+    assert loaded.database.url == "postgresql://kumiki:s3cret@db:5432/kumiki"
+    assert loaded.database.redacted() == "postgresql://kumiki:***@db:5432/kumiki"
+
+
+def test_service_exits_with_one_line_naming_the_variable() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kumiki.placement"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"KUMIKI_PLACEMENT_GRPC_PORT": "abc", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        "kumiki-placement: configuration error: KUMIKI_PLACEMENT_GRPC_PORT: expected an integer in 0..65535, got 'abc'"
+    ]

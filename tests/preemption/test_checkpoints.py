@@ -1,0 +1,69 @@
+"""Checkpoints.Report over a real gRPC server on loopback with the real Postgres registry."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from kumiki.common.config import DatabaseSettings
+from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2
+from kumiki.common.db import apply_migrations, create_pool
+from kumiki.preemption.adapters.grpc import CheckpointsServicer
+from kumiki.preemption.adapters.registry import CheckpointRegistry
+from kumiki.preemption.core import CheckpointRecord, lost_work_seconds, supersedes
+
+
+def test_newer_generation_or_step_supersedes() -> None:
+    first = CheckpointRecord("j", 1, "s3://a", 100, 1000.0)
+    assert supersedes(first, None)
+    assert supersedes(CheckpointRecord("j", 1, "s3://b", 200, 1100.0), first)
+    assert not supersedes(CheckpointRecord("j", 1, "s3://old", 50, 1200.0), first)
+    assert supersedes(CheckpointRecord("j", 2, "s3://c", 10, 900.0), first)
+
+
+def test_lost_work_counts_from_the_last_checkpoint() -> None:
+    assert lost_work_seconds(5000.0, 1000.0, None) == 4000.0
+    assert lost_work_seconds(5000.0, 1000.0, CheckpointRecord("j", 1, "u", 1, 4400.0)) == 600.0
+
+
+@pytest.fixture
+async def stub(database_settings: DatabaseSettings) -> AsyncIterator[checkpoints_pb2_grpc.CheckpointsStub]:
+    pool = await create_pool(database_settings)
+    await apply_migrations(pool, "preemption", "kumiki.preemption.migrations")
+    server = grpc.aio.server()
+    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(CheckpointRegistry(pool)), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield checkpoints_pb2_grpc.CheckpointsStub(channel)
+    await server.stop(None)
+    await pool.close()
+
+
+def report(step: int, uri: str, seconds: int, generation: int = 1) -> checkpoints_pb2.CheckpointReport:
+    message = checkpoints_pb2.CheckpointReport(
+        job=common_pb2.JobRef(job_id="team/job", generation=generation), uri=uri, step=step
+    )
+    message.completed_at.seconds = seconds
+    return message
+
+
+async def test_reports_keep_the_newest_checkpoint(stub: checkpoints_pb2_grpc.CheckpointsStub) -> None:
+    first = await stub.Report(report(100, "s3://ckpt/100", 1_700_000_000))
+    assert first.recorded and first.latest_uri == "s3://ckpt/100"
+    late = await stub.Report(report(50, "s3://ckpt/50", 1_700_000_100))
+    assert not late.recorded and late.latest_uri == "s3://ckpt/100"
+    newer = await stub.Report(report(200, "s3://ckpt/200", 1_700_000_200))
+    assert newer.recorded and newer.latest_uri == "s3://ckpt/200"
+
+
+async def test_invalid_report_names_the_field(stub: checkpoints_pb2_grpc.CheckpointsStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Report(report(1, "", 1_700_000_000))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "uri: required"
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Report(report(1, "s3://x", 1_700_000_000, generation=0))
+    assert error.value.details() == "job.generation: must be >= 1"
