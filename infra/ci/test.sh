@@ -33,7 +33,8 @@ cleanup
 unset KUMIKI_KAFKA_BOOTSTRAP KUMIKI_DATABASE_URL
 KAFKA_PORT=$(.venv/bin/python -c 'from kumiki.devstack.processes import free_port; print(free_port())')
 PG_PORT=$(.venv/bin/python -c 'from kumiki.devstack.processes import free_port; print(free_port())')
-eval "$(.venv/bin/kumiki up --infra-only --broker kafka --database system --kafka-port "$KAFKA_PORT" --postgres-port "$PG_PORT")"
+exports=$(.venv/bin/kumiki up --infra-only --broker kafka --database system --kafka-port "$KAFKA_PORT" --postgres-port "$PG_PORT")
+eval "$exports"
 export KUMIKI_TEST_KAFKA_BOOTSTRAP="$KUMIKI_KAFKA_BOOTSTRAP" KUMIKI_TEST_DATABASE_URL="$KUMIKI_DATABASE_URL"
 unset KUMIKI_KAFKA_BOOTSTRAP KUMIKI_DATABASE_URL
 echo "   Kafka $KUMIKI_TEST_KAFKA_BOOTSTRAP, Postgres $KUMIKI_TEST_DATABASE_URL"
