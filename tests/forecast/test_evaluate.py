@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from kumiki.forecast.evaluate import Prediction, default_factories, replay, score
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
-from kumiki.sim.trace import TraceJob
+from kumiki.sim.trace import TraceJob, load_jobs
 
 from .synthetic import keyed_trace, trace_job
 
@@ -128,3 +129,17 @@ def test_every_default_model_is_scored_on_every_window_job() -> None:
     for result in evaluation.scores.values():
         assert result.jobs == window_jobs
     assert len(evaluation.predictions) == window_jobs * 5
+
+
+PHILLY = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "philly-slice.csv"
+
+
+@pytest.mark.skipif(not PHILLY.is_file(), reason=f"{PHILLY} not present")
+def test_philly_slice_meets_the_issue_target() -> None:
+    """After two days of history: median |log error| >= 20% below the better baseline, p90 coverage 85-95%."""
+    factories = default_factories()
+    names = ("kumiki", "global-median", "last-two")
+    scores = replay(load_jobs(PHILLY), {name: factories[name] for name in names}, start_s=172_800.0).scores
+    better = min(scores["global-median"].median_abs_log_error, scores["last-two"].median_abs_log_error)
+    assert scores["kumiki"].median_abs_log_error <= 0.8 * better
+    assert 0.85 <= scores["kumiki"].p90_coverage <= 0.95

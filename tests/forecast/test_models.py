@@ -103,7 +103,8 @@ def test_p90_is_calibrated_and_tighter_for_steady_keys() -> None:
 
 
 def test_coverage_correction_reacts_when_run_times_shift_up() -> None:
-    forecaster = KumikiForecaster()
+    # All these jobs share one submit time, which would look like one sweep: test the ensemble path.
+    forecaster = KumikiForecaster(KumikiConfig(burst_min_jobs=0))
     rng = random.Random(1)
     for index in range(500):
         job = features(f"warm{index}")
@@ -123,7 +124,7 @@ def test_coverage_correction_reacts_when_run_times_shift_up() -> None:
 def test_forecast_carries_model_name_and_a_version_that_counts_updates() -> None:
     forecaster = build_default_forecaster()
     first = forecaster.predict(features("j1"))
-    assert first.model == "kumiki"
+    assert first.model == "kumiki/ensemble"
     assert first.model_version == 0
     assert first.p50_s == pytest.approx(math.exp(PRIOR_LOG_S))
     forecaster.observe(features("j1"), 42.0, 42.0)
@@ -174,3 +175,27 @@ def test_quantreg_forecaster_refits_periodically_not_per_job() -> None:
     assert forecast.model == "quantreg"
     assert forecast.p90_s >= forecast.p50_s
     assert abs(math.log(forecast.p50_s / 6_000.0)) < 0.3
+
+
+def test_finished_jobs_of_the_same_burst_predict_the_rest_of_it() -> None:
+    """Sweeps: bursts of 20 near-identical jobs a minute apart, each burst with its own run time."""
+    rng = random.Random(9)
+    jobs = []
+    for burst in range(12):
+        runtime = rng.choice((90.0, 900.0, 9_000.0)) * rng.uniform(0.5, 2.0)
+        for index in range(20):
+            submit = burst * 40_000.0 + index * 30.0
+            jobs.append(trace_job(f"b{burst}-{index}", submit, runtime * math.exp(rng.gauss(0, 0.05))))
+    forecaster = KumikiForecaster()
+    evaluation = replay(jobs, {"kumiki": lambda: forecaster}, start_s=80_000.0)
+    by_path: dict[str, list[float]] = {}
+    for p in evaluation.predictions:
+        by_path.setdefault(p.chosen, []).append(abs(math.log(p.p50_s / p.actual_s)))
+    # Only the 90 s bursts finish while they are still being submitted; there the burst expert
+    # takes over and is nearly exact, while the ensemble can only guess from earlier bursts.
+    assert "kumiki/burst" in by_path
+    assert max(by_path["kumiki/burst"]) < 0.2
+    assert sum(by_path["kumiki/ensemble"]) / len(by_path["kumiki/ensemble"]) > 0.5
+    # Disabled, the same jobs get the ensemble.
+    plain = KumikiForecaster(KumikiConfig(burst_min_jobs=0))
+    assert {p.chosen for p in replay(jobs, {"k": lambda: plain}).predictions} == {"kumiki/ensemble"}

@@ -307,7 +307,8 @@ class Issued:
     features: tuple[float, ...]
     log_p50: float
     log_p90: float
-    calibrated: bool
+    calibrated: bool  # the p90 came from a calibrator with enough residuals for this job
+    burst: bool  # the p50 came from finished siblings of the same burst
 
 
 # Expert name -> index of its value in job_vector().
@@ -328,19 +329,78 @@ class KumikiConfig:
     quantreg: QuantRegConfig = QuantRegConfig()
     calibration: CalibrationConfig = CalibrationConfig()
     experts: tuple[str, ...] = DEFAULT_EXPERTS
+    burst_window_s: float = 600.0  # siblings: same key, submitted at most this long before the job
+    burst_min_jobs: int = 3  # finished siblings needed before the burst expert takes over (0: never)
+
+
+class BurstSiblings:
+    """Recent submissions per most specific key and the run times of those that finished: sweeps.
+
+    Jobs of one sweep are submitted within minutes and run alike; once most of the siblings submitted
+    shortly before a job have finished, their median predicts it better than any longer history.
+    Only the short jobs of a heterogeneous key finish early, so finished siblings are a short-biased
+    sample. The estimate is therefore taken only when (a) more than half of the siblings have
+    finished: counting the running ones as longer than every finished one, the siblings' median is
+    then an order statistic of the finished ones, unbiased; or (b) the finished ones agree within
+    `agreement` (log seconds), which a sweep does and a heterogeneous key does not.
+    """
+
+    def __init__(
+        self, window_s: float, min_finished: int, *, agreement: float = 1.0, capacity: int = 256
+    ) -> None:
+        self.window_s = window_s
+        self.min_finished = min_finished
+        self.agreement = agreement
+        self._submitted: dict[Key, deque[tuple[float, str]]] = {}
+        self._finished: dict[str, float] = {}
+        self._capacity = capacity
+
+    def submitted(self, job: JobFeatures) -> None:
+        key = job_keys(job)[0]
+        recent = self._submitted.get(key)
+        if recent is None:
+            recent = self._submitted[key] = deque(maxlen=self._capacity)
+        while len(recent) == recent.maxlen or (recent and job.submit_s - recent[0][0] > self.window_s):
+            _, old = recent.popleft()
+            self._finished.pop(old, None)
+        recent.append((job.submit_s, job.job_id))
+
+    def finished(self, job: JobFeatures, log_runtime_s: float) -> None:
+        recent = self._submitted.get(job_keys(job)[0])
+        if recent is not None and any(job_id == job.job_id for _, job_id in recent):
+            self._finished[job.job_id] = log_runtime_s
+
+    def estimate(self, job: JobFeatures) -> float | None:
+        """The siblings' median log run time, or None when too few of them have finished."""
+        if self.min_finished <= 0:
+            return None
+        recent = self._submitted.get(job_keys(job)[0], ())
+        siblings = [job_id for submit_s, job_id in recent if 0.0 <= job.submit_s - submit_s <= self.window_s]
+        done = sorted(self._finished[job_id] for job_id in siblings if job_id in self._finished)
+        if len(done) < self.min_finished:
+            return None
+        if 2 * len(done) > len(siblings):
+            # Median of all siblings with the running ones at +infinity: an order statistic of `done`.
+            middle = len(siblings) // 2
+            return done[middle] if len(siblings) % 2 else (done[middle - 1] + done[middle]) / 2.0
+        if done[-1] - done[0] <= self.agreement:
+            return median(done)
+        return None
 
 
 class KumikiForecaster:
-    """The median of several experts' log p50, with a conformal p90.
+    """A burst expert when a sweep's first jobs have finished, else the median of several experts.
 
     The default experts are the key's median over its last 100 and last 1000 runs and the median
     of the last 1000 runs cluster-wide. Their median follows a key that has a stable history,
     and shrinks a key whose recent burst disagrees with its long history towards the cluster-wide
     value; on Philly it beat each expert alone, per-key selection of the best expert by its recent
-    error, and a quantile regression stacked on the experts (docs/forecast.md).
+    error, and a quantile regression stacked on the experts (docs/forecast.md). When at least
+    `burst_min_jobs` jobs of the same key submitted within `burst_window_s` before this one have
+    finished, their median is used instead. Each path has its own conformal p90.
 
-    `model` of a forecast is "kumiki"; `model_version` counts the completions learned from, so equal
-    versions mean the same state.
+    `model` of a forecast is "kumiki/burst" or "kumiki/ensemble"; `model_version` counts the
+    completions learned from, so equal versions mean the same state.
     """
 
     name = "kumiki"
@@ -355,6 +415,8 @@ class KumikiForecaster:
             QuantileRegression(self.config.quantreg) if "quantreg" in self.config.experts else None
         )
         self.calibration = ConformalP90(self.config.calibration)
+        self.burst_calibration = ConformalP90(self.config.calibration)
+        self.bursts = BurstSiblings(self.config.burst_window_s, self.config.burst_min_jobs)
         self.version = 0
         self._issued: dict[str, Issued] = {}
 
@@ -367,11 +429,19 @@ class KumikiForecaster:
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         features = job_vector(job, self.history)
-        log_p50 = self._log_p50(features)
-        log_p90 = log_p50 + self.calibration.offset(job)
-        calibrated = self.calibration.is_calibrated(job)
-        self._issued[job.job_id] = Issued(features, log_p50, log_p90, calibrated)
-        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.version)
+        sibling_median = self.bursts.estimate(job)
+        burst = sibling_median is not None
+        log_p50 = sibling_median if sibling_median is not None else self._log_p50(features)
+        calibration = self.calibration
+        if burst and self.burst_calibration.is_calibrated(job):
+            calibration = self.burst_calibration
+        log_p90 = log_p50 + calibration.offset(job)
+        # A burst forecast with the ensemble's offset feeds no coverage back: it would mix the two.
+        calibrated = calibration.is_calibrated(job) and (calibration is self.burst_calibration) == burst
+        self._issued[job.job_id] = Issued(features, log_p50, log_p90, calibrated, burst)
+        self.bursts.submitted(job)
+        path = "burst" if burst else "ensemble"
+        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), f"{self.name}/{path}", self.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         actual = log_runtime(runtime_s)
@@ -382,10 +452,12 @@ class KumikiForecaster:
         else:
             features = issued.features
             covered = actual <= issued.log_p90 if issued.calibrated else None
-            self.calibration.update(job, actual - issued.log_p50, covered)
+            calibration = self.burst_calibration if issued.burst else self.calibration
+            calibration.update(job, actual - issued.log_p50, covered)
         if self.regression is not None:
             self.regression.add(regression_row(features), actual - features[1])
         self.history.add(job, actual)
+        self.bursts.finished(job, actual)
         self.version += 1
 
 
