@@ -1,0 +1,134 @@
+"""Produce and consume throughput of Kumiki's bus against raw aiokafka on the same broker, same process.
+
+    python benchmarks/bus_throughput.py [--events 20000] [--bootstrap HOST:PORT]
+
+Without --bootstrap (or KUMIKI_KAFKA_BOOTSTRAP) it starts the development broker (noida-db) in a
+temporary folder. The baseline is raw aiokafka with the same acks=all producer settings and bytes of
+the same size; the ratio shows what CloudEvents headers, protobuf, tracing, validation, dedupe and
+commit-after-handle cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
+
+from kumiki.common.bus import Event, EventConsumer, EventProducer, ensure_topics  # noqa: E402
+from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE  # noqa: E402
+from kumiki.common.config import KafkaSettings  # noqa: E402
+from kumiki.common.contracts.v1 import common_pb2, events_pb2  # noqa: E402
+from kumiki.devstack.broker import start_noida  # noqa: E402
+from kumiki.devstack.processes import free_port, terminate  # noqa: E402
+
+
+def payloads(count: int) -> list[tuple[str, events_pb2.JobLifecycle]]:
+    return [
+        (f"job-{i % 512}", events_pb2.JobLifecycle(job=common_pb2.JobRef(job_id=f"job-{i % 512}", generation=1),
+                                                    state=events_pb2.JOB_STATE_SUBMITTED, queue="team-a", gpus=8))
+        for i in range(count)
+    ]
+
+
+async def raw_produce(settings: KafkaSettings, topic: str, values: list[tuple[str, bytes]]) -> float:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", enable_idempotence=True,
+                                linger_ms=2, max_batch_size=256 * 1024)
+    await producer.start()
+    started = time.perf_counter()
+    futures = [await producer.send(topic, value, key=key.encode()) for key, value in values]
+    await asyncio.gather(*futures)
+    elapsed = time.perf_counter() - started
+    await producer.stop()
+    return elapsed
+
+
+async def raw_consume(settings: KafkaSettings, topic: str, count: int) -> float:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
+                                enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    seen = 0
+    started = time.perf_counter()
+    while seen < count:
+        batches = await consumer.getmany(timeout_ms=500, max_records=500)
+        for partition, records in batches.items():
+            seen += len(records)
+            await consumer.commit({partition: records[-1].offset + 1})
+    elapsed = time.perf_counter() - started
+    await consumer.stop()
+    return elapsed
+
+
+async def bus_consume(settings: KafkaSettings, count: int, producer: EventProducer) -> float:
+    handled = 0
+    done = asyncio.Event()
+
+    async def handler(event: Event, connection: object) -> None:
+        nonlocal handled
+        handled += 1
+        if handled >= count:
+            done.set()
+
+    consumer = EventConsumer(settings, [JOB_LIFECYCLE], f"bus-{uuid.uuid4().hex[:6]}", handler, producer)
+    await consumer.start()
+    started = time.perf_counter()
+    task = asyncio.create_task(consumer.run())
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    consumer.request_stop()
+    await task
+    await consumer.stop()
+    return elapsed
+
+
+async def main(events: int, bootstrap: str | None) -> None:
+    broker = None
+    if bootstrap is None:
+        folder = Path(tempfile.mkdtemp(prefix="kumiki-bench-"))
+        broker = start_noida(folder / "data", free_port(), folder / "noida.log")
+        bootstrap = broker.bootstrap
+    try:
+        base = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.")
+        raw = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-raw-{uuid.uuid4().hex[:6]}.")
+        await ensure_topics(base, [JOB_LIFECYCLE, DEAD_LETTER])
+        await ensure_topics(raw, [JOB_LIFECYCLE])
+        items = payloads(events)
+        raw_values = [(key, message.SerializeToString()) for key, message in items]
+        raw_topic = JOB_LIFECYCLE.full_name(raw.topic_prefix)
+        results = {"produce (raw aiokafka)": await raw_produce(raw, raw_topic, raw_values)}
+        async with EventProducer(base, "//kumiki/bench") as producer:
+            started = time.perf_counter()
+            await producer.publish_many(JOB_LIFECYCLE, items)
+            results["produce (kumiki bus)"] = time.perf_counter() - started
+            results["consume (raw aiokafka)"] = await raw_consume(raw, raw_topic, events)
+            results["consume (kumiki bus)"] = await bus_consume(base, events, producer)
+    finally:
+        if broker is not None:
+            terminate(broker.pid)
+    table = Table(title=f"bus throughput, {events:,} events, broker {bootstrap}")
+    for column in ("path", "seconds", "events/s", "vs raw"):
+        table.add_column(column)
+    for name, seconds in results.items():
+        baseline = results[name.split(" (")[0] + " (raw aiokafka)"]
+        table.add_row(name, f"{seconds:.2f}", f"{events / seconds:,.0f}", f"{baseline / seconds:.2f}x")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=20_000, help="events per measurement (>= 100)")
+    parser.add_argument("--bootstrap", default=os.environ.get("KUMIKI_KAFKA_BOOTSTRAP"), help="broker host:port")
+    arguments = parser.parse_args()
+    if arguments.events < 100:
+        parser.error(f"--events: must be >= 100, got {arguments.events}")
+    asyncio.run(main(arguments.events, arguments.bootstrap))
