@@ -25,12 +25,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
 
-from kumiki.common.bus import Event, EventConsumer, EventProducer, ensure_topics  # noqa: E402
-from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE  # noqa: E402
-from kumiki.common.config import KafkaSettings  # noqa: E402
-from kumiki.common.contracts.v1 import common_pb2, events_pb2  # noqa: E402
-from kumiki.devstack.broker import start_noida  # noqa: E402
-from kumiki.devstack.processes import free_port, terminate  # noqa: E402
+from kumiki.common.bus import Event, EventConsumer, EventProducer, ensure_topics
+from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.devstack.broker import start_noida
+from kumiki.devstack.processes import free_port, terminate
 
 
 def payloads(count: int) -> list[tuple[str, events_pb2.JobLifecycle]]:

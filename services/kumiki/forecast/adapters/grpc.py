@@ -41,7 +41,7 @@ class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
             p50_s=forecast.p50_s, p90_s=forecast.p90_s, model=forecast.model, model_version=forecast.model_version
         )
 
-    async def Demand(  # noqa: N802
+    async def Demand(
         self, request: forecast_pb2.DemandRequest, context: grpc.aio.ServicerContext
     ) -> forecast_pb2.DemandResponse:
         await context.abort(

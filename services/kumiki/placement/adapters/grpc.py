@@ -22,7 +22,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
         raise AssertionError("unreachable")
 
-    async def Release(  # noqa: N802
+    async def Release(
         self, request: placement_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> placement_pb2.ReleaseResponse:
         if not request.job.job_id:
@@ -30,7 +30,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
         raise AssertionError("unreachable")
 
-    async def Explain(  # noqa: N802
+    async def Explain(
         self, request: placement_pb2.ExplainRequest, context: grpc.aio.ServicerContext
     ) -> placement_pb2.ExplainResponse:
         if not request.job_id:

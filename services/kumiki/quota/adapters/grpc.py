@@ -22,7 +22,7 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
         raise AssertionError("unreachable")
 
-    async def Usage(  # noqa: N802
+    async def Usage(
         self, request: quota_pb2.UsageRequest, context: grpc.aio.ServicerContext
     ) -> quota_pb2.UsageResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
