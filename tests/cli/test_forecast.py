@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from kumiki.cli.main import main
 
 HEADER = "job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\n"

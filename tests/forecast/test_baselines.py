@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
 from kumiki.sched.forecasting import JobFeatures
 

@@ -4,6 +4,7 @@ import math
 import random
 
 import pytest
+
 from kumiki.forecast.demand import (
     HOUR_S,
     Arrival,

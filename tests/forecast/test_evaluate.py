@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from kumiki.forecast.evaluate import Prediction, default_factories, replay, score
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sim.trace import TraceJob, load_jobs

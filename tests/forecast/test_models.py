@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+
 from kumiki.forecast.evaluate import job_features, replay
 from kumiki.forecast.models import (
     PRIOR_LOG_S,
