@@ -200,3 +200,23 @@ def test_finished_jobs_of_the_same_burst_predict_the_rest_of_it() -> None:
     # Disabled, the same jobs get the ensemble.
     plain = KumikiForecaster(KumikiConfig(burst_min_jobs=0))
     assert {p.chosen for p in replay(jobs, {"k": lambda: plain}).predictions} == {"kumiki/ensemble"}
+
+
+def test_open_forecasts_are_bounded_and_a_requery_is_one_sibling(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kumiki.forecast.models as models
+
+    monkeypatch.setattr(models, "MAX_OPEN_FORECASTS", 10)
+    forecaster = KumikiForecaster()
+    for index in range(25):  # jobs that never report their end
+        forecaster.predict(features(f"lost{index}"))
+    assert len(forecaster._issued) == 10
+    # Three siblings finish; the fourth is forecast twice: it must still count once among siblings.
+    for index in range(3):
+        sibling = features(f"s{index}")
+        forecaster.predict(sibling)
+        forecaster.observe(sibling, 100.0, 100.0)
+    query = features("q")
+    first = forecaster.predict(query)
+    again = forecaster.predict(query)
+    assert first.model == again.model == "kumiki/burst"
+    assert again.p50_s == pytest.approx(first.p50_s)

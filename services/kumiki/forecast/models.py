@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from statsmodels.regression.quantile_regression import QuantReg
@@ -37,6 +38,18 @@ PRIOR_P90_OFFSET = 2.0
 
 Key = tuple[str, ...]
 GLOBAL_KEY: Key = ("all",)
+# Forecasts kept until their job finishes; a job that never reports its end (cancelled before it
+# ran, lost) must not grow memory forever, so the oldest are forgotten beyond this many.
+MAX_OPEN_FORECASTS = 200_000
+Remembered = TypeVar("Remembered")
+
+
+def remember(open_forecasts: dict[str, Remembered], job_id: str, value: Remembered) -> None:
+    """Keep what was forecast for a job until it finishes, forgetting the oldest beyond the bound."""
+    open_forecasts.pop(job_id, None)
+    open_forecasts[job_id] = value
+    while len(open_forecasts) > MAX_OPEN_FORECASTS:
+        del open_forecasts[next(iter(open_forecasts))]
 
 
 def log_runtime(runtime_s: float) -> float:
@@ -360,6 +373,8 @@ class BurstSiblings:
         recent = self._submitted.get(key)
         if recent is None:
             recent = self._submitted[key] = deque(maxlen=self._capacity)
+        if any(job_id == job.job_id for _, job_id in recent):
+            return  # forecast again (a re-query, a retry): still one sibling
         while len(recent) == recent.maxlen or (recent and job.submit_s - recent[0][0] > self.window_s):
             _, old = recent.popleft()
             self._finished.pop(old, None)
@@ -438,7 +453,7 @@ class KumikiForecaster:
         log_p90 = log_p50 + calibration.offset(job)
         # A burst forecast with the ensemble's offset feeds no coverage back: it would mix the two.
         calibrated = calibration.is_calibrated(job) and (calibration is self.burst_calibration) == burst
-        self._issued[job.job_id] = Issued(features, log_p50, log_p90, calibrated, burst)
+        remember(self._issued, job.job_id, Issued(features, log_p50, log_p90, calibrated, burst))
         self.bursts.submitted(job)
         path = "burst" if burst else "ensemble"
         return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), f"{self.name}/{path}", self.version)
@@ -477,7 +492,7 @@ class HistoryMedianForecaster:
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         log_p50 = self.history.median(job, self.window)
         log_p90 = log_p50 + self.calibration.offset(job)
-        self._issued[job.job_id] = (log_p50, log_p90, self.calibration.is_calibrated(job))
+        remember(self._issued, job.job_id, (log_p50, log_p90, self.calibration.is_calibrated(job)))
         return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), self.name, self.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
@@ -508,7 +523,7 @@ class QuantRegForecaster:
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         features = job_vector(job, self.history)
-        self._features[job.job_id] = features
+        remember(self._features, job.job_id, features)
         base = features[1]
         fitted = self.regression.predict(regression_row(features))
         low, high = fitted if fitted is not None else (0.0, PRIOR_P90_OFFSET)
