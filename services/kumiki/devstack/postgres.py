@@ -120,42 +120,9 @@ def start_postgres(kind: str, data_dir: Path, port: int, log_path: Path, databas
         "pg_ctl start",
     )
     pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
-    psql = bins / "psql"
-    exists = _run(
-        [
-            str(psql),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-U",
-            "kumiki",
-            "-d",
-            "postgres",
-            "-tAc",
-            f"SELECT 1 FROM pg_database WHERE datname = '{database}'",
-        ],
-        user,
-        "psql",
-    )
-    if exists.strip() != "1":
-        _run(
-            [
-                str(psql),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-U",
-                "kumiki",
-                "-d",
-                "postgres",
-                "-c",
-                f'CREATE DATABASE "{database}"',
-            ],
-            user,
-            "create database",
-        )
+    psql = [str(bins / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "kumiki", "-d", "postgres", "-tAc"]
+    if _run([*psql, f"SELECT 1 FROM pg_database WHERE datname = '{database}'"], user, "psql").strip() != "1":
+        _run([*psql, f'CREATE DATABASE "{database}"'], user, "create database")
     version = (pgdata / "PG_VERSION").read_text().strip()
     return DatabaseProcess(
         kind,
