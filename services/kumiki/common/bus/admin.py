@@ -42,10 +42,15 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> 
         created = []
         for topic in missing:  # one by one: a concurrent creator must not fail the others
             try:
-                await admin.create_topics([topic])
-                created.append(topic.name)
+                response = await admin.create_topics([topic])
             except TopicAlreadyExistsError:
-                pass
+                continue
+            for name, code, *rest in response.topic_errors:
+                if code == 0:
+                    created.append(name)
+                elif code != TopicAlreadyExistsError.errno:
+                    message = rest[0] if rest else ""
+                    raise BrokerUnavailable(f"creating topic {name} failed: error {code} {message}")
         if created:
             log.info("created topics", extra={"topics": ",".join(created)})
         return created
