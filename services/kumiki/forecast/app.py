@@ -23,7 +23,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     book.warm_start(await load_history(runtime.pool))
     log.info("forecaster warmed from history", extra={"jobs": book.learned})
     runtime.consume([JOB_LIFECYCLE], "kumiki-forecast", LifecycleHandler(book, runtime.producer), exactly_once=True)
-    forecast_pb2_grpc.add_ForecasterServicer_to_server(ForecasterServicer(book), server)
+    forecast_pb2_grpc.add_ForecasterServicer_to_server(ForecasterServicer(book, runtime.pool), server)
 
 
 SPEC = ServiceSpec(

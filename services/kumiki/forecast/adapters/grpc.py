@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 
+import asyncpg
 import grpc
 
 from kumiki.common.contracts.v1 import forecast_pb2, forecast_pb2_grpc
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
+from kumiki.forecast.adapters.lifecycle import load_arrivals
 from kumiki.forecast.core import ForecastBook
+from kumiki.forecast.demand import HOUR_S, MAX_HORIZON_HOURS, Arrival, forecast_queues, hourly_demand
 from kumiki.sched.forecasting import JobFeatures
+
+DEMAND_HISTORY_S = 14 * 24 * HOUR_S  # two weeks: enough for the daily season, cheap to fit
 
 
 def features_from_request(request: forecast_pb2.PredictRequest) -> JobFeatures:
@@ -25,8 +32,9 @@ def features_from_request(request: forecast_pb2.PredictRequest) -> JobFeatures:
 
 
 class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
-    def __init__(self, book: ForecastBook) -> None:
+    def __init__(self, book: ForecastBook, pool: asyncpg.Pool | None = None) -> None:
         self.book = book
+        self.pool = pool
 
     async def Predict(
         self, request: forecast_pb2.PredictRequest, context: grpc.aio.ServicerContext
@@ -44,8 +52,35 @@ class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
     async def Demand(
         self, request: forecast_pb2.DemandRequest, context: grpc.aio.ServicerContext
     ) -> forecast_pb2.DemandResponse:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "demand forecasting over gRPC is not in this build yet; use `kumiki forecast demand`",
+        if not 1 <= request.horizon_hours <= MAX_HORIZON_HOURS:
+            await abort_invalid(
+                context, InvalidRequest("horizon_hours", f"must be 1..{MAX_HORIZON_HOURS}, got {request.horizon_hours}")
+            )
+        if self.pool is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "demand needs the job history database")
+        assert self.pool is not None
+        now_s = time.time()
+        end_s = now_s - now_s % HOUR_S  # whole hours only: the current hour is still filling
+        arrivals = await load_arrivals(self.pool, end_s - DEMAND_HISTORY_S, end_s, request.queue)
+        by_queue: dict[str, list[Arrival]] = {}
+        for arrival in arrivals:
+            by_queue.setdefault(arrival.queue, []).append(arrival)
+        demand = {}
+        for queue_arrivals in by_queue.values():
+            # a queue's history starts at its first recorded job: earlier hours are unknown, not zero demand
+            first_s = min(arrival.submit_s for arrival in queue_arrivals)
+            start_s = max(end_s - DEMAND_HISTORY_S, first_s - first_s % HOUR_S)
+            demand.update(hourly_demand(queue_arrivals, start_s, end_s))
+        # Holt-Winters fits take tens of milliseconds per queue: keep them off the event loop
+        forecasts = await asyncio.to_thread(forecast_queues, demand, request.horizon_hours)
+        return forecast_pb2.DemandResponse(
+            queues=[
+                forecast_pb2.QueueDemand(
+                    queue=item.queue,
+                    arrivals_per_hour=item.arrivals_per_hour.values,
+                    gpu_hours_per_hour=item.gpu_hours_per_hour.values,
+                    model=item.arrivals_per_hour.model,
+                )
+                for item in forecasts
+            ]
         )
-        raise AssertionError("unreachable")

@@ -11,6 +11,7 @@ from kumiki.common.bus.topics import JOB_FORECAST
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.grpcutil import timestamp
 from kumiki.forecast.core import FinishedJob, ForecastBook
+from kumiki.forecast.demand import Arrival
 from kumiki.sched.forecasting import JobFeatures
 
 FINAL_STATES = {
@@ -105,3 +106,15 @@ async def load_history(pool: asyncpg.Pool, limit: int = 200_000) -> list[Finishe
         )
         for row in rows
     ]
+
+
+async def load_arrivals(pool: asyncpg.Pool, start_s: float, end_s: float, queue: str = "") -> list[Arrival]:
+    """Submitted jobs in [start_s, end_s) for demand forecasting (run time known once finished)."""
+    rows = await pool.fetch(
+        "SELECT queue, extract(epoch FROM submitted_at) AS submit_s, gpus, runtime_s FROM forecast.job_history"
+        " WHERE submitted_at >= to_timestamp($1) AND submitted_at < to_timestamp($2) AND ($3 = '' OR queue = $3)",
+        start_s,
+        end_s,
+        queue,
+    )
+    return [Arrival(row["queue"], float(row["submit_s"]), row["gpus"], row["runtime_s"]) for row in rows]
