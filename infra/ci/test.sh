@@ -44,4 +44,4 @@ echo "== lint and types (reported; run them before committing)"
 .venv/bin/mypy || echo "!! mypy findings above"
 
 echo "== tests"
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
