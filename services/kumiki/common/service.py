@@ -43,6 +43,7 @@ class Runtime:
     pool: asyncpg.Pool | None
     consumers: list[EventConsumer] = field(default_factory=list)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at stop, after background
 
     def consume(
         self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False
@@ -189,6 +190,8 @@ class ServiceHost:
             await asyncio.gather(*self.runtime.background, return_exceptions=True)
             for consumer in self.runtime.consumers:
                 await consumer.stop()
+            for close in self.runtime.closers:
+                await close()
         if self.grpc_server:
             await self.grpc_server.stop(grace=2.0)
         if self.runtime:

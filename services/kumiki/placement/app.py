@@ -1,16 +1,47 @@
-"""Placement service wiring."""
+"""Placement service wiring: rebuild the book from the event log, then serve Bind/Release/Explain,
+follow cluster.state and run the scheduling cycle."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+
 import grpc
 
+from kumiki.common.config import ConfigError, env_choice, env_float, env_optional, env_secret
 from kumiki.common.contracts.v1 import placement_pb2_grpc
 from kumiki.common.service import Runtime, ServiceSpec
+from kumiki.placement.adapters.admission import Admission, AllowAllAdmission, QuotaServiceAdmission
+from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, rebuild
 from kumiki.placement.adapters.grpc import PlacementServicer
+from kumiki.placement.core import PlacementBook
+from kumiki.sched.placement import STRATEGIES
+
+log = logging.getLogger(__name__)
+
+
+def admission_from_env() -> Admission:
+    address = env_optional(os.environ, "KUMIKI_QUOTA_ADDRESS")
+    if address is None:
+        return AllowAllAdmission()
+    if ":" not in address:
+        raise ConfigError(f"KUMIKI_QUOTA_ADDRESS: expected host:port, got {address!r}")
+    return QuotaServiceAdmission(address, env_secret(os.environ, "KUMIKI_QUOTA_TOKEN"))
 
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
-    placement_pb2_grpc.add_PlacementServicer_to_server(PlacementServicer(), server)
+    strategy = env_choice(os.environ, "KUMIKI_PLACEMENT_STRATEGY", "kumiki", STRATEGIES)
+    period_s = env_float(os.environ, "KUMIKI_PLACEMENT_CYCLE_S", 1.0, minimum=0.05, maximum=3600)
+    book = PlacementBook(strategy=strategy)
+    publisher = DecisionPublisher(runtime.producer, policy=strategy)
+    servicer = PlacementServicer(book, publisher, admission_from_env())
+    nodes, _ = await rebuild(runtime.settings.kafka, book, servicer.wake)
+    nodes.handle = NodeTable(book, servicer.wake, publisher)  # live node changes may displace jobs: publish that
+    runtime.background.append(asyncio.create_task(nodes.follow(), name="follow-cluster-state"))
+    runtime.background.append(asyncio.create_task(servicer.run_cycles(period_s), name="scheduling-cycle"))
+    runtime.closers.append(nodes.stop)
+    placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)
 
 
 SPEC = ServiceSpec(name="placement", grpc_port=50051, http_port=8081, wire=wire, grpc_services=("kumiki.v1.Placement",))

@@ -1,0 +1,227 @@
+"""Between the wire (kumiki.v1 messages) and placement's core. Every request field is validated here and a
+problem becomes InvalidRequest naming the field, so the servicer can answer INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
+from kumiki.common.grpcutil import InvalidRequest, timestamp
+from kumiki.placement.core import BindCommand, BoundJob, Topology
+from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
+from kumiki.sched.jobs import GangRequest, PodRequest, RequestError
+from kumiki.sched.placement import PendingReason
+
+MIB_PER_GB = 1024.0
+MAX_PODS = 4096
+TOPOLOGY_FROM_WIRE = {
+    common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED: Topology.NONE,
+    common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND: Topology.NVLINK_ISLAND,
+    common_pb2.TOPOLOGY_LEVEL_NODE: Topology.NODE,
+    common_pb2.TOPOLOGY_LEVEL_RACK: Topology.RACK,
+}
+TOPOLOGY_TO_WIRE = {level: wire for wire, level in TOPOLOGY_FROM_WIRE.items()}
+
+
+class InvalidNodeState(ValueError):
+    """A cluster.state record that cannot describe a node; the message names the field."""
+
+
+def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
+    where = f"pods[{index}]"
+    forms = (pod.gpus > 0) + bool(pod.mig_profile) + (pod.gpu_fraction != 0)
+    if forms > 1:
+        raise InvalidRequest(where, "set only one of gpus, mig_profile, gpu_fraction")
+    if pod.gpu_fraction != 0 and not (math.isfinite(pod.gpu_fraction) and 0 < pod.gpu_fraction < 1):
+        raise InvalidRequest(f"{where}.gpu_fraction", f"must be within (0, 1), got {pod.gpu_fraction}")
+    if pod.gpus > 64:
+        raise InvalidRequest(f"{where}.gpus", f"must be <= 64 per pod, got {pod.gpus}")
+    if pod.gpu_fraction and pod.gpu_memory_mib == 0:
+        raise InvalidRequest(f"{where}.gpu_memory_mib", "required with gpu_fraction (the per-card memory cap)")
+    if pod.mig_profile and "g." not in pod.mig_profile:
+        raise InvalidRequest(f"{where}.mig_profile", f"expected a profile like 1g.10gb, got {pod.mig_profile!r}")
+    try:
+        return PodRequest(
+            gpus=pod.gpus,
+            gpu_fraction=pod.gpu_fraction,
+            gpu_memory_gb=pod.gpu_memory_mib / MIB_PER_GB,
+            mig_profile=pod.mig_profile,
+            cpu_milli=pod.cpu_milli,
+            memory_mib=pod.memory_mib,
+            gpu_model=pod.gpu_model,
+        )
+    except RequestError as error:
+        raise InvalidRequest(where, str(error)) from None
+
+
+def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
+    """A validated core command from a Bind request."""
+    if not request.job.job_id:
+        raise InvalidRequest("job.job_id", "required")
+    if request.job.generation < 1:
+        raise InvalidRequest("job.generation", "must be >= 1")
+    if not request.queue:
+        raise InvalidRequest("queue", "required")
+    if not request.pods:
+        raise InvalidRequest("pods", "at least one pod is required")
+    if len(request.pods) > MAX_PODS:
+        raise InvalidRequest("pods", f"at most {MAX_PODS} pods per gang, got {len(request.pods)}")
+    if request.min_members > len(request.pods):
+        raise InvalidRequest("min_members", f"must be <= the number of pods ({len(request.pods)})")
+    if request.topology.level not in TOPOLOGY_FROM_WIRE:
+        raise InvalidRequest("topology.level", f"unknown level {request.topology.level}")
+    pods = tuple(pod_request(index, pod) for index, pod in enumerate(request.pods))
+    return BindCommand(
+        job_id=request.job.job_id,
+        generation=request.job.generation,
+        queue=request.queue,
+        request=GangRequest(request.job.job_id, pods, request.min_members),
+        priority_tier=request.priority_tier,
+        preemptible=request.preemptible,
+        user=request.user,
+        name=request.name,
+        topology=TOPOLOGY_FROM_WIRE[request.topology.level],
+        topology_required=request.topology.required,
+    )
+
+
+def node_spec(state: events_pb2.NodeState) -> NodeSpec:
+    """The scheduling core's view of one cluster.state record."""
+    if not state.node:
+        raise InvalidNodeState("node: required")
+    indices = sorted(gpu.index for gpu in state.gpus)
+    if indices != list(range(len(indices))):
+        raise InvalidNodeState(f"gpus.index: expected 0..{len(indices) - 1} without gaps, got {indices}")
+    gpus = sorted(state.gpus, key=lambda gpu: gpu.index)
+    models = {gpu.model for gpu in gpus}
+    if len(models) > 1:
+        raise InvalidNodeState(f"gpus.model: one model per node expected, got {sorted(models)}")
+    islands: dict[int, list[int]] = {}
+    for gpu in gpus:
+        islands.setdefault(gpu.nvlink_island, []).append(gpu.index)
+    try:
+        return NodeSpec(
+            name=state.node,
+            gpus=len(gpus),
+            gpu_model=gpus[0].model if gpus else "",
+            gpu_memory_gb=gpus[0].memory_mib / MIB_PER_GB if gpus else 0.0,
+            cpu_milli=state.cpu_milli,
+            memory_mib=state.memory_mib,
+            rack=state.rack or "rack-0",
+            nvlink_islands=tuple(tuple(members) for _, members in sorted(islands.items())) if len(islands) > 1 else (),
+            mig_gpus=frozenset(gpu.index for gpu in gpus if gpu.mig_enabled),
+            sharing=any(gpu.shareable for gpu in gpus),
+        )
+    except ValueError as error:
+        raise InvalidNodeState(str(error)) from None
+
+
+def node_healthy(state: events_pb2.NodeState) -> bool:
+    return state.healthy and all(gpu.healthy for gpu in state.gpus)
+
+
+def assignments(job: BoundJob) -> list[common_pb2.PodAssignment]:
+    out = []
+    for name, pod in zip(job.node_names, job.placement.pods, strict=True):
+        assignment = common_pb2.PodAssignment(pod_index=pod.pod, node=name, gpu_indices=list(pod.gpus))
+        if pod.share is not None:
+            assignment.gpu_indices.append(pod.share.gpu)
+            assignment.gpu_fraction = pod.share.fraction
+        if pod.mig is not None:
+            assignment.gpu_indices.append(pod.mig.gpu)
+            assignment.mig_slice = f"{pod.mig.profile}@{pod.mig.start}"
+        out.append(assignment)
+    return out
+
+
+def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
+    return common_pb2.PodResources(
+        gpus=pod.gpus,
+        mig_profile=pod.mig_profile,
+        gpu_fraction=pod.gpu_fraction,
+        gpu_memory_mib=round(pod.gpu_memory_gb * MIB_PER_GB),
+        cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib,
+        gpu_model=pod.gpu_model,
+    )
+
+
+def lifecycle(job: BoundJob, state: int, reason: str = "") -> events_pb2.JobLifecycle:
+    """A job.lifecycle event that carries everything needed to rebuild the allocation after a restart."""
+    command = job.command
+    return events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id=command.job_id, generation=command.generation),
+        state=state,  # type: ignore[arg-type]
+        at=timestamp(),
+        queue=command.queue,
+        user=command.user,
+        priority_tier=command.priority_tier,
+        preemptible=command.preemptible,
+        pods=[pod_resources(pod) for pod in command.request.pods],
+        min_members=command.request.min_members,
+        assignments=assignments(job),
+        gpus=command.request.gpu_demand,
+        name=command.name,
+        reason=reason,
+    )
+
+
+def restore_from_lifecycle(event: events_pb2.JobLifecycle) -> tuple[BindCommand, list[tuple[str, PodPlacement]]]:
+    """The bind a BOUND event recorded, as a command and named pod placements."""
+    pods = tuple(pod_request(index, pod) for index, pod in enumerate(event.pods))
+    command = BindCommand(
+        job_id=event.job.job_id,
+        generation=event.job.generation,
+        queue=event.queue,
+        request=GangRequest(event.job.job_id, pods, event.min_members),
+        priority_tier=event.priority_tier,
+        preemptible=event.preemptible,
+        user=event.user,
+        name=event.name,
+    )
+    placed = []
+    for assignment in event.assignments:
+        pod = pods[assignment.pod_index]
+        gpus = tuple(assignment.gpu_indices)
+        share = mig = None
+        if assignment.mig_slice:
+            profile, _, start = assignment.mig_slice.partition("@")
+            mig = MigSlice(gpus[0], profile, int(start))
+            gpus = ()
+        elif assignment.gpu_fraction:
+            share = GpuShare(gpus[0], assignment.gpu_fraction, pod.gpu_memory_gb)
+            gpus = ()
+        placed.append(
+            (
+                assignment.node,
+                PodPlacement(
+                    assignment.pod_index, 0, gpus, share, mig, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib
+                ),
+            )
+        )
+    return command, placed
+
+
+SPECIAL_CODES = {"reservation": "reserved_for_other_job", "nodes": "no_nodes", "gpu_model": "gpu_model_unavailable"}
+
+
+def pending_reason(reason: PendingReason) -> common_pb2.PendingReason:
+    """The wire form; `code` is machine-readable (insufficient_gpu, topology_unsatisfiable, quota_exceeded...)."""
+    resource = reason.resource.split(":")[0]
+    if resource in SPECIAL_CODES:
+        code = SPECIAL_CODES[resource]
+    elif resource == "topology":
+        code = "topology_unsatisfiable"
+    elif resource == "quota":
+        code = "quota_exceeded"
+    else:
+        code = f"insufficient_{resource}"
+    return common_pb2.PendingReason(
+        code=code, resource=reason.resource, node_shape=reason.node_shape, message=reason.explain()
+    )
+
+
+def sorted_assignments(items: Sequence[common_pb2.PodAssignment]) -> list[tuple[str, tuple[int, ...], str, float]]:
+    """A comparable form of assignments (tests and the fault check compare tables with it)."""
+    return sorted((a.node, tuple(a.gpu_indices), a.mig_slice, a.gpu_fraction) for a in items)

@@ -1,0 +1,174 @@
+"""Placement's book, pure: idempotent binds, gangs whole or not at all, topology, node health, rebuild, Explain."""
+
+from __future__ import annotations
+
+import pytest
+
+from kumiki.placement.core import BindCommand, BindConflict, PlacementBook, Topology
+from kumiki.sched.cluster import NodeSpec, PodPlacement
+from kumiki.sched.jobs import GangRequest, PodRequest
+
+
+def node(name: str, gpus: int = 8, rack: str = "r0", islands: tuple[tuple[int, ...], ...] = ()) -> NodeSpec:
+    return NodeSpec(name=name, gpus=gpus, gpu_model="A100-80GB", gpu_memory_gb=80.0, rack=rack, nvlink_islands=islands)
+
+
+def gang(job: str, *gpus: int, generation: int = 1, tier: int = 0, **options: object) -> BindCommand:
+    request = GangRequest(job, tuple(PodRequest(gpus=count) for count in gpus))
+    return BindCommand(job_id=job, generation=generation, queue="q", request=request, priority_tier=tier, **options)  # type: ignore[arg-type]
+
+
+def book_with(*nodes: NodeSpec) -> PlacementBook:
+    book = PlacementBook()
+    for spec in nodes:
+        book.upsert_node(spec, healthy=True)
+    return book
+
+
+def held_gpus(book: PlacementBook) -> list[tuple[str, int]]:
+    return [
+        (name, gpu)
+        for job in book.bound.values()
+        for name, pod in zip(job.node_names, job.placement.pods, strict=True)
+        for gpu in pod.gpus
+    ]
+
+
+def test_same_job_and_generation_gets_the_same_answer() -> None:
+    book = book_with(node("a"), node("b"))
+    first = book.bind(gang("j", 4))
+    again = book.bind(gang("j", 4))
+    assert first.bound and again.replayed
+    assert again.job == first.job
+    assert len(held_gpus(book)) == 4
+
+
+def test_generations_are_ordered() -> None:
+    book = book_with(node("a"))
+    book.bind(gang("j", 2, generation=2))
+    with pytest.raises(BindConflict, match="older than the bound generation 2"):
+        book.bind(gang("j", 2, generation=1))
+    with pytest.raises(BindConflict, match="release it first"):
+        book.bind(gang("j", 2, generation=3))
+    assert book.release("j", 2) is not None
+    assert book.bind(gang("j", 2, generation=3)).bound
+
+
+def test_two_large_gangs_one_runs_one_waits_nothing_half_placed() -> None:
+    """volcano-sh/volcano#3373: two gangs that each need most of the cluster, submitted together."""
+    book = book_with(node("a"), node("b"), node("c"))
+    first = book.bind(gang("big-1", 8, 8))
+    second = book.bind(gang("big-2", 8, 8))
+    assert first.bound and not second.bound
+    assert set(book.bound) == {"big-1"} and set(book.pending) == {"big-2"}
+    assert len(held_gpus(book)) == 16, "the waiting gang holds nothing"
+    assert second.reason is not None and "gang all-or-nothing: only 1 of 2 pods fit" in second.reason.constraint
+    book.release("big-1", 1)
+    assert book.try_pending("big-2") is not None
+    assert set(book.bound) == {"big-2"} and not book.pending
+
+
+def test_unhealthy_and_removed_nodes_get_no_work() -> None:
+    book = book_with(node("a"), node("b"))
+    book.upsert_node(node("a"), healthy=False)
+    assert {name for name, _ in held_gpus(book)} == set()
+    assert book.bind(gang("j1", 8)).job.node_names == ("b",)  # type: ignore[union-attr]
+    book.remove_node("b")
+    outcome = book.bind(gang("j2", 1))
+    assert not outcome.bound
+    assert "j1" in book.bound, "a job on a node that left keeps its record until it is released"
+
+
+def filler(book: PlacementBook, job: str, node_name: str, gpus: tuple[int, ...]) -> None:
+    """Occupy exact GPUs (through the rebuild path) so topology scenarios are deterministic."""
+    command = gang(job, len(gpus))
+    assert book.restore(command, [(node_name, PodPlacement(0, 0, gpus))]) is not None
+
+
+def test_required_rack_is_never_broken() -> None:
+    book = book_with(node("a", rack="r0"), node("b", rack="r1"))
+    filler(book, "fa", "a", (0, 1, 2, 3))
+    filler(book, "fb", "b", (0, 1, 2, 3))
+    across = book.bind(gang("one-rack", 4, 4, topology=Topology.RACK, topology_required=True))
+    assert not across.bound and across.reason is not None
+    assert across.reason.resource == "topology:rack" and "several racks" in across.reason.constraint
+    preferred = book.bind(gang("prefer-rack", 4, 4, topology=Topology.RACK, topology_required=False))
+    assert preferred.bound and set(preferred.job.node_names) == {"a", "b"}  # type: ignore[union-attr]
+
+
+def test_required_node_is_never_broken() -> None:
+    book = book_with(node("a"), node("b"))
+    filler(book, "fa", "a", (0, 1, 2, 3))
+    filler(book, "fb", "b", (0, 1, 2, 3))
+    split = book.bind(gang("one-node", 3, 3, topology=Topology.NODE, topology_required=True))
+    assert not split.bound and split.reason is not None and split.reason.resource == "topology:node"
+    fits = book.bind(gang("fits-one-node", 2, 2, topology=Topology.NODE, topology_required=True))
+    assert fits.bound and len(set(fits.job.node_names)) == 1  # type: ignore[union-attr]
+
+
+def test_required_nvlink_island_is_never_broken() -> None:
+    book = book_with(node("a", islands=((0, 1, 2, 3), (4, 5, 6, 7))))
+    filler(book, "fa", "a", (0, 1, 4, 5))  # free: 2, 3 in island 0 and 6, 7 in island 1
+    spans = book.bind(gang("three", 3, topology=Topology.NVLINK_ISLAND, topology_required=True))
+    assert not spans.bound and spans.reason is not None
+    assert spans.reason.resource == "topology:nvlink_island" and "span islands" in spans.reason.constraint
+    pair = book.bind(gang("pair", 2, topology=Topology.NVLINK_ISLAND, topology_required=True))
+    assert pair.bound
+    assert set(pair.job.placement.pods[0].gpus) in ({2, 3}, {6, 7})  # type: ignore[union-attr]
+
+
+def test_rebuild_from_the_log_reproduces_the_table() -> None:
+    book = book_with(node("a"), node("b"))
+    for index, size in enumerate((3, 5, 2, 6)):
+        book.bind(gang(f"j{index}", size))
+    book.release("j1", 1)
+    log = [(job.command, list(zip(job.node_names, job.placement.pods, strict=True))) for job in book.bound.values()]
+    rebuilt = book_with(node("a"), node("b"))
+    for command, pods in log:
+        rebuilt.restore(command, pods)
+    assert sorted(held_gpus(rebuilt)) == sorted(held_gpus(book))
+    assert rebuilt.audit() == []
+    assert rebuilt.bind(gang("j2", 2)).replayed
+
+
+def test_binds_recorded_before_their_node_arrive_are_adopted() -> None:
+    source = book_with(node("late"))
+    job = source.bind(gang("early", 4)).job
+    assert job is not None
+    book = PlacementBook()
+    book.restore(job.command, list(zip(job.node_names, job.placement.pods, strict=True)))
+    assert "early" not in book.bound and "early" in book.orphans
+    book.upsert_node(node("late"), healthy=True)
+    assert "early" in book.bound and book.audit() == []
+    assert not book.bind(gang("other", 8)).bound, "the adopted job's GPUs are taken"
+
+
+def test_shrunk_node_displaces_jobs_that_no_longer_fit() -> None:
+    book = book_with(node("a"))
+    book.bind(gang("small", 2))
+    book.bind(gang("large", 6))
+    displaced = book.upsert_node(node("a", gpus=4), healthy=True)
+    assert [job.command.job_id for job in displaced] == ["large"]
+    assert set(book.bound) == {"small"} and book.audit() == []
+
+
+def test_explain_names_resource_node_shape_and_queue_position() -> None:
+    book = book_with(node("a"), node("b"))
+    book.bind(gang("running", 8))
+    book.bind(gang("wait-1", 8, 8))
+    book.bind(gang("wait-2", 4, 4, 4))
+    explanation = book.explain("wait-2")
+    assert explanation.status == "pending" and explanation.queue_position == 2
+    reason = explanation.reasons[0]
+    assert reason.resource == "gpu"
+    assert "4 GPU" in reason.node_shape
+    assert book.explain("running").status == "bound"
+    assert book.explain("nobody").status == "unknown"
+
+
+def test_priority_tiers_order_pending_jobs() -> None:
+    book = book_with(node("a"))
+    book.bind(gang("running", 8))
+    book.bind(gang("low", 8, tier=0))
+    book.bind(gang("high", 8, tier=5))
+    assert [job.command.job_id for job in book.pending_in_order()] == ["high", "low"]
