@@ -351,7 +351,11 @@ async def _open_sinks(config: AgentConfig) -> tuple[Any, Any]:
         recording = RecordingSink(config.record_dir)
         recording.start()
         sinks.append(recording)
-    if config.output is not None:
+    if config.output == "kafka":  # kumiki.gpu.samples on KUMIKI_KAFKA_BOOTSTRAP (see docs/telemetry.md)
+        from kumiki.agent.adapters.kafka import KafkaSink
+
+        sinks.append(await KafkaSink.open())
+    elif config.output is not None:
         sinks.append(JsonLinesSink.open(config.output))
     return FanOutSink(sinks), recording
 

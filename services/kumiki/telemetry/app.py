@@ -1,17 +1,48 @@
-"""Telemetry ingest wiring: consumes gpu.samples (no database; gRPC serves health only)."""
+"""Telemetry ingest wiring: the faust application runs inside the shared service shell.
+
+The shell (kumiki.common.service) gives it what every service has: configuration errors as one line,
+JSON logs, traces, topic creation, the bus EventProducer, /healthz, /readyz and /metrics. faust's own
+worker (signal handling, its web server, logging set-up) is not used: `TelemetryStreams.start()` runs
+the faust App as a background service in the shell's event loop, and /readyz turns red if it crashes.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+
 import grpc
 
-from kumiki.common.bus.topics import GPU_SAMPLES
+from kumiki.common.bus import ensure_topics
 from kumiki.common.service import Runtime, ServiceSpec
-from kumiki.telemetry.adapters.samples import SampleHandler
-from kumiki.telemetry.core import FleetUtilisation
+from kumiki.telemetry.adapters.streams import TelemetryStreams
+from kumiki.telemetry.core import TelemetryConfig
+from kumiki.telemetry.topics import NODE_INVENTORY
+
+RECOVERY_TIMEOUT_S = 120.0
+
+
+async def _watch(streams: TelemetryStreams) -> None:
+    """Lives as long as the faust app; raising here makes /readyz fail and the process exit."""
+    try:
+        while True:
+            reason = streams.crash_reason()
+            if reason is not None:
+                raise RuntimeError(f"faust app crashed: {reason!r}")
+            await asyncio.sleep(1.0)
+    finally:
+        await streams.stop()
 
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
-    runtime.consume([GPU_SAMPLES], "kumiki-telemetry-ingest", SampleHandler(FleetUtilisation()))
+    config = TelemetryConfig.from_env(os.environ)
+    await ensure_topics(runtime.settings.kafka, [NODE_INVENTORY])
+    streams = TelemetryStreams(runtime.settings.kafka, config, runtime.producer)
+    await streams.start()
+    runtime.background.append(asyncio.create_task(_watch(streams), name="faust-telemetry"))
+    # Ready means the tables are rebuilt from their changelogs: before that, state would be published from
+    # an empty table.
+    await streams.wait_recovered(RECOVERY_TIMEOUT_S)
 
 
 SPEC = ServiceSpec(name="telemetry-ingest", grpc_port=50055, http_port=8085, wire=wire)

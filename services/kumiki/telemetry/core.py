@@ -1,36 +1,699 @@
-"""Telemetry ingest's pure core: the latest reading per GPU and utilisation rolled up per node.
+"""Telemetry ingest's pure core: per-node chunks of readings, node state, job ↔ GPU allocations, idle
+detection and usage roll-ups. The faust agents in `adapters/` only move these values between topics and
+tables; every decision is here, deterministic and clock-free (time comes in as arguments).
 
-The windowed faust aggregation, cluster.state and idle detection build on this (issue: telemetry ingest).
+Data flow (see docs/telemetry.md):
+  samples  --summarise-->  NodeChunk (per node and time bucket)  --apply_chunk-->  NodeRecord
+  job.lifecycle  --allocation_changes-->  AllocationChange (per node)  --apply_allocation-->  NodeRecord
+  NodeRecord  --node_view-->  NodeView (what cluster.state carries)  and IdleFinding (gpu.idle)
+Everything a table stores has `to_json`/`from_json`, so faust's changelog can restore it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kumiki.common.config import ConfigError, Environ, env_float, env_str
+
+# Job states as numbers (kumiki.v1.JobState), so the core needs no generated code.
+STATE_BOUND = 3
+STATE_RUNNING = 4
+STATE_PREEMPTED = 6
+STATE_COMPLETED = 8
+STATE_FAILED = 9
+STATE_RELEASED = 10
+HOLDING_STATES = frozenset({STATE_BOUND, STATE_RUNNING})
+ENDING_STATES = frozenset({STATE_PREEMPTED, STATE_COMPLETED, STATE_FAILED, STATE_RELEASED})
+
+Json = dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
 
 
 @dataclass(frozen=True, slots=True)
-class GpuReading:
+class IdleRule:
+    """A job's GPUs are idle when every sample stays below `threshold_pct` for `duration_s`."""
+
+    threshold_pct: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    gpu_window_s: float = 60.0  # tumbling, per GPU and per node
+    usage_window_s: float = 300.0  # hopping, per job and per queue ...
+    usage_step_s: float = 60.0  # ... advancing by this step
+    window_expires_s: float = 3600.0
+    node_timeout_s: float = 30.0  # a node silent this long is unhealthy
+    publish_interval_s: float = 10.0  # cluster.state at most this often per node unless placement-relevant
+    idle_default: IdleRule = IdleRule(5.0, 600.0)
+    idle_by_queue: Mapping[str, IdleRule] = field(default_factory=dict)
+
+    def rule_for(self, queue: str) -> IdleRule:
+        return self.idle_by_queue.get(queue, self.idle_default)
+
+    @property
+    def bucket_s(self) -> float:
+        """Chunks never straddle a window edge: the bucket divides every window size and step."""
+        return float(math.gcd(int(self.gpu_window_s), int(self.usage_window_s), int(self.usage_step_s)))
+
+    @classmethod
+    def from_env(cls, env: Environ) -> TelemetryConfig:
+        def seconds(name: str, default: float) -> float:
+            value = env_float(env, name, default, minimum=1, maximum=7 * 86400)
+            if value != int(value):
+                raise ConfigError(f"{name}: expected a whole number of seconds, got {value:g}")
+            return value
+
+        gpu_window = seconds("KUMIKI_TELEMETRY_GPU_WINDOW_S", cls.gpu_window_s)
+        usage_window = seconds("KUMIKI_TELEMETRY_USAGE_WINDOW_S", cls.usage_window_s)
+        usage_step = seconds("KUMIKI_TELEMETRY_USAGE_STEP_S", cls.usage_step_s)
+        if usage_step > usage_window:
+            raise ConfigError(
+                f"KUMIKI_TELEMETRY_USAGE_STEP_S: expected <= KUMIKI_TELEMETRY_USAGE_WINDOW_S ({usage_window:g}),"
+                f" got {usage_step:g}"
+            )
+        default, by_queue = parse_idle_rules(
+            env_str(env, "KUMIKI_TELEMETRY_IDLE", "default=5:600"), "KUMIKI_TELEMETRY_IDLE"
+        )
+        return cls(
+            gpu_window_s=gpu_window,
+            usage_window_s=usage_window,
+            usage_step_s=usage_step,
+            window_expires_s=seconds("KUMIKI_TELEMETRY_WINDOW_EXPIRES_S", cls.window_expires_s),
+            node_timeout_s=env_float(env, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S", cls.node_timeout_s,
+                                     minimum=0.1, maximum=86400),
+            publish_interval_s=env_float(env, "KUMIKI_TELEMETRY_PUBLISH_INTERVAL_S", cls.publish_interval_s,
+                                         minimum=0, maximum=3600),
+            idle_default=default,
+            idle_by_queue=by_queue,
+        )
+
+
+def parse_idle_rules(text: str, variable: str) -> tuple[IdleRule, dict[str, IdleRule]]:
+    """'default=5:600,research=10:1800': queue=threshold_pct:duration_s; errors name the variable and entry."""
+    default = TelemetryConfig.idle_default
+    by_queue: dict[str, IdleRule] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        queue, sep, rule = entry.partition("=")
+        threshold, colon, duration = rule.partition(":")
+        if not sep or not colon or not queue.strip():
+            raise ConfigError(f"{variable}: expected queue=threshold_pct:duration_s, got {entry!r}")
+        try:
+            parsed = IdleRule(float(threshold), float(duration))
+        except ValueError:
+            raise ConfigError(f"{variable}: {entry!r}: threshold and duration must be numbers") from None
+        if not 0 < parsed.threshold_pct <= 100 or not math.isfinite(parsed.threshold_pct):
+            raise ConfigError(f"{variable}: {entry!r}: threshold must be within (0, 100]")
+        if not 0 < parsed.duration_s < math.inf:
+            raise ConfigError(f"{variable}: {entry!r}: duration must be > 0 seconds")
+        if queue.strip() == "default":
+            default = parsed
+        else:
+            by_queue[queue.strip()] = parsed
+    return default, by_queue
+
+
+# --------------------------------------------------------------------------------------------------
+# Readings and chunks
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One validated sample, as much of it as ingest uses."""
+
     node: str
     gpu_uuid: str
-    sampled_unix_s: float
+    gpu_index: int
+    mig_instance_id: int | None
+    timestamp: float
     utilization_pct: float | None
     memory_used_mib: int | None
+    memory_total_mib: int | None
+    ecc_uncorrected: int | None
+    xid_errors: tuple[int, ...]
+    model: str
 
 
-@dataclass
-class FleetUtilisation:
-    """Latest reading of each GPU; out-of-order samples never overwrite newer ones."""
+# XIDs that mean the GPU needs a reset or is gone (NVIDIA's XID catalogue).
+FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 
-    latest: dict[tuple[str, str], GpuReading] = field(default_factory=dict)
 
-    def update(self, reading: GpuReading) -> bool:
-        key = (reading.node, reading.gpu_uuid)
-        current = self.latest.get(key)
-        if current is not None and current.sampled_unix_s >= reading.sampled_unix_s:
-            return False
-        self.latest[key] = reading
-        return True
+@dataclass(slots=True)
+class GpuChunk:
+    """The readings of one GPU (or MIG instance) inside one chunk."""
 
-    def node_utilisation(self, node: str) -> float | None:
-        values = [r.utilization_pct for (n, _), r in self.latest.items() if n == node and r.utilization_pct is not None]
-        return sum(values) / len(values) if values else None
+    index: int
+    mig: int | None
+    model: str
+    samples: int = 0
+    util_n: int = 0
+    util_sum: float = 0.0
+    util_max: float = 0.0
+    first_ts: float = math.inf
+    last_ts: float = 0.0
+    last_util: float | None = None
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+    ecc_uncorrected: int | None = None
+    xids: list[int] = field(default_factory=list)
+
+    def add(self, reading: Reading) -> None:
+        self.samples += 1
+        self.first_ts = min(self.first_ts, reading.timestamp)
+        newest = reading.timestamp >= self.last_ts
+        if reading.utilization_pct is not None:
+            self.util_n += 1
+            self.util_sum += reading.utilization_pct
+            self.util_max = max(self.util_max, reading.utilization_pct)
+            if newest:
+                self.last_util = reading.utilization_pct
+        if newest:
+            self.last_ts = reading.timestamp
+            self.memory_used_mib = reading.memory_used_mib
+            self.memory_total_mib = reading.memory_total_mib
+        if reading.ecc_uncorrected is not None:
+            self.ecc_uncorrected = max(self.ecc_uncorrected or 0, reading.ecc_uncorrected)
+        self.xids.extend(reading.xid_errors)
+
+    def to_json(self) -> Json:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GpuChunk:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class NodeChunk:
+    """All readings of one node within one time bucket of one consumed batch: one internal record."""
+
+    node: str
+    bucket: float
+    gpus: dict[str, GpuChunk] = field(default_factory=dict)
+
+    def to_json(self) -> Json:
+        return {"kind": "readings", "node": self.node, "bucket": self.bucket,
+                "gpus": {key: gpu.to_json() for key, gpu in self.gpus.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeChunk:
+        return cls(data["node"], float(data["bucket"]),
+                   {key: GpuChunk.from_json(gpu) for key, gpu in data["gpus"].items()})
+
+
+def gpu_key(gpu_uuid: str, mig_instance_id: int | None) -> str:
+    return gpu_uuid if mig_instance_id is None else f"{gpu_uuid}/mig-{mig_instance_id}"
+
+
+def summarise(readings: Iterable[Reading], bucket_s: float) -> list[NodeChunk]:
+    """Group a consumed batch by (node, bucket): the hot path sends one record per group, not per sample."""
+    chunks: dict[tuple[str, float], NodeChunk] = {}
+    for reading in readings:
+        bucket = math.floor(reading.timestamp / bucket_s) * bucket_s
+        chunk = chunks.get((reading.node, bucket))
+        if chunk is None:
+            chunk = chunks[(reading.node, bucket)] = NodeChunk(reading.node, bucket)
+        key = gpu_key(reading.gpu_uuid, reading.mig_instance_id)
+        gpu = chunk.gpus.get(key)
+        if gpu is None:
+            gpu = chunk.gpus[key] = GpuChunk(reading.gpu_index, reading.mig_instance_id, reading.model)
+        gpu.add(reading)
+    return list(chunks.values())
+
+
+@dataclass(frozen=True, slots=True)
+class WindowAggregate:
+    """What a window table holds per key: sums that merge (so windows can be filled chunk by chunk)."""
+
+    samples: int = 0
+    util_n: int = 0
+    util_sum: float = 0.0
+    util_max: float = 0.0
+    allocated_gpu_s: float = 0.0
+    used_gpu_s: float = 0.0
+    idle_gpu_s: float = 0.0
+
+    @property
+    def mean_util_pct(self) -> float | None:
+        return self.util_sum / self.util_n if self.util_n else None
+
+    def merge(self, other: WindowAggregate) -> WindowAggregate:
+        return WindowAggregate(
+            self.samples + other.samples,
+            self.util_n + other.util_n,
+            self.util_sum + other.util_sum,
+            max(self.util_max, other.util_max),
+            self.allocated_gpu_s + other.allocated_gpu_s,
+            self.used_gpu_s + other.used_gpu_s,
+            self.idle_gpu_s + other.idle_gpu_s,
+        )
+
+    def to_json(self) -> Json:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> WindowAggregate:
+        return cls(**data) if data else cls()
+
+
+def merge_json(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Json:
+    """The faust window op: JSON in, JSON out."""
+    return WindowAggregate.from_json(old).merge(WindowAggregate.from_json(new)).to_json()
+
+
+def gpu_aggregate(gpu: GpuChunk) -> WindowAggregate:
+    return WindowAggregate(gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max)
+
+
+def node_aggregate(chunk: NodeChunk) -> WindowAggregate:
+    total = WindowAggregate()
+    for gpu in chunk.gpus.values():
+        if gpu.mig is None:
+            total = total.merge(gpu_aggregate(gpu))
+    return total
+
+
+# --------------------------------------------------------------------------------------------------
+# Allocations (job.lifecycle)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    node: str
+    gpu_indices: tuple[int, ...]
+    mig_slice: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A job.lifecycle event as the core needs it."""
+
+    job_id: str
+    generation: int
+    state: int
+    queue: str
+    assignments: tuple[Assignment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationChange:
+    """One node's view of a transition: the job holds these GPUs now (or, with no GPUs, none)."""
+
+    node: str
+    job_id: str
+    generation: int
+    queue: str
+    gpu_indices: tuple[int, ...]
+    holding: bool
+
+    def to_json(self) -> Json:
+        return {"kind": "allocation", "node": self.node, "job_id": self.job_id, "generation": self.generation,
+                "queue": self.queue, "gpu_indices": list(self.gpu_indices), "holding": self.holding}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AllocationChange:
+        return cls(data["node"], data["job_id"], int(data["generation"]), data["queue"],
+                   tuple(data["gpu_indices"]), bool(data["holding"]))
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlacement:
+    """What the lifecycle table keeps per job: where its current generation holds GPUs."""
+
+    generation: int
+    nodes: tuple[str, ...]
+    ended: bool
+
+    def to_json(self) -> Json:
+        return {"generation": self.generation, "nodes": list(self.nodes), "ended": self.ended}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> JobPlacement | None:
+        return cls(int(data["generation"]), tuple(data["nodes"]), bool(data["ended"])) if data else None
+
+
+def allocation_changes(
+    previous: JobPlacement | None, event: Transition
+) -> tuple[JobPlacement | None, list[AllocationChange]]:
+    """The new placement of the job and the per-node changes to forward.
+
+    An older generation never undoes a newer one; a holding event with new assignments releases the nodes
+    it no longer names; an ending event releases every node of the current placement.
+    """
+    if previous is not None and event.generation < previous.generation:
+        return previous, []
+    if previous is not None and event.generation == previous.generation and previous.ended:
+        return previous, []  # a late BOUND/RUNNING after COMPLETED must not resurrect the allocation
+    old_nodes = previous.nodes if previous is not None else ()
+    if event.state in ENDING_STATES:
+        changes = [AllocationChange(node, event.job_id, event.generation, event.queue, (), False)
+                   for node in old_nodes]
+        return JobPlacement(event.generation, (), True), changes
+    if event.state not in HOLDING_STATES or not event.assignments:
+        return previous, []
+    per_node: dict[str, set[int]] = {}
+    for assignment in event.assignments:
+        per_node.setdefault(assignment.node, set()).update(assignment.gpu_indices)
+    changes = [AllocationChange(node, event.job_id, event.generation, event.queue, tuple(sorted(indices)), True)
+               for node, indices in sorted(per_node.items())]
+    changes += [AllocationChange(node, event.job_id, event.generation, event.queue, (), False)
+                for node in old_nodes if node not in per_node]
+    return JobPlacement(event.generation, tuple(sorted(per_node)), False), changes
+
+
+# --------------------------------------------------------------------------------------------------
+# Node record: what the node table keeps
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    nvlink_island: int
+    mig_enabled: bool
+    mig_slices: tuple[str, ...]
+    shareable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The agent's static view of a node (from kumiki.node.inventory)."""
+
+    node: str
+    gpus: tuple[InventoryGpu, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    rack: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> Json:
+        return {"kind": "inventory", "node": self.node, "cpu_milli": self.cpu_milli, "memory_mib": self.memory_mib,
+                "rack": self.rack, "labels": dict(self.labels),
+                "gpus": [{**{k: getattr(g, k) for k in g.__slots__}, "mig_slices": list(g.mig_slices)}
+                         for g in self.gpus]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Inventory:
+        gpus = tuple(InventoryGpu(**{**g, "mig_slices": tuple(g["mig_slices"])}) for g in data["gpus"])
+        return cls(data["node"], gpus, int(data["cpu_milli"]), int(data["memory_mib"]), data["rack"],
+                   dict(data["labels"]))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLive:
+    """Latest state of one whole GPU from its samples."""
+
+    index: int
+    model: str
+    last_ts: float
+    utilization_pct: float | None
+    memory_total_mib: int | None
+    healthy: bool
+    # Idle tracking: below the job's threshold continuously since `idle_since` (None: not below now).
+    idle_since: float | None = None
+    idle_util_sum: float = 0.0
+    idle_util_n: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    job_id: str
+    generation: int
+    queue: str
+    gpu_indices: tuple[int, ...]
+    reported_since: float | None = None  # the idle episode already published (once per episode)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node: str
+    inventory: Inventory | None = None
+    gpus: Mapping[str, GpuLive] = field(default_factory=dict)  # by GPU UUID, whole GPUs only
+    holdings: Mapping[str, Holding] = field(default_factory=dict)  # by job id
+    last_seen: float = 0.0
+    stale: bool = False
+    version: int = 0
+    published_digest: str = ""
+    published_at: float = 0.0
+
+    def to_json(self) -> Json:
+        return {
+            "node": self.node,
+            "inventory": self.inventory.to_json() if self.inventory else None,
+            "gpus": {k: {f: getattr(g, f) for f in g.__slots__} for k, g in self.gpus.items()},
+            "holdings": {k: {**{f: getattr(h, f) for f in h.__slots__}, "gpu_indices": list(h.gpu_indices)}
+                         for k, h in self.holdings.items()},
+            "last_seen": self.last_seen, "stale": self.stale, "version": self.version,
+            "published_digest": self.published_digest, "published_at": self.published_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeRecord:
+        return cls(
+            node=data["node"],
+            inventory=Inventory.from_json(data["inventory"]) if data["inventory"] else None,
+            gpus={k: GpuLive(**g) for k, g in data["gpus"].items()},
+            holdings={k: Holding(**{**h, "gpu_indices": tuple(h["gpu_indices"])}) for k, h in data["holdings"].items()},
+            last_seen=float(data["last_seen"]), stale=bool(data["stale"]), version=int(data["version"]),
+            published_digest=data["published_digest"], published_at=float(data["published_at"]),
+        )
+
+
+def apply_inventory(record: NodeRecord | None, inventory: Inventory) -> NodeRecord:
+    return replace(record or NodeRecord(inventory.node), inventory=inventory)
+
+
+def apply_allocation(record: NodeRecord | None, change: AllocationChange) -> NodeRecord:
+    """Hold or release; an older generation of the job never overrides a newer one on this node."""
+    record = record or NodeRecord(change.node)
+    holdings = dict(record.holdings)
+    current = holdings.get(change.job_id)
+    if current is not None and change.generation < current.generation:
+        return record
+    if change.holding:
+        same = current is not None and current.generation == change.generation
+        holdings[change.job_id] = Holding(change.job_id, change.generation, change.queue, change.gpu_indices,
+                                          current.reported_since if same and current else None)
+    else:
+        holdings.pop(change.job_id, None)
+    return replace(record, holdings=holdings)
+
+
+@dataclass(frozen=True, slots=True)
+class IdleFinding:
+    """A job's GPUs on one node stayed below its queue's threshold for the configured time (gpu.idle)."""
+
+    job_id: str
+    generation: int
+    queue: str
+    node: str
+    gpu_uuids: tuple[str, ...]
+    mean_utilization_pct: float
+    since: float
+    until: float
+
+    @property
+    def idle_gpu_seconds(self) -> float:
+        return (self.until - self.since) * len(self.gpu_uuids)
+
+    @property
+    def event_id(self) -> str:
+        """Stable per episode, so a redelivered chunk republishes the same ce_id and consumers dedupe it."""
+        return f"gpu-idle/{self.job_id}/{self.generation}/{self.node}/{self.since:.3f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """GPU-seconds of one job on one node in one chunk: feeds the per-job and per-queue windows."""
+
+    job_id: str
+    queue: str
+    bucket: float
+    aggregate: WindowAggregate
+
+    def to_json(self) -> Json:
+        return {"job_id": self.job_id, "queue": self.queue, "bucket": self.bucket,
+                "aggregate": self.aggregate.to_json()}
+
+
+def _gpu_healthy(gpu: GpuChunk) -> bool:
+    return not (gpu.ecc_uncorrected or any(xid in FATAL_XIDS for xid in gpu.xids))
+
+
+def apply_chunk(
+    record: NodeRecord | None, chunk: NodeChunk, config: TelemetryConfig
+) -> tuple[NodeRecord, list[IdleFinding], list[Usage]]:
+    """Fold one chunk into the node: latest values, health, idle tracking per GPU, and usage per job.
+
+    A GPU's time between its previous sample and the newest one in the chunk (at most node_timeout_s)
+    is what it was allocated, used (utilisation share) and idle (below threshold) for.
+    """
+    record = record or NodeRecord(chunk.node)
+    holder_of: dict[int, Holding] = {}
+    for held in record.holdings.values():
+        for index in held.gpu_indices:
+            holder_of[index] = held
+    gpus = dict(record.gpus)
+    usage: dict[str, WindowAggregate] = {}
+    for uuid, gpu in chunk.gpus.items():
+        if gpu.mig is not None:
+            continue  # MIG instances have no utilisation in NVML; the board's sample carries health
+        previous = gpus.get(uuid)
+        if previous is not None and gpu.last_ts <= previous.last_ts:
+            continue  # redelivered or out of order: already counted
+        holding = holder_of.get(gpu.index)
+        rule = config.rule_for(holding.queue) if holding else config.idle_default
+        below = gpu.util_n > 0 and gpu.util_max < rule.threshold_pct
+        was_since = previous.idle_since if previous is not None else None
+        if below and holding is not None:
+            since = was_since if was_since is not None else gpu.first_ts
+            util_sum = (previous.idle_util_sum if was_since is not None and previous else 0.0) + gpu.util_sum
+            util_n = (previous.idle_util_n if was_since is not None and previous else 0) + gpu.util_n
+        else:
+            since, util_sum, util_n = None, 0.0, 0
+        healthy = _gpu_healthy(gpu) and (previous.healthy if previous is not None else True)
+        gpus[uuid] = GpuLive(gpu.index, gpu.model, gpu.last_ts,
+                             gpu.last_util if gpu.last_util is not None else None,
+                             gpu.memory_total_mib, healthy, since, util_sum, util_n)
+        if holding is not None and previous is not None:
+            seconds = min(gpu.last_ts - previous.last_ts, config.node_timeout_s)
+            mean = gpu.util_sum / gpu.util_n if gpu.util_n else 0.0
+            share = WindowAggregate(gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max, seconds,
+                                    seconds * mean / 100.0, seconds if below else 0.0)
+            usage[holding.job_id] = usage.get(holding.job_id, WindowAggregate()).merge(share)
+    last_seen = max([record.last_seen] + [g.last_ts for g in chunk.gpus.values()])
+    record = replace(record, gpus=gpus, last_seen=last_seen, stale=False)
+    record, findings = _idle_findings(record, config)
+    usages = [Usage(job_id, record.holdings[job_id].queue, chunk.bucket, aggregate)
+              for job_id, aggregate in sorted(usage.items())]
+    return record, findings, usages
+
+
+def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRecord, list[IdleFinding]]:
+    by_index = {gpu.index: (uuid, gpu) for uuid, gpu in record.gpus.items()}
+    holdings = dict(record.holdings)
+    findings: list[IdleFinding] = []
+    for job_id, holding in record.holdings.items():
+        members = [by_index.get(index) for index in holding.gpu_indices]
+        if not members or any(m is None or m[1].idle_since is None for m in members):
+            if holding.reported_since is not None and any(m is not None and m[1].idle_since is None
+                                                           for m in members):
+                holdings[job_id] = replace(holding, reported_since=None)  # busy again: a new episode may follow
+            continue
+        present = [m for m in members if m is not None]
+        since = max(gpu.idle_since for _, gpu in present if gpu.idle_since is not None)
+        until = min(gpu.last_ts for _, gpu in present)
+        if until - since < config.rule_for(holding.queue).duration_s or holding.reported_since is not None:
+            continue
+        util_n = sum(gpu.idle_util_n for _, gpu in present)
+        mean = sum(gpu.idle_util_sum for _, gpu in present) / util_n if util_n else 0.0
+        findings.append(IdleFinding(job_id, holding.generation, holding.queue, record.node,
+                                    tuple(uuid for uuid, _ in present), mean, since, until))
+        holdings[job_id] = replace(holding, reported_since=since)
+    return replace(record, holdings=holdings), findings
+
+
+def check_stale(record: NodeRecord, now: float, timeout_s: float) -> NodeRecord:
+    """A node that has not reported for `timeout_s` is stale (unhealthy) until its next sample."""
+    stale = record.last_seen > 0 and now - record.last_seen > timeout_s
+    return record if stale == record.stale else replace(record, stale=stale)
+
+
+# --------------------------------------------------------------------------------------------------
+# What cluster.state carries
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    nvlink_island: int
+    mig_enabled: bool
+    mig_slices: tuple[str, ...]
+    healthy: bool
+    utilization_pct: float
+    shareable: bool
+    allocated_to: str  # job id, "" when free
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    node: str
+    rack: str
+    gpus: tuple[GpuView, ...]
+    cpu_milli: int
+    memory_mib: int
+    healthy: bool
+    last_seen: float
+    labels: Mapping[str, str]
+
+    @property
+    def free_gpus(self) -> tuple[int, ...]:
+        return tuple(gpu.index for gpu in self.gpus if not gpu.allocated_to and gpu.healthy)
+
+    def placement_digest(self) -> str:
+        """What placement acts on (not utilisation): a change here is published at once."""
+        parts = [self.node, str(self.healthy), self.rack, str(self.cpu_milli), str(self.memory_mib),
+                 ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))]
+        parts += [f"{g.index}:{g.uuid}:{g.memory_mib}:{g.nvlink_island}:{g.mig_enabled}:{'+'.join(g.mig_slices)}"
+                  f":{g.healthy}:{g.allocated_to}" for g in self.gpus]
+        return "|".join(parts)
+
+
+FREE_GPUS_LABEL = "kumiki.dev/free-gpus"
+
+
+def node_view(record: NodeRecord) -> NodeView:
+    """The inventory's GPUs (or, without one, the GPUs seen in samples) with live health and holders."""
+    holder = {index: h.job_id for h in record.holdings.values() for index in h.gpu_indices}
+    live_by_index = {gpu.index: (uuid, gpu) for uuid, gpu in record.gpus.items()}
+    gpus: list[GpuView] = []
+    if record.inventory is not None:
+        for inv in record.inventory.gpus:
+            live = record.gpus.get(inv.uuid)
+            gpus.append(GpuView(inv.index, inv.uuid, inv.model, inv.memory_mib, inv.nvlink_island, inv.mig_enabled,
+                                inv.mig_slices, live.healthy if live else True,
+                                (live.utilization_pct or 0.0) if live else 0.0, inv.shareable,
+                                holder.get(inv.index, "")))
+    else:
+        for index, (uuid, live) in sorted(live_by_index.items()):
+            gpus.append(GpuView(index, uuid, live.model, live.memory_total_mib or 0, index, False, (), live.healthy,
+                                live.utilization_pct or 0.0, False, holder.get(index, "")))
+    inventory = record.inventory
+    labels = dict(inventory.labels) if inventory else {}
+    view = NodeView(record.node, inventory.rack if inventory else "", tuple(gpus),
+                    inventory.cpu_milli if inventory else 0, inventory.memory_mib if inventory else 0,
+                    not record.stale and record.last_seen > 0, record.last_seen, labels)
+    labels[FREE_GPUS_LABEL] = ",".join(str(i) for i in view.free_gpus)
+    return view
+
+
+def publish_decision(record: NodeRecord, view: NodeView, now: float, interval_s: float) -> NodeRecord | None:
+    """The record to store if `view` should be published now (placement-relevant change, or utilisation
+    older than `interval_s`), else None."""
+    digest = view.placement_digest()
+    if digest == record.published_digest and now - record.published_at < interval_s:
+        return None
+    return replace(record, published_digest=digest, published_at=now, version=record.version + 1)
+
+
+def allocated_vs_used(view: NodeView) -> tuple[int, float]:
+    """Allocated GPUs and the GPU-equivalents they actually use (Σ utilisation / 100)."""
+    held = [gpu for gpu in view.gpus if gpu.allocated_to]
+    return len(held), sum(gpu.utilization_pct for gpu in held) / 100.0
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,132 @@
+"""The agent's Kafka sink: kumiki.v1.GpuSample on kumiki.gpu.samples (key "<node>/<gpu uuid>") and the
+node inventory as a kumiki.v1.NodeState on kumiki.node.inventory (compacted, key = node), both through the
+bus EventProducer (CloudEvents headers, traceparent, acks=all, idempotence).
+
+Broker settings come from the same KUMIKI_KAFKA_* variables as every service.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from kumiki.agent.core import GpuInventory, GpuSample
+from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.topics import GPU_SAMPLES
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import events_pb2
+from kumiki.telemetry.topics import NODE_INVENTORY
+
+MIB = 1024 * 1024
+
+
+def sample_message(sample: GpuSample) -> events_pb2.GpuSample:
+    """Bytes become MiB (rounded down, as nvidia-smi shows them); unset fields stay unset."""
+    values = sample.fields
+    message = events_pb2.GpuSample(
+        node=sample.node,
+        gpu_uuid=sample.gpu_uuid,
+        gpu_index=sample.gpu_index,
+        gpu_model=sample.model or "",
+        pod=sample.labels.get("pod", ""),
+        namespace=sample.labels.get("namespace", ""),
+        source=sample.source or "",
+        xid_errors=list(values.xid_errors),
+    )
+    message.sampled_at.FromNanoseconds(round(sample.timestamp * 1e9))
+    if sample.mig_instance_id is not None:
+        message.mig_instance_id = sample.mig_instance_id
+    if values.gpu_util_pct is not None:
+        message.gpu_utilization_pct = values.gpu_util_pct
+    if values.memory_util_pct is not None:
+        message.memory_utilization_pct = values.memory_util_pct
+    if values.memory_used_bytes is not None:
+        message.memory_used_mib = values.memory_used_bytes // MIB if values.memory_used_bytes >= 0 else 0
+    if values.memory_total_bytes is not None:
+        message.memory_total_mib = values.memory_total_bytes // MIB if values.memory_total_bytes >= 0 else 0
+    if values.power_w is not None:
+        message.power_w = values.power_w
+    if values.temperature_c is not None:
+        message.temperature_c = values.temperature_c
+    if values.ecc_corrected_volatile is not None and values.ecc_corrected_volatile >= 0:
+        message.ecc_corrected = values.ecc_corrected_volatile
+    if values.ecc_uncorrected_volatile is not None and values.ecc_uncorrected_volatile >= 0:
+        message.ecc_uncorrected = values.ecc_uncorrected_volatile
+    return message
+
+
+def nvlink_islands(inventory: GpuInventory) -> dict[int, int]:
+    """GPU index → island id (the lowest index of its NVLink-connected component)."""
+    island = {gpu.index: gpu.index for gpu in inventory.gpus}
+
+    def root(index: int) -> int:
+        while island[index] != index:
+            index = island[index]
+        return index
+
+    for pair in inventory.pairs:
+        if pair.a in island and pair.b in island and (pair.nvlinks > 0 or pair.nvlink_p2p is True):
+            low, high = sorted((root(pair.a), root(pair.b)))
+            island[high] = low
+    return {index: root(index) for index in island}
+
+
+TOPOLOGY_LABEL = "kumiki.dev/pcie-{a}-{b}"
+
+
+def inventory_message(inventory: GpuInventory) -> events_pb2.NodeState:
+    """The agent's static view of the node; telemetry ingest adds health, utilisation and holders."""
+    islands = nvlink_islands(inventory)
+    labels = {TOPOLOGY_LABEL.format(a=pair.a, b=pair.b): pair.topology for pair in inventory.pairs if pair.topology}
+    if inventory.driver_version:
+        labels["kumiki.dev/nvidia-driver"] = inventory.driver_version
+    if inventory.cuda_driver_version:
+        labels["kumiki.dev/cuda-driver"] = inventory.cuda_driver_version
+    return events_pb2.NodeState(
+        node=inventory.node,
+        gpus=[
+            events_pb2.GpuState(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                model=gpu.name or "",
+                memory_mib=(gpu.memory_total_bytes or 0) // MIB,
+                nvlink_island=islands[gpu.index],
+                mig_enabled=bool(gpu.mig_enabled),
+                mig_slices=[
+                    f"{mig.profile}@{mig.placement_start if mig.placement_start is not None else '?'}"
+                    for mig in gpu.mig_instances
+                    if mig.profile
+                ],
+                healthy=True,
+            )
+            for gpu in inventory.gpus
+        ],
+        healthy=True,
+        labels=labels,
+    )
+
+
+class KafkaSink:
+    """SampleSink and InventorySink: one publish_many per tick, acknowledged before the next tick."""
+
+    def __init__(self, producer: EventProducer) -> None:
+        self.producer = producer
+
+    @classmethod
+    async def open(cls, settings: KafkaSettings | None = None, *, source: str | None = None) -> KafkaSink:
+        settings = settings or KafkaSettings.from_env(os.environ)
+        await ensure_topics(settings, [GPU_SAMPLES, NODE_INVENTORY])
+        producer = EventProducer(settings, source or f"//kumiki/agent/{os.uname().nodename}")
+        await producer.start()
+        return cls(producer)
+
+    async def publish_inventory(self, inventory: GpuInventory) -> None:
+        await self.producer.publish(NODE_INVENTORY, inventory.node, inventory_message(inventory))
+
+    async def publish(self, samples: Sequence[GpuSample]) -> None:
+        await self.producer.publish_many(
+            GPU_SAMPLES, [(f"{sample.node}/{sample.gpu_uuid}", sample_message(sample)) for sample in samples]
+        )
+
+    async def close(self) -> None:
+        await self.producer.stop()

@@ -1,0 +1,101 @@
+"""Protobuf messages ↔ the core's values: the only place that knows both."""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.telemetry.core import (
+    Assignment,
+    IdleFinding,
+    Inventory,
+    InventoryGpu,
+    NodeView,
+    Reading,
+    Transition,
+)
+
+
+def timestamp(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(round(seconds * 1e9))
+    return stamp
+
+
+def unix_seconds(stamp: Timestamp) -> float:
+    return stamp.seconds + stamp.nanos / 1e9
+
+
+def reading_from_sample(sample: events_pb2.GpuSample) -> Reading:
+    return Reading(
+        node=sample.node,
+        gpu_uuid=sample.gpu_uuid,
+        gpu_index=sample.gpu_index,
+        mig_instance_id=sample.mig_instance_id if sample.HasField("mig_instance_id") else None,
+        timestamp=unix_seconds(sample.sampled_at),
+        utilization_pct=sample.gpu_utilization_pct if sample.HasField("gpu_utilization_pct") else None,
+        memory_used_mib=sample.memory_used_mib if sample.HasField("memory_used_mib") else None,
+        memory_total_mib=sample.memory_total_mib if sample.HasField("memory_total_mib") else None,
+        ecc_uncorrected=sample.ecc_uncorrected if sample.HasField("ecc_uncorrected") else None,
+        xid_errors=tuple(sample.xid_errors),
+        model=sample.gpu_model,
+    )
+
+
+def inventory_from_state(state: events_pb2.NodeState) -> Inventory:
+    return Inventory(
+        node=state.node,
+        gpus=tuple(
+            InventoryGpu(gpu.index, gpu.uuid, gpu.model, gpu.memory_mib, gpu.nvlink_island, gpu.mig_enabled,
+                         tuple(gpu.mig_slices), gpu.shareable)
+            for gpu in state.gpus
+        ),
+        cpu_milli=state.cpu_milli,
+        memory_mib=state.memory_mib,
+        rack=state.rack,
+        labels=dict(state.labels),
+    )
+
+
+def transition_from_lifecycle(event: events_pb2.JobLifecycle) -> Transition:
+    return Transition(
+        job_id=event.job.job_id,
+        generation=event.job.generation,
+        state=event.state,
+        queue=event.queue,
+        assignments=tuple(Assignment(a.node, tuple(a.gpu_indices), a.mig_slice) for a in event.assignments),
+    )
+
+
+def node_state(view: NodeView, version: int, now: float) -> events_pb2.NodeState:
+    return events_pb2.NodeState(
+        node=view.node,
+        rack=view.rack,
+        gpus=[
+            events_pb2.GpuState(
+                index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory_mib=gpu.memory_mib,
+                nvlink_island=gpu.nvlink_island, mig_enabled=gpu.mig_enabled, mig_slices=list(gpu.mig_slices),
+                healthy=gpu.healthy, utilization_pct=gpu.utilization_pct, shareable=gpu.shareable,
+            )
+            for gpu in view.gpus
+        ],
+        cpu_milli=view.cpu_milli,
+        memory_mib=view.memory_mib,
+        healthy=view.healthy,
+        last_seen=timestamp(view.last_seen),
+        version=common_pb2.EntityVersion(version=version, observed_at=timestamp(now)),
+        labels=dict(view.labels),
+    )
+
+
+def gpu_idle(finding: IdleFinding) -> events_pb2.GpuIdle:
+    return events_pb2.GpuIdle(
+        job=common_pb2.JobRef(job_id=finding.job_id, generation=finding.generation),
+        queue=finding.queue,
+        node=finding.node,
+        gpu_uuids=list(finding.gpu_uuids),
+        mean_utilization_pct=finding.mean_utilization_pct,
+        since=timestamp(finding.since),
+        until=timestamp(finding.until),
+        idle_gpu_seconds=finding.idle_gpu_seconds,
+    )

@@ -1,0 +1,31 @@
+"""Prometheus metrics of telemetry ingest (served on the shell's /metrics)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+GPU_UTILISATION = Gauge("kumiki_gpu_utilization_percent", "Latest SM utilisation per GPU", ["node", "gpu"])
+NODE_UTILISATION = Gauge(
+    "kumiki_node_gpu_utilization_percent", "Mean SM utilisation of a node's GPUs in the current window", ["node"]
+)
+QUEUE_UTILISATION = Gauge(
+    "kumiki_queue_gpu_utilization_percent", "Mean SM utilisation of a queue's allocated GPUs (usage window)", ["queue"]
+)
+NODE_ALLOCATED = Gauge("kumiki_node_allocated_gpus", "GPUs held by jobs on a node", ["node"])
+NODE_USED = Gauge("kumiki_node_used_gpus", "GPU-equivalents those jobs use (sum of utilisation / 100)", ["node"])
+NODE_FREE = Gauge("kumiki_node_free_gpus", "Healthy GPUs held by no job", ["node"])
+NODE_HEALTHY = Gauge("kumiki_node_healthy", "1 while the node reports and has no fatal error", ["node"])
+QUEUE_GAP = Gauge(
+    "kumiki_queue_allocated_unused_gpus",
+    "Allocated minus used GPUs of a queue, averaged over the usage window",
+    ["queue"],
+)
+IDLE_GPU_HOURS = Counter(
+    "kumiki_queue_idle_gpu_hours", "GPU-hours allocated to a queue's jobs while below its idle threshold", ["queue"]
+)
+IDLE_EVENTS = Counter("kumiki_gpu_idle_events_total", "gpu.idle events published", ["queue"])
+SAMPLES = Counter("kumiki_telemetry_samples_total", "Valid samples aggregated")
+SAMPLE_LAG = Gauge("kumiki_telemetry_sample_lag_seconds", "Age of the newest sample in the last batch at ingest")
+SAMPLE_LAG_SECONDS = Histogram(
+    "kumiki_telemetry_sample_age_seconds",
+    "Age of samples at ingest (ingest time minus sampled_at)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
