@@ -410,14 +410,12 @@ def guarantee_headroom(queue: Queue, guaranteed_use: Mapping[str, float], model:
     for name, used in guaranteed_use.items():
         if name != ANY_MODEL and name not in guarantees:
             overflow += used
-    any_free = guarantees.get(ANY_MODEL, 0.0) - overflow
-    if any_free < 0:  # any-model work spilled into model guarantees
-        unused_specific += any_free
-        any_free = 0.0
+    any_free = max(0.0, guarantees.get(ANY_MODEL, 0.0) - overflow)
+    spilled = max(0.0, overflow - guarantees.get(ANY_MODEL, 0.0))  # drawn from model guarantees, model unknown
     if model == ANY_MODEL:
-        return max(0.0, any_free + unused_specific)
+        return max(0.0, any_free + unused_specific - spilled)
     own = max(0.0, guarantees.get(model, 0.0) - guaranteed_use.get(model, 0.0))
-    return max(0.0, own + any_free)
+    return max(0.0, own + any_free - spilled)
 
 
 def idle_gpus(config: QuotaConfig, view: UsageView, model: str) -> float:
@@ -660,6 +658,11 @@ def _share_level(
         _share_level(config, child.path, allocation[child.path], capacity, demand, usage, result)
 
 
+def _within(amount: Resources, free: Resources) -> bool:
+    """Strictly inside (no tolerance), so fair shares never add up to more than the capacity."""
+    return all(a <= f for a, f in zip(_dims(amount), _dims(free), strict=True))
+
+
 def _dims(resources: Resources) -> tuple[float, float, float]:
     return (resources.gpus, resources.cpu_milli, resources.memory_mib)
 
@@ -678,12 +681,12 @@ def _progressive_fill(
     def total(allocation: Mapping[str, Resources]) -> Resources:
         return sum(allocation.values(), Resources())
 
-    if total(residual).fits_in(free):
+    if _within(total(residual), free):
         return dict(residual)
     low, high = 0.0, max(want.dominant_share(capacity) / max(weights[p], EPSILON) for p, want in residual.items())
     for _ in range(80):
         middle = (low + high) / 2
-        if total(at(middle)).fits_in(free):
+        if _within(total(at(middle)), free):
             low = middle
         else:
             high = middle

@@ -1,1 +1,1 @@
-"""Adapters of the quota service: gRPC Quota."""
+"""Adapters of the quota service: Postgres store, ledger consumer, gRPC Quota, caller identity, publishers."""

@@ -1,17 +1,35 @@
-"""gRPC Quota. Requests are validated here; admission and the ledger arrive with the quota issue."""
+"""gRPC Quota: Admit (owner check, then the transactional decision) and Usage (the ledger over a window)."""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import time
 
 import grpc
 
 from kumiki.common.contracts.v1 import quota_pb2, quota_pb2_grpc
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
-from kumiki.quota.core import validate_admit
+from kumiki.quota.adapters.auth import Authenticator, Unauthenticated
+from kumiki.quota.adapters.store import NoConfig, NotOwner, QuotaStore, UnknownQueue
+from kumiki.quota.core import AdmitRequest, admission_response, may_submit, timestamp_micros, validate_admit
 
-NOT_YET = "queue quotas and the GPU-hour ledger are not in this build yet (tracked by the quota service issue)"
+log = logging.getLogger(__name__)
 
 
 class QuotaServicer(quota_pb2_grpc.QuotaServicer):
+    def __init__(self, store: QuotaStore, auth: Authenticator, changed: asyncio.Event | None = None) -> None:
+        self.store = store
+        self.auth = auth
+        self.changed = changed  # set after an admission so quota.state and reclaims go out promptly
+
+    async def _identity(self, context: grpc.aio.ServicerContext, queue: str) -> str | None:
+        try:
+            return self.auth.identity(context)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"queue {queue}: {error}")
+            raise AssertionError("unreachable") from None
+
     async def Admit(
         self, request: quota_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> quota_pb2.AdmitResponse:
@@ -19,11 +37,64 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
             validate_admit(request)
         except InvalidRequest as error:
             await abort_invalid(context, error)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
-        raise AssertionError("unreachable")
+        identity = await self._identity(context, request.queue)
+        admit = AdmitRequest(
+            job_id=request.job.job_id,
+            generation=request.job.generation,
+            queue=request.queue,
+            gpus=request.gpus,
+            gpu_model=request.gpu_model,
+            priority_tier=request.priority_tier,
+            preemptible=request.preemptible,
+        )
+        try:
+            result = await self.store.admit(admit, identity)
+        except UnknownQueue as error:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+        except NotOwner as error:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
+        except NoConfig as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        if self.changed is not None and not result.repeated:
+            self.changed.set()
+        if result.victims:
+            log.info(
+                "reclaim requested",
+                extra={"job": admit.job_id, "queue": admit.queue, "victims": [v.job_id for v in result.victims]},
+            )
+        return admission_response(result.admission)
 
     async def Usage(
         self, request: quota_pb2.UsageRequest, context: grpc.aio.ServicerContext
     ) -> quota_pb2.UsageResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_YET)
-        raise AssertionError("unreachable")
+        since_us = timestamp_micros(request.since.seconds, request.since.nanos) if request.HasField("since") else 0
+        now_us = time.time_ns() // 1000
+        until_us = timestamp_micros(request.until.seconds, request.until.nanos) if request.HasField("until") else now_us
+        if until_us <= since_us:
+            await abort_invalid(context, InvalidRequest("until", "must be after since"))
+        identity = await self._identity(context, request.queue or "(all)")
+        try:
+            config = await self.store.config()
+        except NoConfig as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        if request.queue and request.queue not in config.queues:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"queue: unknown queue {request.queue!r}")
+        rows = await self.store.usage(since_us, until_us, now_us, request.queue)
+        if identity is not None:  # owners see their own subtrees only
+            if request.queue and not may_submit(config, identity, request.queue):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, f"queue {request.queue}: {identity!r} is not one of its owners"
+                )
+            rows = [row for row in rows if row.queue in config.queues and may_submit(config, identity, row.queue)]
+        return quota_pb2.UsageResponse(
+            usage=[
+                quota_pb2.QueueUsage(
+                    queue=row.queue,
+                    gpu_model=row.gpu_model,
+                    priority_tier=row.priority_tier,
+                    gpu_seconds=float(row.gpu_seconds),
+                    cost=float(row.cost),
+                )
+                for row in rows
+            ]
+        )

@@ -1,0 +1,109 @@
+"""Who is calling: the mTLS client certificate's common name, or a bearer token mapped to an identity.
+
+Tokens never appear in code or configuration in clear: KUMIKI_QUOTA_TOKENS_FILE names a YAML mapping of
+the token's SHA-256 (hex) to the identity (`sha256sum <<<"$TOKEN"` without the newline:
+`printf %s "$TOKEN" | sha256sum`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import yaml
+
+from kumiki.common.config import ConfigError, Environ, env_bool, env_file, env_float
+
+TOKENS_FILE = "KUMIKI_QUOTA_TOKENS_FILE"
+ALLOW_ANONYMOUS = "KUMIKI_QUOTA_ALLOW_ANONYMOUS"
+ANONYMOUS = None  # the identity of a caller in anonymous (development) mode: owner checks are skipped
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def load_tokens(path: Path) -> dict[str, str]:
+    """token SHA-256 (hex) -> identity, validated; errors name the variable and the entry."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{TOKENS_FILE}: cannot read {str(path)!r}: {error}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{TOKENS_FILE}: expected a YAML mapping of token sha256 (hex) to identity in {path}")
+    tokens = {}
+    for digest, identity in data.items():
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise ConfigError(f"{TOKENS_FILE}: key {str(digest)[:12]!r}...: expected 64 lower-case hex digits")
+        if not isinstance(identity, str) or not identity:
+            raise ConfigError(f"{TOKENS_FILE}: identity of {digest[:12]}...: expected a non-empty string")
+        tokens[digest] = identity
+    return tokens
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    mtls: bool = False
+    allow_anonymous: bool = False
+    state_interval_s: float = 10.0
+    half_life_s: float = 7 * 24 * 3600.0
+    config_file: Path | None = None
+
+    @classmethod
+    def from_env(cls, env: Environ) -> QuotaSettings:
+        path = env_file(env, TOKENS_FILE)
+        tokens = load_tokens(path) if path else {}
+        mtls = bool(env.get("KUMIKI_TLS_CLIENT_CAFILE"))
+        anonymous = env_bool(env, ALLOW_ANONYMOUS, False)
+        if not tokens and not mtls and not anonymous:
+            raise ConfigError(
+                f"{TOKENS_FILE}: no caller authentication configured; set {TOKENS_FILE} (bearer tokens) or"
+                f" KUMIKI_TLS_CLIENT_CAFILE (mTLS), or {ALLOW_ANONYMOUS}=true for development only"
+            )
+        return cls(
+            tokens=tokens,
+            mtls=mtls,
+            allow_anonymous=anonymous,
+            state_interval_s=env_float(env, "KUMIKI_QUOTA_STATE_INTERVAL_S", 10.0, minimum=0.05, maximum=3600.0),
+            half_life_s=env_float(env, "KUMIKI_QUOTA_HALF_LIFE_S", 7 * 24 * 3600.0, minimum=1.0, maximum=1e9),
+            config_file=env_file(env, "KUMIKI_QUOTA_CONFIG_FILE"),
+        )
+
+
+class Unauthenticated(PermissionError):
+    """The caller presented no identity we know."""
+
+
+class Authenticator:
+    def __init__(self, settings: QuotaSettings) -> None:
+        self.tokens = dict(settings.tokens)
+        self.allow_anonymous = settings.allow_anonymous
+
+    def identity(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The caller's identity; None only in anonymous mode with no credential presented."""
+        auth = context.auth_context() or {}
+        names = auth.get("x509_common_name") or []
+        if names:
+            name = names[0]
+            return name.decode() if isinstance(name, bytes) else str(name)
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() == "authorization":
+                text = value.decode() if isinstance(value, bytes) else value
+                scheme, _, token = text.partition(" ")
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise Unauthenticated("authorization: expected 'Bearer <token>'")
+                digest = token_digest(token.strip())
+                for known, identity in self.tokens.items():
+                    if hmac.compare_digest(known, digest):
+                        return identity
+                raise Unauthenticated("the bearer token is not known")
+        if self.allow_anonymous:
+            return ANONYMOUS
+        raise Unauthenticated("no client certificate or bearer token")

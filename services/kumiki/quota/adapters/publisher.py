@@ -1,0 +1,120 @@
+"""Outgoing events: reclaim decisions from the outbox onto scheduling.decisions, and quota.state per queue.
+
+Reclaim decisions are written in the admission's transaction and published here afterwards, marked
+published only once the broker acknowledged them: a crash republishes with the same decision id (the
+CloudEvents id), which consumers deduplicate. quota.state is compacted: each queue's latest state wins, and
+it is published when it changed and on start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from kumiki.common.bus import EventProducer
+from kumiki.common.bus.topics import QUOTA_STATE, SCHEDULING_DECISIONS
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.grpcutil import timestamp
+from kumiki.quota.adapters.store import NoConfig, QuotaStore, unpublished_reclaims
+from kumiki.quota.core import QueueStatus, Resources, fair_shares, queue_statuses
+
+log = logging.getLogger(__name__)
+
+
+def reclaim_event(row: dict[str, object]) -> events_pb2.SchedulingDecision:
+    return events_pb2.SchedulingDecision(
+        decision_id=str(row["decision_id"]),
+        kind=events_pb2.DECISION_KIND_RECLAIM,
+        job=common_pb2.JobRef(job_id=str(row["victim_job"]), generation=int(row["victim_generation"])),  # type: ignore[call-overload]
+        queue=str(row["victim_queue"]),
+        beneficiary=common_pb2.JobRef(
+            job_id=str(row["beneficiary_job"]),
+            generation=int(row["beneficiary_generation"]),  # type: ignore[call-overload]
+        ),
+        reasons=[
+            common_pb2.PendingReason(
+                code="reclaim",
+                resource="gpus",
+                message=(
+                    f"queue {row['beneficiary_queue']} is below its guarantee and needs its lent GPUs back;"
+                    f" {row['victim_queue']} is over its guarantee (borrowed {row['gpus']:g} GPUs)"
+                ),
+            )
+        ],
+        policy="kumiki-quota",
+        at=timestamp(),
+    )
+
+
+class Publisher:
+    def __init__(
+        self, store: QuotaStore, producer: EventProducer, changed: asyncio.Event, interval_s: float, half_life_s: float
+    ) -> None:
+        self.store = store
+        self.producer = producer
+        self.changed = changed
+        self.interval_s = interval_s
+        self.half_life_s = half_life_s
+        self._last: dict[str, QueueStatus] = {}
+        self.reclaims_published = 0
+
+    async def run(self) -> None:
+        while True:
+            self.changed.clear()
+            await self.publish_reclaims()
+            with contextlib.suppress(NoConfig):
+                await self.publish_states()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout=self.interval_s)
+
+    async def publish_reclaims(self) -> int:
+        published = 0
+        async with self.store.pool.acquire() as connection, connection.transaction():
+            rows = await unpublished_reclaims(connection)
+            if rows:
+                await self.producer.publish_many(
+                    SCHEDULING_DECISIONS,
+                    [(row["victim_job"], reclaim_event(dict(row)), row["decision_id"]) for row in rows],
+                )
+                await connection.execute(
+                    "UPDATE quota.reclaim_decisions SET published_at = now() WHERE decision_id = ANY($1::text[])",
+                    [row["decision_id"] for row in rows],
+                )
+                published = len(rows)
+        self.reclaims_published += published
+        return published
+
+    async def publish_states(self) -> int:
+        config = await self.store.config()
+        holdings = await self.store.holdings()
+        now_us = time.time_ns() // 1000
+        usage = await self.store.decayed_usage(now_us, self.half_life_s)
+        demand: dict[str, Resources] = {}
+        for holding in holdings:
+            demand[holding.queue] = demand.get(holding.queue, Resources()) + Resources(gpus=holding.gpus)
+        for queue, gpus in self.store.pending_demand().items():
+            demand[queue] = demand.get(queue, Resources()) + Resources(gpus=gpus)
+        statuses = queue_statuses(config, holdings, fair_shares(config, demand, usage))
+        changed = [status for status in statuses if self._last.get(status.queue) != status]
+        if not changed:
+            return 0
+        version = now_us
+        items = []
+        for status in changed:
+            message = events_pb2.QuotaState(
+                queue=status.queue,
+                guaranteed_gpus=status.guaranteed_gpus,
+                limit_gpus=status.limit_gpus,
+                used_gpus=status.used_gpus,
+                borrowed_gpus=status.borrowed_gpus,
+                lent_gpus=status.lent_gpus,
+                fair_share_gpus=status.fair_share_gpus,
+                version=common_pb2.EntityVersion(version=version, observed_at=timestamp()),
+            )
+            items.append((status.queue, message))
+        await self.producer.publish_many(QUOTA_STATE, items)
+        for status in changed:
+            self._last[status.queue] = status
+        return len(changed)
