@@ -80,11 +80,7 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
         if request.queue and request.queue not in config.queues:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"queue: unknown queue {request.queue!r}")
         rows = await self.store.usage(since_us, until_us, now_us, request.queue)
-        if identity is not None:  # owners see their own subtrees only
-            if request.queue and not may_submit(config, identity, request.queue):
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED, f"queue {request.queue}: {identity!r} is not one of its owners"
-                )
+        if identity is not None:  # owners see the queues they may submit to, nothing else
             rows = [row for row in rows if row.queue in config.queues and may_submit(config, identity, row.queue)]
         return quota_pb2.UsageResponse(
             usage=[
