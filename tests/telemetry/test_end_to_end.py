@@ -1,0 +1,268 @@
+"""End to end on a real broker (Apache Kafka and noida-db): two node agents, each a `python -m kumiki.agent`
+process against the fake libnvidia-ml.so.1 publishing with `--output kafka`, and `python -m kumiki.telemetry`
+(faust inside the service shell) → kumiki.cluster.state, kumiki.gpu.idle and kumiki.dead-letter.
+
+On Apache Kafka the telemetry process is then SIGKILLed and restarted: its tables (allocations, node
+versions) come back from the changelog topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, DEAD_LETTER, GPU_IDLE, GPU_SAMPLES, JOB_LIFECYCLE
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.devstack.processes import free_port
+from kumiki.telemetry.core import FREE_GPUS_LABEL
+from kumiki.telemetry.topics import NODE_INVENTORY
+from tests.agent.fake_nvml.build import FakeNvmlConfig, build_library
+from tests.conftest import REPO_ROOT, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+GIB = 1024**3
+IDLE_GPU, BUSY_GPU, OTHER_GPU = "GPU-a0-idle", "GPU-a1-busy", "GPU-b0"
+
+
+@pytest.fixture(scope="module")
+def fake_nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fake_nvml")
+    build_library(folder)
+    return folder
+
+
+def node_a() -> FakeNvmlConfig:
+    return FakeNvmlConfig(
+        system={"driver_version": "550.54.15", "cuda_version": 12040},
+        gpus=[
+            {"uuid": IDLE_GPU, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 80 * GIB, "memory_used": 2 * GIB,
+             "util_gpu": [1, 3, 2], "mig": "off", "nvlink_count": 12},
+            {"uuid": BUSY_GPU, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 80 * GIB, "memory_used": 60 * GIB,
+             "util_gpu": [88, 97, 92], "mig": "off", "nvlink_count": 12},
+        ],
+        nvlinks=[{"a": 0, "b": 1, "links": 12}],
+        topology=[{"a": 0, "b": 1, "level": "SINGLE"}],
+    )
+
+
+def node_b() -> FakeNvmlConfig:
+    return FakeNvmlConfig(gpus=[{"uuid": OTHER_GPU, "name": "NVIDIA L4", "memory_total": 24 * GIB,
+                                 "memory_used": 0, "util_gpu": [50], "mig": "off", "nvlink_count": 0}])
+
+
+class Topics:
+    """Everything on the output topics so far (a consumer without a group, from the beginning)."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        names = [spec.full_name(settings.topic_prefix) for spec in (CLUSTER_STATE, GPU_IDLE, DEAD_LETTER)]
+        self.states: list[events_pb2.NodeState] = []
+        self.idle: list[events_pb2.GpuIdle] = []
+        self.dead: list[dict[str, bytes]] = []
+        self._names = dict(zip(names, ("states", "idle", "dead"), strict=True))
+        self._consumer = AIOKafkaConsumer(*names, bootstrap_servers=settings.bootstrap,
+                                          auto_offset_reset="earliest", group_id=None)
+
+    async def poll(self) -> None:
+        batches = await self._consumer.getmany(timeout_ms=100)
+        for partition, records in batches.items():
+            kind = self._names[partition.topic]
+            for record in records:
+                if kind == "states":
+                    self.states.append(events_pb2.NodeState.FromString(record.value))
+                elif kind == "idle":
+                    self.idle.append(events_pb2.GpuIdle.FromString(record.value))
+                else:
+                    self.dead.append(dict(record.headers))
+
+    def latest(self, node: str) -> events_pb2.NodeState | None:
+        matching = [state for state in self.states if state.node == node]
+        return matching[-1] if matching else None
+
+
+def service_env(settings: KafkaSettings, http_port: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{REPO_ROOT / 'services'}:{REPO_ROOT}",
+        "KUMIKI_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": settings.topic_prefix,
+        "KUMIKI_TELEMETRY_INGEST_HTTP_PORT": str(http_port),
+        "KUMIKI_TELEMETRY_INGEST_GRPC_PORT": "0",
+        "KUMIKI_TELEMETRY_GPU_WINDOW_S": "10",
+        "KUMIKI_TELEMETRY_USAGE_WINDOW_S": "10",
+        "KUMIKI_TELEMETRY_USAGE_STEP_S": "10",
+        "KUMIKI_TELEMETRY_NODE_TIMEOUT_S": "2",
+        "KUMIKI_TELEMETRY_PUBLISH_INTERVAL_S": "0.5",
+        "KUMIKI_TELEMETRY_IDLE": "default=10:1.5",
+        "KUMIKI_LOG_LEVEL": "WARNING",
+    }
+
+
+class Processes:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (self.tmp_path / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen([sys.executable, *argv], env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.running[name] = process
+        return process
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        process = self.running.pop(name)
+        process.send_signal(sig)
+        process.wait(timeout=30)
+
+    def log(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    yield procs
+    for name in list(procs.running):
+        procs.stop(name, signal.SIGKILL)
+
+
+@pytest.fixture
+async def topics(kafka_settings: KafkaSettings) -> AsyncIterator[Topics]:
+    await ensure_topics(kafka_settings, [*ALL_TOPICS, NODE_INVENTORY])
+    seen = Topics(kafka_settings)
+    await seen._consumer.start()
+    yield seen
+    await seen._consumer.stop()
+
+
+async def ready(port: int) -> bool:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/readyz") as reply:
+            return reply.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+def running(job: str, node: str, gpu: int, queue: str) -> tuple[str, events_pb2.JobLifecycle]:
+    return job, events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id=job, generation=1), state=events_pb2.JOB_STATE_RUNNING, queue=queue,
+        assignments=[common_pb2.PodAssignment(node=node, gpu_indices=[gpu])], gpus=1,
+    )
+
+
+async def test_agents_to_cluster_state_and_gpu_idle(
+    kafka_settings: KafkaSettings, broker_kind: str, topics: Topics, processes: Processes,
+    fake_nvml_library: Path, tmp_path: Path,
+) -> None:
+    http_port = free_port()
+    env = service_env(kafka_settings, http_port)
+    processes.start("telemetry", ["-m", "kumiki.telemetry"], env)
+    await wait_until(lambda: ready(http_port), timeout_s=60, what=f"telemetry ready\n{processes.log('telemetry')}")
+
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        await producer.publish_many(JOB_LIFECYCLE, [running("idle-job", "node-a", 0, "research"),
+                                                    running("busy-job", "node-a", 1, "prod")])
+        for name, config in (("node-a", node_a()), ("node-b", node_b())):
+            agent_env = {**env, "LD_LIBRARY_PATH": str(fake_nvml_library),
+                         "FAKE_NVML_CONFIG": str(config.write(tmp_path / f"{name}.ini"))}
+            processes.start(name, ["-m", "kumiki.agent", "--node", name, "--interval-s", "0.2", "--output", "kafka"],
+                            agent_env)
+
+        async def idle_reported() -> bool:
+            await topics.poll()
+            return any(event.job.job_id == "idle-job" for event in topics.idle)
+
+        await wait_until(idle_reported, timeout_s=60,
+                         what=f"gpu.idle for idle-job\n{processes.log('node-a')}\n{processes.log('telemetry')}")
+        (idle,) = [event for event in topics.idle if event.job.job_id == "idle-job"]
+        assert (idle.queue, idle.node, list(idle.gpu_uuids)) == ("research", "node-a", [IDLE_GPU])
+        assert 1.0 <= idle.mean_utilization_pct <= 3.0
+        idle_s = idle.until.ToNanoseconds() / 1e9 - idle.since.ToNanoseconds() / 1e9
+        assert idle_s >= 1.5 and idle.idle_gpu_seconds == pytest.approx(idle_s)
+
+        # The busy job has been held as long; its GPU's state shows why it is not idle.
+        state = topics.latest("node-a")
+        assert state is not None and state.healthy
+        gpus = {gpu.uuid: gpu for gpu in state.gpus}
+        assert set(gpus) == {IDLE_GPU, BUSY_GPU}
+        assert gpus[BUSY_GPU].utilization_pct >= 88 and gpus[IDLE_GPU].utilization_pct <= 3
+        assert {gpu.model for gpu in gpus.values()} == {"NVIDIA A100-SXM4-80GB"}
+        assert {gpu.memory_mib for gpu in gpus.values()} == {80 * 1024}
+        assert gpus[IDLE_GPU].nvlink_island == gpus[BUSY_GPU].nvlink_island == 0
+        assert state.labels["kumiki.dev/pcie-0-1"] == "SINGLE"
+        assert state.labels[FREE_GPUS_LABEL] == ""  # both held
+        assert not any(event.job.job_id == "busy-job" for event in topics.idle)
+
+        async def node_b_known() -> bool:
+            await topics.poll()
+            latest = topics.latest("node-b")
+            return latest is not None and latest.healthy and len(latest.gpus) == 1
+        await wait_until(node_b_known, timeout_s=30, what="node-b state")
+        node_b_state = topics.latest("node-b")
+        assert node_b_state is not None
+        assert node_b_state.labels[FREE_GPUS_LABEL] == "0" and node_b_state.gpus[0].model == "NVIDIA L4"
+
+        # An impossible sample is dead-lettered with the reason, as every consumer does.
+        bad = events_pb2.GpuSample(node="node-a", gpu_uuid=IDLE_GPU, gpu_utilization_pct=150.0)
+        bad.sampled_at.GetCurrentTime()
+        await producer.publish(GPU_SAMPLES, f"node-a/{IDLE_GPU}", bad)
+
+        async def dead_lettered() -> bool:
+            await topics.poll()
+            return bool(topics.dead)
+        await wait_until(dead_lettered, timeout_s=30, what="dead letter")
+        (headers,) = topics.dead
+        assert headers["kumiki_dlq_reason"] == b"undecodable: gpu_utilization_pct: must be within 0..100, got 150"
+        assert headers["kumiki_dlq_topic"] == GPU_SAMPLES.full_name(kafka_settings.topic_prefix).encode()
+        assert headers["ce_type"] == b"dev.kumiki.v1.GpuSample"
+
+        # A node that stops reporting becomes unhealthy.
+        processes.stop("node-b")
+
+        async def node_b_unhealthy() -> bool:
+            await topics.poll()
+            latest = topics.latest("node-b")
+            return latest is not None and not latest.healthy
+        await wait_until(node_b_unhealthy, timeout_s=30, what="node-b unhealthy")
+
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{http_port}/metrics") as reply:
+            text = await reply.text()
+        assert 'kumiki_node_healthy{node="node-b"} 0.0' in text
+        assert 'kumiki_node_allocated_gpus{node="node-a"} 2.0' in text
+        assert 'kumiki_queue_idle_gpu_hours_total{queue="research"}' in text
+
+        if broker_kind == "noida":
+            return  # noida-db keeps a SIGKILLed member in the group for ever (README, "Brokers")
+
+        # Tables survive a crash: after SIGKILL and restart, node-a's state still knows both holders
+        # (job.lifecycle is not re-read: its offsets are committed) and its version continues.
+        before = topics.latest("node-a")
+        assert before is not None
+        processes.stop("telemetry", signal.SIGKILL)
+        restarted_at = time.time()
+        processes.start("telemetry", ["-m", "kumiki.telemetry"], env)
+        await wait_until(lambda: ready(http_port), timeout_s=90, what="telemetry ready after restart")
+
+        async def republished() -> bool:
+            await topics.poll()
+            latest = topics.latest("node-a")
+            return latest is not None and latest.version.observed_at.ToNanoseconds() / 1e9 > restarted_at
+        await wait_until(republished, timeout_s=60, what="node-a state after restart")
+        after = topics.latest("node-a")
+        assert after is not None
+        assert after.labels[FREE_GPUS_LABEL] == ""
+        assert after.version.version > before.version.version
+        await asyncio.sleep(0)  # nothing else to wait for: the assertions above are on records already read
