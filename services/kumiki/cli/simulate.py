@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +40,11 @@ def register(subparsers: Any) -> None:
     simulate.add_argument("--gpus-per-node", required=True, help="GPUs per node")
     simulate.add_argument("--policy", required=True, help=f"comma-separated policies ({', '.join(POLICIES)})")
     simulate.add_argument("--out", required=True, help="output directory")
-    simulate.add_argument(
-        "--placement", default="best-fit", help=f"placement strategy ({', '.join(STRATEGIES)})"
-    )
+    simulate.add_argument("--placement", default="best-fit", help=f"placement strategy ({', '.join(STRATEGIES)})")
     simulate.add_argument("--seed", default="0", help="orders jobs submitted at the same second (default 0)")
     simulate.add_argument("--start-s", default=None, help="only jobs submitted at or after this time")
     simulate.add_argument("--end-s", default=None, help="only jobs submitted before this time")
-    simulate.add_argument(
-        "--queues", default=None, help="JSON/YAML mapping queue -> guaranteed GPUs (fair share)"
-    )
+    simulate.add_argument("--queues", default=None, help="JSON/YAML mapping queue -> guaranteed GPUs (fair share)")
     simulate.add_argument("--nodes-per-rack", default="16", help="nodes per rack (default 16)")
     simulate.add_argument("--checkpoint-interval-s", default=str(DEFAULT_CHECKPOINT.interval_s))
     simulate.add_argument("--checkpoint-cost-s", default=str(DEFAULT_CHECKPOINT.checkpoint_cost_s))
@@ -66,9 +63,7 @@ def register(subparsers: Any) -> None:
     )
     pack.add_argument("--pods", required=True, help="pod trace CSV (openb-pods.csv schema)")
     pack.add_argument("--nodes", required=True, help="node CSV (openb-nodes.csv schema)")
-    pack.add_argument(
-        "--placement", required=True, help=f"comma-separated strategies ({', '.join(STRATEGIES)})"
-    )
+    pack.add_argument("--placement", required=True, help=f"comma-separated strategies ({', '.join(STRATEGIES)})")
     pack.add_argument("--out", required=True, help="output directory")
     pack.add_argument("--seeds", default="1", help="number of seeds (0..K-1), default 1")
     pack.set_defaults(handler=run_pack)
@@ -220,16 +215,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     with Progress(*columns, console=console, transient=False) as progress:
         for name in policies:
             task = progress.add_task(f"{name:>18}", total=len(jobs))
-            config = SimConfig(
-                POLICIES[name], placement=placement[0], checkpoint=checkpoint, queue_shares=shares
-            )
+            config = SimConfig(POLICIES[name], placement=placement[0], checkpoint=checkpoint, queue_shares=shares)
             started = time.perf_counter()
             simulator = Simulator(
                 spec,
                 jobs,
                 config,
                 forecaster=forecaster if name == "kumiki" else None,
-                progress=lambda done, task=task: progress.advance(task, done),
+                progress=_advancer(progress, task),
             )
             result = simulator.run()
             summary = summarize(result, large_gpus=gpus_per_node)
@@ -250,6 +243,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"wrote {out / 'report.json'} and {out / 'report.md'}")
     return 0
+
+
+def _advancer(progress: Any, task: Any) -> Callable[[int], None]:
+    def advance(done: int) -> None:
+        progress.advance(task, done)
+
+    return advance
 
 
 def _queue_table(policies: dict[str, Any]) -> str:

@@ -319,9 +319,7 @@ class ClusterState:
                 key = (pod.node, gpu)
                 mask = masks.get(key, state.mig_mask[gpu])
                 if mask & profile.mask(pod.mig.start):
-                    raise AllocationError(
-                        f"{spec.name} GPU {gpu}: MIG slot {pod.mig.start} is already allocated"
-                    )
+                    raise AllocationError(f"{spec.name} GPU {gpu}: MIG slot {pod.mig.start} is already allocated")
                 masks[key] = mask | profile.mask(pod.mig.start)
                 if masks[key] >= 1 << MIG_SLOTS:
                     raise AllocationError("MIG slice beyond the GPU's slots")
@@ -329,9 +327,7 @@ class ClusterState:
             memory[pod.node] = memory.get(pod.node, 0) + pod.memory_mib
         for node, used in cpu.items():
             if used > self.nodes[node].cpu_free:
-                raise AllocationError(
-                    f"{self.spec.nodes[node].name}: CPU {used}m > {self.nodes[node].cpu_free}m free"
-                )
+                raise AllocationError(f"{self.spec.nodes[node].name}: CPU {used}m > {self.nodes[node].cpu_free}m free")
         for node, used in memory.items():
             if used > self.nodes[node].memory_free:
                 raise AllocationError(f"{self.spec.nodes[node].name}: memory {used} MiB > free")
@@ -385,10 +381,7 @@ class ClusterState:
             if state.cpu_free < 0 or state.memory_free < 0:
                 problems.append(f"node {index} CPU or memory over capacity")
             for gpu in range(node.gpus):
-                if (
-                    state.share_used[gpu] > 1.0 + EPSILON
-                    or state.share_memory_used[gpu] > node.gpu_memory_gb + EPSILON
-                ):
+                if state.share_used[gpu] > 1.0 + EPSILON or state.share_memory_used[gpu] > node.gpu_memory_gb + EPSILON:
                     problems.append(f"node {index} GPU {gpu} share over its cap")
                 if state.owner[gpu] is not None and (state.share_holders[gpu] or gpu in state.free_gpus):
                     problems.append(f"node {index} GPU {gpu} whole-allocated and shared or free")

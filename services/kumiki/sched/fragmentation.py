@@ -73,9 +73,7 @@ class FragmentationIndex:
         self.partial_sum[rows] = np.where(partial, clipped, 0.0).sum(axis=1)
         self.partial_max[rows] = np.where(partial, clipped, 0.0).max(axis=1) if free.shape[1] else 0.0
         order = np.argsort(-free, axis=1, kind="stable")
-        top = (
-            np.take_along_axis(free, order[:, :2], axis=1) if free.shape[1] >= 2 else np.zeros((len(rows), 2))
-        )
+        top = np.take_along_axis(free, order[:, :2], axis=1) if free.shape[1] >= 2 else np.zeros((len(rows), 2))
         self.max1[rows] = np.maximum(top[:, 0], 0.0)
         self.max2[rows] = np.maximum(top[:, 1], 0.0)
         self.argmax[rows] = order[:, 0]
@@ -114,9 +112,7 @@ class FragmentationIndex:
         return result
 
     # ---- candidate deltas ----------------------------------------------------------------------
-    def delta_share(
-        self, nodes: IntArray, gpus: IntArray, share: float, cpu: float, memory: float
-    ) -> FloatArray:
+    def delta_share(self, nodes: IntArray, gpus: IntArray, share: float, cpu: float, memory: float) -> FloatArray:
         """Fragmentation change of putting `share` of card `gpus[i]` on node `nodes[i]`."""
         old = self.free[nodes, gpus]
         new = old - share
@@ -168,9 +164,7 @@ class FragmentationIndex:
         """Record an allocation: `share` of each GPU in `gpus` (1.0 for whole GPUs)."""
         for gpu in gpus:
             if not self.valid[node, gpu] or self.free[node, gpu] < share - EPS:
-                raise ValueError(
-                    f"node {node} GPU {gpu} has {self.free[node, gpu]:.3f} free, cannot take {share}"
-                )
+                raise ValueError(f"node {node} GPU {gpu} has {self.free[node, gpu]:.3f} free, cannot take {share}")
             self.free[node, gpu] -= share
         if self.cpu[node] < cpu - EPS or self.memory[node] < memory - EPS:
             raise ValueError(f"node {node} has not enough CPU or memory")

@@ -122,9 +122,7 @@ class CheckpointModel:
 
     def wall_time(self, start_progress_s: float, end_progress_s: float) -> float:
         """Wall seconds to go from one progress point to another, counting checkpoint stops."""
-        checkpoints = math.floor(end_progress_s / self.interval_s) - math.floor(
-            start_progress_s / self.interval_s
-        )
+        checkpoints = math.floor(end_progress_s / self.interval_s) - math.floor(start_progress_s / self.interval_s)
         # no checkpoint is written at the moment the job finishes
         if end_progress_s > 0 and end_progress_s % self.interval_s == 0:
             checkpoints -= 1
@@ -132,16 +130,16 @@ class CheckpointModel:
 
     def progress_after(self, start_progress_s: float, wall_s: float) -> float:
         """Inverse of `wall_time`: progress reached after `wall_s` wall seconds of running."""
-        progress = start_progress_s
-        remaining = wall_s
-        while remaining > 0:
-            next_checkpoint = self.checkpointed(progress) + self.interval_s
-            step = min(remaining, next_checkpoint - progress)
-            progress += step
-            remaining -= step
-            if remaining > 0 and progress >= next_checkpoint:
-                remaining -= self.checkpoint_cost_s
-        return progress
+        interval = self.interval_s
+        next_checkpoint = (math.floor(start_progress_s / interval) + 1) * interval
+        if wall_s <= next_checkpoint - start_progress_s:
+            return start_progress_s + max(0.0, wall_s)
+        remaining = wall_s - (next_checkpoint - start_progress_s) - self.checkpoint_cost_s
+        if remaining <= 0:
+            return next_checkpoint  # stopped while writing that checkpoint
+        cycles = math.floor(remaining / (interval + self.checkpoint_cost_s))
+        remaining -= cycles * (interval + self.checkpoint_cost_s)
+        return next_checkpoint + cycles * interval + min(remaining, interval)
 
 
 @dataclass(frozen=True, slots=True)

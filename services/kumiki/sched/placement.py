@@ -69,9 +69,7 @@ class RequestMix:
         return cls(tuple(DemandType(k[0], n / total, k[1], k[2], k[3], k[4]) for k, n in ranked))
 
 
-DEFAULT_MIX = RequestMix(
-    (DemandType(1.0, 0.6), DemandType(2.0, 0.1), DemandType(4.0, 0.1), DemandType(8.0, 0.2))
-)
+DEFAULT_MIX = RequestMix((DemandType(1.0, 0.6), DemandType(2.0, 0.1), DemandType(4.0, 0.1), DemandType(8.0, 0.2)))
 
 
 def node_fragmentation(
@@ -185,18 +183,13 @@ class _Placer:
 
     def island_fit(self, node: int, need: int) -> bool:
         free = self.free_gpus(node)
-        return any(
-            sum(1 for gpu in island if gpu in free) >= need
-            for island in self.state.spec.nodes[node].islands()
-        )
+        return any(sum(1 for gpu in island if gpu in free) >= need for island in self.state.spec.nodes[node].islands())
 
     def pick_gpus(self, node: int, need: int) -> tuple[int, ...]:
         free = self.free_gpus(node)
         if self.strategy != "kumiki":
             return tuple(sorted(free)[:need])
-        islands = [
-            sorted(gpu for gpu in island if gpu in free) for island in self.state.spec.nodes[node].islands()
-        ]
+        islands = [sorted(gpu for gpu in island if gpu in free) for island in self.state.spec.nodes[node].islands()]
         fitting = [island for island in islands if len(island) >= need]
         if fitting:  # best-fit island: keep the roomiest islands whole for bigger pods
             return tuple(min(fitting, key=lambda island: (len(island), island[0]))[:need])
@@ -226,9 +219,7 @@ class _Placer:
     # ---- shared GPUs ---------------------------------------------------------------------------
     def node_free_shares(self, node: int) -> list[float]:
         spec = self.state.spec.nodes[node]
-        return [
-            max(0.0, self.share_free(node, gpu)[0]) for gpu in range(spec.gpus) if gpu not in spec.mig_gpus
-        ]
+        return [max(0.0, self.share_free(node, gpu)[0]) for gpu in range(spec.gpus) if gpu not in spec.mig_gpus]
 
     def place_share(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int] | None = None
@@ -246,8 +237,9 @@ class _Placer:
             ]
             if not gpus:
                 continue
-            node_free = sum(self.node_free_shares(node))
+            node_free = round(sum(self.node_free_shares(node)), 9)  # float sums of shares tie as exact ones
             for gpu, free in gpus:
+                free = round(free, 9)
                 key = self.share_key(node, gpu, free, node_free, pod)
                 if best is None or key < best[0]:
                     best = (key, node, gpu)
@@ -261,9 +253,7 @@ class _Placer:
         share = GpuShare(gpu, pod.gpu_fraction, pod.gpu_memory_gb)
         return PodPlacement(index, node, share=share, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
-    def share_key(
-        self, node: int, gpu: int, free: float, node_free: float, pod: PodRequest
-    ) -> tuple[float, ...]:
+    def share_key(self, node: int, gpu: int, free: float, node_free: float, pod: PodRequest) -> tuple[float, ...]:
         if self.strategy == "spread":
             return (-node_free, -free, node, gpu)
         if self.strategy == "first-fit":
@@ -278,10 +268,8 @@ class _Placer:
         before = node_fragmentation(shares, cpu, memory, spec.gpu_model, self.mix)
         position = [g for g in range(spec.gpus) if g not in spec.mig_gpus].index(gpu)
         shares[position] -= pod.gpu_fraction
-        after = node_fragmentation(
-            shares, cpu - pod.cpu_milli, memory - pod.memory_mib, spec.gpu_model, self.mix
-        )
-        return (after - before, node_free, free, node, gpu)
+        after = node_fragmentation(shares, cpu - pod.cpu_milli, memory - pod.memory_mib, spec.gpu_model, self.mix)
+        return (round(after - before, 9), node_free, free, node, gpu)
 
     # ---- MIG -----------------------------------------------------------------------------------
     def place_mig(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
@@ -308,9 +296,7 @@ class _Placer:
                         key = (-used, node, gpu, start)
                     else:
                         weights = mig_mix or {name: 1.0 for name in MIG_PROFILES[spec.gpu_model]}
-                        weights = {
-                            name: w for name, w in weights.items() if name in MIG_PROFILES[spec.gpu_model]
-                        }
+                        weights = {name: w for name, w in weights.items() if name in MIG_PROFILES[spec.gpu_model]}
                         before = usable_capacity(spec.gpu_model, occupied, weights)
                         after = usable_capacity(spec.gpu_model, occupied | profile.mask(start), weights)
                         key = (before - after, -used, node, gpu, start)
@@ -334,11 +320,7 @@ class _Placer:
     def place_cpu(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int] | None = None
         for node in range(len(self.state.spec.nodes)):
-            if (
-                node in self.excluded
-                or (domain is not None and node not in domain)
-                or not self.host_ok(node, pod)
-            ):
+            if node in self.excluded or (domain is not None and node not in domain) or not self.host_ok(node, pod):
                 continue
             cpu = self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0)
             if self.strategy == "first-fit":
@@ -377,9 +359,7 @@ def _domains(state: ClusterState, request: GangRequest, strategy: str) -> list[f
     domains: list[frozenset[int] | None] = []
     whole = sum(pod.gpus for pod in request.pods)
     if whole and whole <= state.max_gpus:
-        fullest = sorted(
-            (level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level]
-        )
+        fullest = sorted((level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level])
         domains.extend(frozenset((node,)) for _, node in fullest[:3])
     if len(state.racks) > 1:
         racks = []
@@ -427,8 +407,9 @@ def _explain(
     shapes = {node.shape() for node in dict.fromkeys(state.spec.nodes)}
     fitting = 0
     alone = _Placer(state, strategy, mix, excluded)
+    together = _Placer(state, strategy, mix, excluded)
     for index, pod in enumerate(request.pods):
-        if _Placer(state, strategy, mix, excluded).place_pod(index, pod, None) is not None:
+        if together.place_pod(index, pod, None) is not None:
             fitting += 1
     if fitting and len(request.pods) > 1:
         return PendingReason(
@@ -441,9 +422,7 @@ def _explain(
     pod = biggest
     models = {node.gpu_model for node in state.spec.nodes}
     if pod.gpu_model and pod.gpu_model not in models:
-        return PendingReason(
-            request.job_id, "gpu_model", f"no node has GPU model {pod.gpu_model}", pod.shape()
-        )
+        return PendingReason(request.job_id, "gpu_model", f"no node has GPU model {pod.gpu_model}", pod.shape())
     if excluded and _Placer(state, strategy, mix, frozenset()).place_pod(0, pod, None) is not None:
         return PendingReason(
             request.job_id,
@@ -453,11 +432,7 @@ def _explain(
         )
     hosts = [node for node in range(len(state.spec.nodes)) if alone.host_ok(node, pod)]
     if not hosts:
-        resource = (
-            "cpu"
-            if all(state.cpu_free(n) < pod.cpu_milli for n in range(len(state.spec.nodes)))
-            else "memory"
-        )
+        resource = "cpu" if all(state.cpu_free(n) < pod.cpu_milli for n in range(len(state.spec.nodes))) else "memory"
         return PendingReason(
             request.job_id,
             resource,

@@ -17,6 +17,8 @@ TIRESIAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)
 # With no forecast a job's expected remaining time is taken as what it has already run (heavy tails),
 # but never below this floor, so a fresh job is not treated as already finished.
 NO_FORECAST_FLOOR_S = 600.0
+# A job waiting longer than this gets the reservation (large gangs first), so no job starves.
+STARVATION_S = 12 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,7 @@ POLICIES: dict[str, QueuePolicy] = {
         backfill_on_reserved=True,
         preemptive=True,
         uses_forecast=True,
-        starvation_s=6 * 3600.0,
+        starvation_s=STARVATION_S,
         protect_full_nodes=True,
     ),
     "kumiki-oracle": QueuePolicy(
@@ -61,7 +63,7 @@ POLICIES: dict[str, QueuePolicy] = {
         backfill_on_reserved=True,
         preemptive=True,
         oracle=True,
-        starvation_s=6 * 3600.0,
+        starvation_s=STARVATION_S,
         protect_full_nodes=True,
     ),
     "kumiki-noforecast": QueuePolicy(
@@ -69,7 +71,7 @@ POLICIES: dict[str, QueuePolicy] = {
         "forecast",
         reserve=True,
         preemptive=True,
-        starvation_s=6 * 3600.0,
+        starvation_s=STARVATION_S,
         protect_full_nodes=True,
     ),
 }
@@ -89,9 +91,7 @@ def tiresias_level(attained_gpu_s: float) -> int:
     return len(TIRESIAS_THRESHOLDS_GPU_S)
 
 
-def estimate_remaining(
-    policy: QueuePolicy, view: JobView, executed_s: float, *, pessimistic: bool = False
-) -> float:
+def estimate_remaining(policy: QueuePolicy, view: JobView, executed_s: float, *, pessimistic: bool = False) -> float:
     """Expected remaining run time as the policy sees it (oracles: the truth, reduced by time run since)."""
     if policy.oracle:
         if not isinstance(view, OracleJobView):

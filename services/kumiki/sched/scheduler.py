@@ -53,6 +53,7 @@ class Reservation:
     job_id: str
     nodes: frozenset[int]
     shadow_s: float
+    starving: bool = False
 
 
 @dataclass(slots=True)
@@ -136,15 +137,18 @@ class Scheduler:
         self.lane_usage[lane] = self.lane_usage.get(lane, 0.0) - entry.gpus
 
     def _start(
-        self, entry: _Waiting, placement: Placement, now: float, decisions: Decisions, borrower: str
+        self,
+        entry: _Waiting,
+        placement: Placement,
+        now: float,
+        decisions: Decisions,
+        borrower: str,
     ) -> None:
         self._unqueue(entry.view.job_id)
         self.state.allocate(placement)
         gpus = placement.whole_gpus
         nodes = placement.nodes
-        self.running[entry.view.job_id] = _Running(
-            entry.view, entry.request, placement, now, gpus, borrower, nodes
-        )
+        self.running[entry.view.job_id] = _Running(entry.view, entry.request, placement, now, gpus, borrower, nodes)
         for node in nodes:
             self.on_node[node].add(entry.view.job_id)
         self.lane_usage[entry.lane] = self.lane_usage.get(entry.lane, 0.0) + gpus
@@ -188,13 +192,21 @@ class Scheduler:
             return decisions
         self._refresh_reservation(now, decisions)
         starving = self._starving(now)
-        if starving is not None and (self.reservation is None or self.reservation.job_id != starving):
-            self._reserve(self.waiting[starving], now)
-        blocked: set[tuple[str, tuple[int, ...]]] = set()
+        # a reservation holds until its job starts (switching targets would drain nodes for nobody);
+        # only a starving job may take over one made for an ordinary blocked head
+        if starving is not None and (self.reservation is None or not self.reservation.starving):
+            self._reserve(self.waiting[starving], now, starving=True)
+        # the reserved job goes first: it may sit deep in a list whose head cannot start
+        if self.reservation is not None:
+            target = self.waiting[self.reservation.job_id]
+            placed = place_gang(self.state, target.request, self.strategy, explain=False)
+            if not isinstance(placed, PendingReason):
+                self._start(target, placed, now, decisions, "")
+                self.reservation = None
         unfit: list[str] = []
         heads = self._heads()
         while heads and self.waiting:
-            _, lane_rank, key, job_id, position, list_key = heapq.heappop(heads)
+            _, _, _, job_id, position, list_key = heapq.heappop(heads)
             entry = self.waiting[job_id]
             placement = self._try_place(entry, now)
             if isinstance(placement, tuple):
@@ -211,10 +223,8 @@ class Scheduler:
                     self._reserve(entry, now)
                 if len(unfit) < PREEMPTION_ATTEMPTS:
                     unfit.append(job_id)
-                blocked.add(list_key)
                 continue
             if placement == "shape":
-                blocked.add(list_key)
                 continue
             # fits, but only on reserved nodes and this job is too long: look a little further down
             if position + 1 < min(len(self.lists[list_key]), BACKFILL_LOOKAHEAD):
@@ -255,7 +265,7 @@ class Scheduler:
         heads: list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]],
         list_key: tuple[str, tuple[int, ...]],
         position: int,
-    ) -> None:  # noqa: E501
+    ) -> None:
         if position < len(self.lists[list_key]):
             heapq.heappush(heads, self._head(list_key, position))
 
@@ -273,9 +283,7 @@ class Scheduler:
         if reservation is None or reservation.job_id == entry.view.job_id:
             result = place_gang(self.state, request, self.strategy, explain=False)
             return "physically" if isinstance(result, PendingReason) else (result, "")
-        result = place_gang(
-            self.state, request, self.strategy, excluded_nodes=reservation.nodes, explain=False
-        )
+        result = place_gang(self.state, request, self.strategy, excluded_nodes=reservation.nodes, explain=False)
         if not isinstance(result, PendingReason):
             return result, ""
         if not self.policy.backfill_on_reserved:
@@ -292,16 +300,11 @@ class Scheduler:
         if entry is None:
             return None
         reservation = self.reservation
-        if reservation is not None and reservation.job_id != job_id:
-            excluded = reservation.nodes
-        else:
-            excluded = frozenset()
+        excluded = reservation.nodes if reservation is not None and reservation.job_id != job_id else frozenset()
         result = place_gang(self.state, entry.request, self.strategy, excluded_nodes=excluded)
         if isinstance(result, PendingReason):
             return result
-        return PendingReason(
-            job_id, "order", "fits now; will start at the next scheduling pass", entry.shape.__str__()
-        )
+        return PendingReason(job_id, "order", "fits now; starts at the next scheduling pass", str(entry.shape))
 
     # ---- reservation ---------------------------------------------------------------------------
     def _starving(self, now: float) -> str | None:
@@ -327,9 +330,7 @@ class Scheduler:
             running = self.running[job_id]
             gpus = sum(len(pod.gpus) for pod in running.placement.pods if pod.node == node)
             if self.policy.backfill_on_reserved:
-                remaining = estimate_remaining(
-                    self.policy, running.view, self.executed(running, now), pessimistic=True
-                )
+                remaining = estimate_remaining(self.policy, running.view, self.executed(running, now), pessimistic=True)
                 result.append((now + remaining, gpus))
             else:
                 result.append((float("inf"), gpus))
@@ -345,7 +346,7 @@ class Scheduler:
                 return end
         return float("inf")
 
-    def _reserve(self, entry: _Waiting, now: float) -> None:
+    def _reserve(self, entry: _Waiting, now: float, *, starving: bool = False) -> None:
         """Reserve the nodes that should free up first for `entry` (no estimates: the emptiest nodes)."""
         need = entry.shape[0]
         count = len(entry.shape)
@@ -359,7 +360,7 @@ class Scheduler:
             return
         chosen = sorted(candidates)[:count]
         shadow = max(ready for ready, _, _ in chosen)
-        self.reservation = Reservation(entry.view.job_id, frozenset(node for _, _, node in chosen), shadow)
+        self.reservation = Reservation(entry.view.job_id, frozenset(node for _, _, node in chosen), shadow, starving)
 
     def _refresh_reservation(self, now: float, decisions: Decisions) -> None:
         reservation = self.reservation
@@ -400,9 +401,7 @@ class Scheduler:
         need = entry.shape[0]
         reservation = self.reservation
         reserved = (
-            reservation.nodes
-            if reservation is not None and reservation.job_id != entry.view.job_id
-            else frozenset()
+            reservation.nodes if reservation is not None and reservation.job_id != entry.view.job_id else frozenset()
         )
         policy = self.policy
         checkpoint = self.checkpoint
@@ -419,9 +418,7 @@ class Scheduler:
                 if running.start_s > started_before:
                     continue
                 executed = running.view.executed_s + (now - running.start_s)
-                if not self.may_preempt(running.request, running.view) and not self._young_full_node(
-                    running, executed
-                ):
+                if not self.may_preempt(running.request, running.view) and not self._young_full_node(running, executed):
                     continue
                 attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
                 victim_rank = running_rank(policy, running.view, executed, attained)

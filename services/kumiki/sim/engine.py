@@ -103,7 +103,7 @@ class _SimJob:
 class SimConfig:
     policy: QueuePolicy
     placement: str = "best-fit"
-    checkpoint: CheckpointModel = CheckpointModel()
+    checkpoint: CheckpointModel = field(default_factory=CheckpointModel)
     queue_shares: dict[str, float] | None = None
     sample_every_s: float = 600.0
     audit: bool = False
@@ -302,9 +302,7 @@ class Simulator:
 
     # ---- time series ---------------------------------------------------------------------------
     def _sample_until(self, now: float) -> None:
-        while self.next_sample_s <= now and (
-            self.scheduler.waiting or self.scheduler.running or now < math.inf
-        ):
+        while self.next_sample_s <= now and (self.scheduler.waiting or self.scheduler.running or now < math.inf):
             if now == math.inf and not self.scheduler.running and not self.scheduler.waiting:
                 break
             self.samples.append(self._sample(self.next_sample_s))
@@ -319,7 +317,5 @@ class Simulator:
             smallest = min(
                 entry.shape[0] if len(entry.shape) == 1 else self.gpus_per_node for entry in waiting.values()
             )
-            fragmented = sum(
-                level * len(state.by_free[level]) for level in range(1, min(smallest, state.max_gpus + 1))
-            )
+            fragmented = sum(level * len(state.by_free[level]) for level in range(1, min(smallest, state.max_gpus + 1)))
         return Sample(time, allocated, len(waiting), fragmented)

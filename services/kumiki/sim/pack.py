@@ -61,9 +61,9 @@ def prepare(pods: Sequence[TraceJob], nodes: Sequence[TraceNode]) -> PackProblem
         raise PackError("--nodes: this benchmark supports at most 8 GPUs per node and per pod")
     # the expected mix: the popularity of each (GPU, CPU, memory) shape among the file's GPU pods
     counts: dict[tuple[float, float, float], int] = {}
-    for pod in packed:
-        if pod.gpu > 0:
-            key = (round(pod.gpu, 4), pod.cpu_milli, pod.memory_mib)
+    for shape in packed:
+        if shape.gpu > 0:
+            key = (round(shape.gpu, 4), shape.cpu_milli, shape.memory_mib)
             counts[key] = counts.get(key, 0) + 1
     if not counts:
         raise PackError("--pods: no pod requests a GPU")
@@ -131,16 +131,17 @@ def choose(
         nodes, gpus = np.nonzero(host[:, None] & index.valid & (index.free >= pod.gpu - EPS))
         if not len(nodes):
             return None
-        card = index.free[nodes, gpus]
+        card = np.round(index.free[nodes, gpus], 9)  # float sums of shares must tie as they would exactly
+        node_sum = np.round(index.sum[nodes], 9)
         if strategy == "first-fit":
             pick = 0  # np.nonzero is row-major: lowest node, then lowest GPU
         elif strategy == "best-fit":
-            pick = int(np.lexsort((gpus, nodes, card, index.sum[nodes]))[0])
+            pick = int(np.lexsort((gpus, nodes, card, node_sum))[0])
         elif strategy == "spread":
-            pick = int(np.lexsort((gpus, nodes, -card, -index.sum[nodes]))[0])
+            pick = int(np.lexsort((gpus, nodes, -card, -node_sum))[0])
         else:
             delta = np.round(index.delta_share(nodes, gpus, pod.gpu, pod.cpu_milli, pod.memory_mib), 9)
-            pick = int(np.lexsort((gpus, nodes, card, index.sum[nodes], delta))[0])
+            pick = int(np.lexsort((gpus, nodes, card, node_sum, delta))[0])
         return int(nodes[pick]), [int(gpus[pick])]
     nodes = np.nonzero(host)[0]
     if not len(nodes):
@@ -191,9 +192,7 @@ def run_pack(problem: PackProblem, strategy: str, seed: int) -> PackRun:
         share = 1.0 if pod.gpu >= 1 else pod.gpu
         index.take(node, gpus, share, pod.cpu_milli, pod.memory_mib)
         allocated += pod.gpu
-    return PackRun(
-        strategy, seed, arrivals, failed, first_failure, requested, allocated, 1.0 - allocated / capacity
-    )
+    return PackRun(strategy, seed, arrivals, failed, first_failure, requested, allocated, 1.0 - allocated / capacity)
 
 
 def pack_report(

@@ -64,13 +64,18 @@ def write_json(path: Path, report: Mapping[str, Any]) -> None:
 
 
 def markdown_table(policies: Mapping[str, Mapping[str, Any]], baseline: str | None = None) -> str:
-    header = "| policy | jobs | avg JCT s | p50 | p95 | p99 | p99 large | avg queue s | makespan s | GPU util | preempt | lost GPU-h |"
+    header = (
+        "| policy | jobs | avg JCT s | p50 | p95 | p99 | p99 large | avg queue s | makespan s | GPU util "
+        "| preempt | lost GPU-h |"
+    )
     lines = [header, "|" + "---|" * 12]
     for name, row in policies.items():
         lines.append(
-            f"| {name} | {row['jobs']} | {row['avg_jct_s']:,.0f} | {row['p50_jct_s']:,.0f} | {row['p95_jct_s']:,.0f} | "
+            f"| {name} | {row['jobs']} | {row['avg_jct_s']:,.0f} | {row['p50_jct_s']:,.0f} | "
+            f"{row['p95_jct_s']:,.0f} | "
             f"{row['p99_jct_s']:,.0f} | {row.get('p99_jct_large_s', 0):,.0f} | {row['avg_queue_s']:,.0f} | "
-            f"{row['makespan_s']:,.0f} | {row['gpu_utilization']:.3f} | {row['preemptions']} | {row['lost_gpu_hours']:,.1f} |"
+            f"{row['makespan_s']:,.0f} | {row['gpu_utilization']:.3f} | {row['preemptions']} | "
+            f"{row['lost_gpu_hours']:,.1f} |"
         )
     if baseline and baseline in policies:
         base = policies[baseline]["avg_jct_s"]

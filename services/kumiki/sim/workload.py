@@ -32,14 +32,8 @@ def sim_jobs(trace: Sequence[TraceJob], *, max_gpus: int, seed: int = 0) -> list
                 "(fractional pods belong to `kumiki pack`)"
             )
         if job.gpus > max_gpus:
-            raise WorkloadError(
-                f"job {job.job_id}: field 'gpus' is {job.gpus:g}, more than the cluster's {max_gpus}"
-            )
-        jobs.append(
-            SimJobSpec(
-                job.job_id, job.submit_s, int(job.gpus), job.duration_s, job.queue, job.user, job.model
-            )
-        )
+            raise WorkloadError(f"job {job.job_id}: field 'gpus' is {job.gpus:g}, more than the cluster's {max_gpus}")
+        jobs.append(SimJobSpec(job.job_id, job.submit_s, int(job.gpus), job.duration_s, job.queue, job.user, job.model))
     rng = random.Random(seed)
     tie_break = {job.job_id: (rng.random() if seed else float(index)) for index, job in enumerate(jobs)}
     jobs.sort(key=lambda job: (job.submit_s, tie_break[job.job_id]))
@@ -55,9 +49,7 @@ def synthetic_jobs(
     rng = random.Random(seed)
     sizes = [1, 2, 4, 8, 16]
     weights = [0.90, 0.03, 0.04, 0.025, 0.005]
-    sizes_weights = [
-        (size, weight) for size, weight in zip(sizes, weights, strict=True) if size <= total_gpus
-    ]
+    sizes_weights = [(size, weight) for size, weight in zip(sizes, weights, strict=True) if size <= total_gpus]
     allowed = [size for size, _ in sizes_weights]
     allowed_weights = [weight for _, weight in sizes_weights]
     mean_log, sigma = math.log(900.0), 2.0

@@ -1,0 +1,177 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from kumiki.cli.main import main
+from kumiki.sim.report import REPORT_KEYS
+from kumiki.sim.trace import load_jobs
+
+TINY = Path(__file__).resolve().parents[1] / "sim" / "data" / "philly-tiny.csv"
+
+
+def simulate(tmp_path, *extra):
+    out = tmp_path / "out"
+    code = main(["simulate", "--trace", str(TINY), "--nodes", "2", "--gpus-per-node", "8", "--out", str(out), *extra])
+    return code, out
+
+
+def test_simulate_writes_report_with_schema_and_sound_values(tmp_path):
+    code, out = simulate(tmp_path, "--policy", "fifo,fifo-backfill,srtf-oracle,tiresias,kumiki-noforecast")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    trace = load_jobs(TINY)
+    work = sum(job.duration_s * job.gpus for job in trace)
+    longest = max(job.duration_s for job in trace)
+    assert set(report["policies"]) == {"fifo", "fifo-backfill", "srtf-oracle", "tiresias", "kumiki-noforecast"}
+    for name, row in report["policies"].items():
+        assert set(REPORT_KEYS) <= set(row), name
+        assert row["jobs"] == len(trace)
+        assert row["p50_jct_s"] <= row["p95_jct_s"] <= row["p99_jct_s"]
+        assert row["avg_queue_s"] >= 0 and row["avg_jct_s"] >= row["avg_queue_s"]
+        assert row["makespan_s"] >= longest
+        # utilisation: at least the trace's own work, never above the cluster
+        assert work / (16 * row["makespan_s"]) - 1e-9 <= row["gpu_utilization"] <= 1.0
+    assert report["policies"]["fifo"]["preemptions"] == 0
+    assert report["policies"]["fifo"]["lost_gpu_hours"] == 0
+    # on a queueing cluster, backfill and the SRTF reference beat strict FIFO
+    fifo = report["policies"]["fifo"]["avg_jct_s"]
+    assert report["policies"]["fifo-backfill"]["avg_jct_s"] < fifo
+    assert report["policies"]["srtf-oracle"]["avg_jct_s"] < fifo
+    assert report["config"]["checkpoint"] == {"interval_s": 1800.0, "checkpoint_cost_s": 60.0, "restore_cost_s": 60.0}
+    table = (out / "report.md").read_text()
+    assert "| fifo |" in table and "tiresias" in table
+    for png in ("jct_cdf.png", "allocated_gpus.png", "queue_length.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_fifo_matches_a_hand_computed_schedule(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\n"
+        "a,0,8,,,100,,q,,\n"
+        "b,10,4,,,50,,q,,\n"
+        "c,20,1,,,10,,q,,\n"
+    )
+    out = tmp_path / "o"
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(trace),
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "8",
+                "--policy",
+                "fifo",
+                "--out",
+                str(out),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
+    row = json.loads((out / "report.json").read_text())["policies"]["fifo"]
+    # a: 0-100; b: 100-150; c starts with b (fits beside it): 100-110
+    assert row["avg_jct_s"] == pytest.approx((100 + 140 + 90) / 3)
+    assert row["makespan_s"] == pytest.approx(150)
+
+
+def test_window_and_seed_are_applied(tmp_path):
+    code, out = simulate(
+        tmp_path, "--policy", "fifo", "--start-s", "10000", "--end-s", "20000", "--seed", "3", "--no-plots"
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    expected = sum(1 for job in load_jobs(TINY) if job.submit_s is not None and 10000 <= job.submit_s < 20000)
+    assert report["policies"]["fifo"]["jobs"] == expected and report["config"]["seed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "fifo,bogus"], "--policy: unknown 'bogus'"),
+        (["--policy", "fifo", "--placement", "worst-fit"], "--placement: unknown"),
+        (["--policy", "fifo", "--seed", "x"], "--seed must be a whole number"),
+        (["--policy", "fifo", "--start-s", "5", "--end-s", "1"], "--end-s"),
+        (["--policy", "fifo", "--checkpoint-cost-s", "-1"], "--checkpoint-cost-s must be >= 0"),
+    ],
+)
+def test_bad_options_name_the_option(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        simulate(tmp_path, *args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_queue_file_and_unknown_queue(tmp_path, capsys):
+    queues = tmp_path / "q.yaml"
+    queues.write_text("11cb48: 8\n")
+    with pytest.raises(SystemExit):
+        simulate(tmp_path, "--policy", "fifo", "--queues", str(queues))
+    assert "no guarantee for queue(s)" in capsys.readouterr().err
+    queues.write_text("11cb48: -2\n")
+    with pytest.raises(SystemExit):
+        simulate(tmp_path, "--policy", "fifo", "--queues", str(queues))
+    assert "guaranteed GPU count > 0" in capsys.readouterr().err
+
+
+def test_trace_without_durations_is_rejected_with_the_job(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\nx,0,1,,,,,q,,\n")
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(trace),
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "8",
+                "--policy",
+                "fifo",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+    assert "job x: field 'duration_s'" in capsys.readouterr().err
+
+
+def test_pack_reports_unallocated_share(tmp_path):
+    pods = tmp_path / "pods.csv"
+    nodes = tmp_path / "nodes.csv"
+    pods.write_text(
+        "job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\n"
+        + "".join(f"p{i},{i},{g},2,4,,,LS,Running,\n" for i, g in enumerate([0.5, 1, 0.25, 0.5, 2, 0.75, 0]))
+    )
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\na,32000,65536,2,T4\nb,32000,65536,4,T4\n")
+    out = tmp_path / "o"
+    assert (
+        main(
+            [
+                "pack",
+                "--pods",
+                str(pods),
+                "--nodes",
+                str(nodes),
+                "--placement",
+                "best-fit,kumiki",
+                "--seeds",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["capacity_gpus"] == 6
+    for row in report["strategies"].values():
+        assert 0.0 <= row["unallocated_share_mean"] <= 1.0
+        assert len(row["runs"]) == 2
+        for run in row["runs"]:
+            assert run["arrivals"] >= 1 and (run["failed"] == 0) == (run["first_failure_arrival"] == 0)
+    assert (out / "unallocated.png").exists()

@@ -1,0 +1,118 @@
+from kumiki.sched.cluster import ClusterState, uniform_cluster
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
+from kumiki.sched.jobs import JobView, OracleJobView, consolidated_gang
+from kumiki.sched.policies import POLICIES
+from kumiki.sched.scheduler import Scheduler
+
+
+def view(job_id: str, gpus: int, submit: float = 0.0, p90: float | None = None, queue: str = "q") -> JobView:
+    forecast = RuntimeForecast(p90 / 2, p90, "test", 0) if p90 is not None else None
+    return JobView(JobFeatures(job_id, queue, "", float(gpus), "", submit), gpus, queue, submit, forecast=forecast)
+
+
+def started(decisions) -> list[str]:
+    return [start.job_id for start in decisions.starts]
+
+
+def two_busy_nodes(policy: str) -> Scheduler:
+    """Node 0 runs A (3 of 4 GPUs), node 1 runs D (2 of 4); then B (4 GPUs) queues first."""
+    scheduler = Scheduler(POLICIES[policy], ClusterState.empty(uniform_cluster(2, 4)), "best-fit")
+    scheduler.submit(view("A", 3, 0.0, p90=1000.0), consolidated_gang("A", 3, 4))
+    scheduler.submit(view("D", 2, 0.0, p90=1000.0), consolidated_gang("D", 2, 4))
+    assert started(scheduler.schedule(0.0)) == ["A", "D"]
+    scheduler.submit(view("B", 4, 1.0, p90=100.0), consolidated_gang("B", 4, 4))
+    return scheduler
+
+
+def test_fifo_blocks_behind_the_head():
+    scheduler = two_busy_nodes("fifo")
+    scheduler.submit(view("C", 1, 2.0), consolidated_gang("C", 1, 4))
+    assert started(scheduler.schedule(2.0)) == []
+
+
+def test_fifo_backfill_never_uses_the_reserved_node():
+    scheduler = two_busy_nodes("fifo-backfill")
+    scheduler.submit(view("C", 2, 2.0), consolidated_gang("C", 2, 4))  # fits only node 1
+    scheduler.submit(view("E", 1, 3.0), consolidated_gang("E", 1, 4))  # fits node 0
+    decisions = scheduler.schedule(3.0)
+    assert scheduler.reservation is not None and scheduler.reservation.job_id == "B"
+    assert scheduler.reservation.nodes == frozenset({1})
+    assert started(decisions) == ["E"]
+    assert scheduler.running["E"].nodes == (0,)
+    reason = scheduler.explain("C")
+    assert reason is not None and reason.resource == "reservation"
+
+
+def test_forecast_backfill_only_when_it_ends_before_the_reservation():
+    scheduler = two_busy_nodes("kumiki")
+    scheduler.submit(view("long", 2, 2.0, p90=5000.0), consolidated_gang("long", 2, 4))
+    scheduler.submit(view("short", 2, 3.0, p90=500.0), consolidated_gang("short", 2, 4))
+    decisions = scheduler.schedule(3.0)
+    reservation = scheduler.reservation
+    assert reservation is not None and reservation.job_id == "B" and reservation.nodes == frozenset({1})
+    assert reservation.shadow_s == 1000.0  # D's p90 end
+    assert [(s.job_id, s.borrower) for s in decisions.starts] == [("short", True)]
+    assert "long" in scheduler.waiting
+
+
+def test_reservation_deadline_evicts_an_overstaying_borrower():
+    scheduler = two_busy_nodes("kumiki")
+    scheduler.submit(view("short", 2, 3.0, p90=500.0), consolidated_gang("short", 2, 4))
+    scheduler.schedule(3.0)
+    scheduler.finished("D")  # D leaves at its forecast; the borrower did not
+    decisions = scheduler.schedule(1000.0)
+    assert [p.job_id for p in decisions.preemptions] == ["short"]
+    assert decisions.preemptions[0].reason == "reservation deadline"
+    assert started(decisions) == ["B"]
+    assert scheduler.state.audit() == []
+
+
+def oracle(job_id: str, gpus: int, submit: float, remaining: float) -> OracleJobView:
+    return OracleJobView(
+        JobFeatures(job_id, "q", "", float(gpus), "", submit), gpus, "q", submit, remaining_s=remaining
+    )
+
+
+def test_srtf_oracle_preempts_the_longest_remaining_job():
+    scheduler = Scheduler(POLICIES["srtf-oracle"], ClusterState.empty(uniform_cluster(1, 2)), "best-fit")
+    scheduler.submit(oracle("long", 1, 0.0, 100_000.0), consolidated_gang("long", 1, 2))
+    scheduler.submit(oracle("mid", 1, 0.0, 50_000.0), consolidated_gang("mid", 1, 2))
+    scheduler.schedule(0.0)
+    scheduler.submit(oracle("short", 1, 5000.0, 100.0), consolidated_gang("short", 1, 2))
+    decisions = scheduler.schedule(5000.0, consider_preemption=True)
+    assert [p.job_id for p in decisions.preemptions] == ["long"]
+    assert started(decisions) == ["short"]
+    # a job that just (re)started is not preempted again at once (no thrashing)
+    scheduler.submit(oracle("tiny", 1, 5001.0, 10.0), consolidated_gang("tiny", 1, 2))
+    assert scheduler.schedule(5001.0, consider_preemption=True).preemptions[0].job_id == "mid"
+
+
+def test_tiresias_preempts_only_lower_levels():
+    scheduler = Scheduler(POLICIES["tiresias"], ClusterState.empty(uniform_cluster(1, 1)), "best-fit")
+    scheduler.submit(view("old", 1), consolidated_gang("old", 1, 1))
+    scheduler.schedule(0.0)
+    scheduler.submit(view("new", 1, 100.0), consolidated_gang("new", 1, 1))
+    # at t=1000 "old" attained 1000 GPU-s: still level 0, same as "new": no preemption
+    assert scheduler.schedule(1000.0, consider_preemption=True).preemptions == []
+    # at t=4000 it is past the first threshold (3600 GPU-s)
+    decisions = scheduler.schedule(4000.0, consider_preemption=True)
+    assert [p.job_id for p in decisions.preemptions] == ["old"] and started(decisions) == ["new"]
+
+
+def test_fair_share_serves_the_queue_below_its_guarantee():
+    shares = {"a": 2.0, "b": 2.0}
+    scheduler = Scheduler(
+        POLICIES["fifo-backfill"], ClusterState.empty(uniform_cluster(1, 4)), "best-fit", queue_shares=shares
+    )
+    for index in range(4):
+        scheduler.submit(view(f"a{index}", 1, float(index), queue="a"), consolidated_gang(f"a{index}", 1, 4))
+    scheduler.submit(view("b0", 1, 10.0, queue="b"), consolidated_gang("b0", 1, 4))
+    scheduler.submit(view("b1", 1, 11.0, queue="b"), consolidated_gang("b1", 1, 4))
+    decisions = scheduler.schedule(20.0)
+    assert sorted(started(decisions)) == ["a0", "a1", "b0", "b1"]
+    # without fair share, strict submit order wins
+    plain = Scheduler(POLICIES["fifo-backfill"], ClusterState.empty(uniform_cluster(1, 4)), "best-fit")
+    for index in range(4):
+        plain.submit(view(f"a{index}", 1, float(index), queue="a"), consolidated_gang(f"a{index}", 1, 4))
+    plain.submit(view("b0", 1, 10.0, queue="b"), consolidated_gang("b0", 1, 4))
+    assert sorted(started(plain.schedule(20.0))) == ["a0", "a1", "a2", "a3"]
