@@ -44,6 +44,7 @@ class Runtime:
     consumers: list[EventConsumer] = field(default_factory=list)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at stop, after background
+    components: dict[str, object] = field(default_factory=dict)  # what the wiring built, by name (tests, debugging)
 
     def consume(
         self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False

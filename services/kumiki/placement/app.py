@@ -41,6 +41,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     runtime.background.append(asyncio.create_task(nodes.follow(), name="follow-cluster-state"))
     runtime.background.append(asyncio.create_task(servicer.run_cycles(period_s), name="scheduling-cycle"))
     runtime.closers.append(nodes.stop)
+    runtime.components.update(book=book, servicer=servicer)
     placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)
 
 

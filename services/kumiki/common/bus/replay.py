@@ -8,6 +8,7 @@ from everything published before I started".
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -49,7 +50,13 @@ class TopicReader:
             raise BrokerUnavailable(
                 f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {self.settings.bootstrap} ({error})"
             ) from None
-        partitions = await self._consumer.partitions_for_topic(self.topic) or set()
+        partitions: set[int] = set()
+        for _ in range(50):  # a just-created topic takes a moment to appear in metadata
+            cluster = await self._consumer._client.fetch_all_metadata()
+            partitions = cluster.partitions_for_topic(self.topic) or set()
+            if partitions:
+                break
+            await asyncio.sleep(0.2)
         if not partitions:
             raise BrokerUnavailable(f"topic {self.topic} does not exist (topics are created at start-up)")
         assigned = [TopicPartition(self.topic, partition) for partition in sorted(partitions)]
