@@ -106,6 +106,7 @@ def service_env(settings: KafkaSettings, http_port: int) -> dict[str, str]:
         "KUMIKI_TELEMETRY_NODE_TIMEOUT_S": "2",
         "KUMIKI_TELEMETRY_PUBLISH_INTERVAL_S": "0.5",
         "KUMIKI_TELEMETRY_IDLE": "default=10:1.5",
+        "KUMIKI_TELEMETRY_SESSION_TIMEOUT_S": "6",
         "KUMIKI_LOG_LEVEL": "WARNING",
     }
 

@@ -51,6 +51,7 @@ class TelemetryConfig:
     window_expires_s: float = 3600.0
     node_timeout_s: float = 30.0  # a node silent this long is unhealthy
     publish_interval_s: float = 10.0  # cluster.state at most this often per node unless placement-relevant
+    session_timeout_s: float = 30.0  # how long the group waits for a crashed worker before rebalancing
     idle_default: IdleRule = IdleRule(5.0, 600.0)
     idle_by_queue: Mapping[str, IdleRule] = field(default_factory=dict)
 
@@ -90,6 +91,8 @@ class TelemetryConfig:
                                      minimum=0.1, maximum=86400),
             publish_interval_s=env_float(env, "KUMIKI_TELEMETRY_PUBLISH_INTERVAL_S", cls.publish_interval_s,
                                          minimum=0, maximum=3600),
+            session_timeout_s=env_float(env, "KUMIKI_TELEMETRY_SESSION_TIMEOUT_S", cls.session_timeout_s,
+                                        minimum=6, maximum=1800),
             idle_default=default,
             idle_by_queue=by_queue,
         )

@@ -7,6 +7,7 @@ Broker settings come from the same KUMIKI_KAFKA_* variables as every service.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -33,7 +34,8 @@ def sample_message(sample: GpuSample) -> events_pb2.GpuSample:
         source=sample.source or "",
         xid_errors=list(values.xid_errors),
     )
-    message.sampled_at.FromNanoseconds(round(sample.timestamp * 1e9))
+    whole = math.floor(sample.timestamp)  # split first: t * 1e9 in a double loses the nanoseconds
+    message.sampled_at.FromNanoseconds(whole * 1_000_000_000 + round((sample.timestamp - whole) * 1e9))
     if sample.mig_instance_id is not None:
         message.mig_instance_id = sample.mig_instance_id
     if values.gpu_util_pct is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
@@ -18,7 +20,8 @@ from kumiki.telemetry.core import (
 
 def timestamp(seconds: float) -> Timestamp:
     stamp = Timestamp()
-    stamp.FromNanoseconds(round(seconds * 1e9))
+    whole = math.floor(seconds)  # split first: seconds * 1e9 in a double loses the nanoseconds
+    stamp.FromNanoseconds(whole * 1_000_000_000 + round((seconds - whole) * 1e9))
     return stamp
 
 

@@ -124,6 +124,8 @@ class TelemetryStreams:
             broker_commit_interval=1.0,
             stream_buffer_maxsize=max(4096, 2 * batch_size),
             table_cleanup_interval=60.0,
+            broker_session_timeout=config.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
             logging_config=None,
         )
         prefix = settings.topic_prefix
