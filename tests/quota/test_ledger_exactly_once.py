@@ -174,6 +174,7 @@ async def test_ledger_exact_across_three_sigkills(
     assert still_open == 0
     assert rows == intervals
     assert total == expected, f"ledger {total} != expected {expected} (difference {total - expected})"
+    assert "development only" in log.read_text()  # anonymous mode says so in its logs
 
 
 async def _at_least(pool: asyncpg.Pool, topic: str, count: int) -> bool:

@@ -1,0 +1,166 @@
+"""The quota service's shell: start-up refusal without authentication, the token file, mTLS identities, and
+the publishers (reclaim decisions and quota.state) on the real Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.topics import QUOTA_STATE, SCHEDULING_DECISIONS
+from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
+from kumiki.common.contracts.v1 import events_pb2, quota_pb2_grpc
+from kumiki.quota.adapters.auth import Authenticator, QuotaSettings, token_digest
+from kumiki.quota.adapters.grpc import QuotaServicer
+from kumiki.quota.adapters.publisher import Publisher
+from kumiki.quota.adapters.store import QuotaStore, write_config
+from kumiki.quota.core import AdmitRequest, parse_config
+from tests.conftest import REPO_ROOT
+from tests.quota.helpers import admit_request, migrated_pool, tree
+
+
+def test_refuses_to_start_without_caller_authentication() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")}
+    env["PYTHONPATH"] = f"{REPO_ROOT / 'services'}:{REPO_ROOT}"
+    result = subprocess.run([sys.executable, "-m", "kumiki.quota"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("kumiki-quota: configuration error: KUMIKI_QUOTA_TOKENS_FILE:")
+    assert "KUMIKI_QUOTA_ALLOW_ANONYMOUS=true" in result.stderr
+
+
+def test_token_file_is_validated_and_holds_only_digests(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plain-token: alice\n")
+    with pytest.raises(ConfigError, match="KUMIKI_QUOTA_TOKENS_FILE: key 'plain-token'"):
+        QuotaSettings.from_env({"KUMIKI_QUOTA_TOKENS_FILE": str(bad)})
+    good = tmp_path / "tokens.yaml"
+    good.write_text(f"{token_digest('s3cret')}: alice\n")
+    settings = QuotaSettings.from_env({"KUMIKI_QUOTA_TOKENS_FILE": str(good)})
+    assert settings.tokens == {token_digest("s3cret"): "alice"}
+    assert "s3cret" not in good.read_text()
+    assert QuotaSettings.from_env({"KUMIKI_QUOTA_ALLOW_ANONYMOUS": "true"}).allow_anonymous
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_certificates(folder: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and two client certificates (CN alice and mallory)."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+            "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.crt"))  # fmt: skip
+    for name, extra in (("server", "subjectAltName=IP:127.0.0.1"), ("alice", None), ("mallory", None)):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", str(folder / f"{name}.key"), "-out", str(folder / f"{name}.csr"))  # fmt: skip
+        args = ["x509", "-req", "-in", str(folder / f"{name}.csr"), "-CA", str(folder / "ca.crt"), "-days", "1",
+                "-CAkey", str(folder / "ca.key"), "-CAcreateserial", "-out", str(folder / f"{name}.crt")]  # fmt: skip
+        if extra:
+            (folder / f"{name}.ext").write_text(extra + "\n")
+            args += ["-extfile", str(folder / f"{name}.ext")]
+        openssl(*args)
+
+
+@pytest.mark.postgres
+async def test_mtls_common_name_is_the_identity(database_settings: DatabaseSettings, tmp_path: Path) -> None:
+    make_certificates(tmp_path)
+    pool = await migrated_pool(database_settings)
+    await write_config(pool, parse_config(tree()), "test")
+    server = grpc.aio.server()
+    quota_pb2_grpc.add_QuotaServicer_to_server(
+        QuotaServicer(QuotaStore(pool), Authenticator(QuotaSettings(mtls=True))), server
+    )
+    credentials = grpc.ssl_server_credentials(
+        [((tmp_path / "server.key").read_bytes(), (tmp_path / "server.crt").read_bytes())],
+        root_certificates=(tmp_path / "ca.crt").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    try:
+        for client, allowed in (("alice", True), ("mallory", False)):
+            channel_credentials = grpc.ssl_channel_credentials(
+                root_certificates=(tmp_path / "ca.crt").read_bytes(),
+                private_key=(tmp_path / f"{client}.key").read_bytes(),
+                certificate_chain=(tmp_path / f"{client}.crt").read_bytes(),
+            )
+            async with grpc.aio.secure_channel(f"127.0.0.1:{port}", channel_credentials) as channel:
+                stub = quota_pb2_grpc.QuotaStub(channel)
+                if allowed:
+                    reply = await stub.Admit(admit_request(f"{client}-job", "org/team-a", 2))
+                    assert reply.admitted
+                else:
+                    with pytest.raises(grpc.aio.AioRpcError) as error:
+                        await stub.Admit(admit_request(f"{client}-job", "org/team-a", 2))
+                    assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                    assert error.value.details() == "queue org/team-a: 'mallory' is not one of its owners"
+        identities = await pool.fetch("SELECT identity FROM quota.holdings")
+        assert [row["identity"] for row in identities] == ["alice"]
+    finally:
+        await server.stop(None)
+        await pool.close()
+
+
+async def read_topic(kafka: KafkaSettings, topic: str, count: int) -> list[bytes]:
+    consumer = AIOKafkaConsumer(
+        topic, **kafka.client_options(), auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    values: list[bytes] = []
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(values) < count and asyncio.get_running_loop().time() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            values.extend(record.value for records in batches.values() for record in records)
+    finally:
+        await consumer.stop()
+    return values
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+async def test_publishes_reclaim_decisions_and_quota_state(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings, broker_kind: str
+) -> None:
+    if broker_kind == "noida":
+        pytest.skip("the publishers are broker-agnostic; checked on Apache Kafka")
+    await ensure_topics(kafka_settings, [SCHEDULING_DECISIONS, QUOTA_STATE])
+    pool = await migrated_pool(database_settings)
+    await write_config(pool, parse_config(tree(capacity=16)), "test")
+    store = QuotaStore(pool)
+    for index in range(16):
+        await store.admit(AdmitRequest(f"b-{index}", 1, "org/batch", 1, preemptible=True), "erin")
+    result = await store.admit(AdmitRequest("needs-2", 1, "org/team-a", 2), "alice")
+    assert [victim.job_id for victim in result.victims] == ["b-15", "b-14"]
+    async with EventProducer(kafka_settings, "//kumiki/quota-test") as producer:
+        publisher = Publisher(store, producer, asyncio.Event(), interval_s=1.0, half_life_s=3600.0)
+        assert await publisher.publish_reclaims() == 2
+        assert await publisher.publish_reclaims() == 0  # marked published in the outbox
+        assert await publisher.publish_states() == 5
+        assert await publisher.publish_states() == 0  # unchanged: nothing republished
+    decisions = [
+        events_pb2.SchedulingDecision.FromString(value)
+        for value in await read_topic(kafka_settings, SCHEDULING_DECISIONS.full_name(kafka_settings.topic_prefix), 2)
+    ]
+    assert sorted(d.job.job_id for d in decisions) == ["b-14", "b-15"]
+    assert {d.kind for d in decisions} == {events_pb2.DECISION_KIND_RECLAIM}
+    assert {d.beneficiary.job_id for d in decisions} == {"needs-2"}
+    states = {
+        state.queue: state
+        for state in (
+            events_pb2.QuotaState.FromString(value)
+            for value in await read_topic(kafka_settings, QUOTA_STATE.full_name(kafka_settings.topic_prefix), 5)
+        )
+    }
+    assert states["org/batch"].borrowed_gpus == 16 and states["org/batch"].used_gpus == 16
+    assert states["org/team-a"].used_gpus == 2 and states["org/team-a"].guaranteed_gpus == 10
+    # 16 borrowed: 6 from unguaranteed capacity, the rest from team-a's unused guarantee (8 of its 10)
+    assert states["org/team-a"].lent_gpus == pytest.approx(8.0)
+    assert states["org/team-a"].fair_share_gpus >= 2
+    await pool.close()
