@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "kumiki.cli.stack",
     "kumiki.cli.simulate",
     "kumiki.cli.forecast",
+    "kumiki.cli.quota",
 )
 
 
