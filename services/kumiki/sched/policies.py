@@ -19,6 +19,8 @@ TIRESIAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)
 NO_FORECAST_FLOOR_S = 600.0
 # A job waiting longer than this gets the reservation (large gangs first), so no job starves.
 STARVATION_S = 12 * 3600.0
+# `las-forecast` keys: the attained-service level dominates, the forecast orders jobs inside a level.
+LEVEL_SPAN_S = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,10 @@ def waiting_key(policy: QueuePolicy, view: JobView) -> float:
         return view.remaining_s + view.executed_s
     if policy.order == "las":
         return float(tiresias_level(view.attained_gpu_s))
+    if policy.order == "las-forecast":
+        return LEVEL_SPAN_S * tiresias_level(view.attained_gpu_s) + min(
+            estimate_remaining(policy, view, view.executed_s), LEVEL_SPAN_S - 1.0
+        )
     return estimate_remaining(policy, view, view.executed_s)
 
 
@@ -127,6 +133,10 @@ def running_rank(policy: QueuePolicy, view: JobView, executed_s: float, attained
     """The same scale as `waiting_key` for a running job now: a victim must rank worse than the job it yields to."""
     if policy.order == "las":
         return float(tiresias_level(attained_gpu_s))
+    if policy.order == "las-forecast":
+        return LEVEL_SPAN_S * tiresias_level(attained_gpu_s) + min(
+            estimate_remaining(policy, view, executed_s), LEVEL_SPAN_S - 1.0
+        )
     if policy.order in ("remaining", "forecast"):
         return estimate_remaining(policy, view, executed_s)
     return view.submit_s

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from kumiki.sched.cluster import ClusterState, Placement
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
 from kumiki.sched.placement import PendingReason, place_gang
-from kumiki.sched.policies import QueuePolicy, estimate_remaining, running_rank, waiting_key
+from kumiki.sched.policies import LEVEL_SPAN_S, QueuePolicy, estimate_remaining, running_rank, waiting_key
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
 BACKFILL_LOOKAHEAD = 32
@@ -203,6 +203,11 @@ class Scheduler:
             if not isinstance(placed, PendingReason):
                 self._start(target, placed, now, decisions, "")
                 self.reservation = None
+            elif self.reservation.starving and self.policy.preemptive and target.shape[0] >= self.state.max_gpus:
+                # a starving full-node gang stops waiting: preempt what is cheapest to stop, rank aside
+                self._preempt_for(target, now, decisions, force=True)
+                if target.view.job_id not in self.waiting:
+                    self.reservation = None
         unfit: list[str] = []
         heads = self._heads()
         while heads and self.waiting:
@@ -393,7 +398,7 @@ class Scheduler:
         self._release(job_id, entry)
         decisions.preemptions.append(Preemption(job_id, for_job, reason))
 
-    def _preempt_for(self, entry: _Waiting, now: float, decisions: Decisions) -> None:
+    def _preempt_for(self, entry: _Waiting, now: float, decisions: Decisions, *, force: bool = False) -> None:
         """Free one node for a single-node job from lower-ranked jobs, losing the least work."""
         if len(entry.shape) > 1:
             return  # multi-node gangs get reservations, not preemption cascades
@@ -423,8 +428,13 @@ class Scheduler:
                 attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
                 victim_rank = running_rank(policy, running.view, executed, attained)
                 lost = checkpoint.lost_progress(executed) + checkpoint.restore_cost_s
-                if policy.order == "las":
+                if force:
+                    worse = True
+                elif policy.order == "las":
                     worse = victim_rank > rank
+                elif policy.order == "las-forecast":
+                    # preempt only across levels, as Tiresias: the forecast orders jobs, it does not evict
+                    worse = victim_rank // LEVEL_SPAN_S > rank // LEVEL_SPAN_S
                 else:
                     worse = victim_rank > policy.preempt_ratio * rank + lost
                 if worse:

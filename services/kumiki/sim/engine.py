@@ -239,7 +239,7 @@ class Simulator:
             if job.first_start_s < 0:
                 job.first_start_s = now
             self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
-            if self.policy.order == "las":
+            if self.policy.order in ("las", "las-forecast"):
                 self._schedule_demotion(job, now)
 
     def _schedule_demotion(self, job: _SimJob, now: float) -> None:
