@@ -13,24 +13,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
+from _support import broker
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
 
 from kumiki.common.bus import Event, EventConsumer, EventProducer, ensure_topics
 from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
-from kumiki.devstack.broker import start_noida
-from kumiki.devstack.processes import free_port, terminate
 
 
 def payloads(count: int) -> list[tuple[str, events_pb2.JobLifecycle]]:
@@ -91,31 +85,28 @@ async def bus_consume(settings: KafkaSettings, count: int, producer: EventProduc
     return elapsed
 
 
-async def main(events: int, bootstrap: str | None) -> None:
-    broker = None
-    if bootstrap is None:
-        folder = Path(tempfile.mkdtemp(prefix="kumiki-bench-"))
-        broker = start_noida(folder / "data", free_port(), folder / "noida.log")
-        bootstrap = broker.bootstrap
-    try:
-        base = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.")
-        raw = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-raw-{uuid.uuid4().hex[:6]}.")
-        await ensure_topics(base, [JOB_LIFECYCLE, DEAD_LETTER])
-        await ensure_topics(raw, [JOB_LIFECYCLE])
-        items = payloads(events)
-        raw_values = [(key, message.SerializeToString()) for key, message in items]
-        raw_topic = JOB_LIFECYCLE.full_name(raw.topic_prefix)
-        results = {"produce (raw aiokafka)": await raw_produce(raw, raw_topic, raw_values)}
-        async with EventProducer(base, "//kumiki/bench") as producer:
-            started = time.perf_counter()
-            await producer.publish_many(JOB_LIFECYCLE, items)
-            results["produce (kumiki bus)"] = time.perf_counter() - started
-            results["consume (raw aiokafka)"] = await raw_consume(raw, raw_topic, events)
-            results["consume (kumiki bus)"] = await bus_consume(base, events, producer)
-    finally:
-        if broker is not None:
-            terminate(broker.pid)
-    table = Table(title=f"bus throughput, {events:,} events, broker {bootstrap}")
+async def measure(events: int, bootstrap: str) -> dict[str, float]:
+    base = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.")
+    raw = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-raw-{uuid.uuid4().hex[:6]}.")
+    await ensure_topics(base, [JOB_LIFECYCLE, DEAD_LETTER])
+    await ensure_topics(raw, [JOB_LIFECYCLE])
+    items = payloads(events)
+    raw_values = [(key, message.SerializeToString()) for key, message in items]
+    raw_topic = JOB_LIFECYCLE.full_name(raw.topic_prefix)
+    results = {"produce (raw aiokafka)": await raw_produce(raw, raw_topic, raw_values)}
+    async with EventProducer(base, "//kumiki/bench") as producer:
+        started = time.perf_counter()
+        await producer.publish_many(JOB_LIFECYCLE, items)
+        results["produce (kumiki bus)"] = time.perf_counter() - started
+        results["consume (raw aiokafka)"] = await raw_consume(raw, raw_topic, events)
+        results["consume (kumiki bus)"] = await bus_consume(base, events, producer)
+    return results
+
+
+def main(events: int, bootstrap: str | None) -> None:
+    with broker(bootstrap) as address:
+        results = asyncio.run(measure(events, address))
+    table = Table(title=f"bus throughput, {events:,} events, broker {address}")
     for column in ("path", "seconds", "events/s", "vs raw"):
         table.add_column(column)
     for name, seconds in results.items():
@@ -131,4 +122,4 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     if arguments.events < 100:
         parser.error(f"--events: must be >= 100, got {arguments.events}")
-    asyncio.run(main(arguments.events, arguments.bootstrap))
+    main(arguments.events, arguments.bootstrap)

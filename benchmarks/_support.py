@@ -1,0 +1,33 @@
+"""Shared by the benchmark scripts: a broker to run against, and latency summaries."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from kumiki.devstack.broker import start_noida
+from kumiki.devstack.processes import free_port, terminate
+
+
+@contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    """The given broker, or a development broker (noida-db) started in a temporary folder for the run."""
+    if bootstrap:
+        yield bootstrap
+        return
+    folder = Path(tempfile.mkdtemp(prefix="kumiki-bench-"))
+    started = start_noida(folder / "data", free_port(), folder / "noida.log")
+    try:
+        yield started.bootstrap
+    finally:
+        terminate(started.pid)
+
+
+def percentile(values: Sequence[float], level: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(level / 100 * (len(ordered) - 1))))
+    return ordered[index]
