@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "kumiki.cli.simulate",
     "kumiki.cli.forecast",
     "kumiki.cli.quota",
+    "kumiki.cli.placement",
 )
 
 

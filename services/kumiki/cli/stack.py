@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 
@@ -10,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kumiki.cli.main import UsageError
+from kumiki.common.config import KafkaSettings
 from kumiki.devstack.broker import BROKER_KINDS
+from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.devstack.postgres import DATABASE_KINDS
 from kumiki.devstack.processes import StackError
 from kumiki.devstack.stack import StackState, bring_down, bring_up, stack_home, status_rows
@@ -57,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     up.add_argument("--kafka-port", type=_port, default=None, help="broker port (default 9092)")
     up.add_argument("--postgres-port", type=_port, default=None, help="Postgres port (default 55432)")
     up.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for readiness")
+    up.add_argument(
+        "--emulate-nodes",
+        type=int,
+        default=None,
+        help="publish N emulated GPU nodes on cluster.state (default 4 on a broker started here, "
+        "0 with KUMIKI_KAFKA_BOOTSTRAP)",
+    )
     up.set_defaults(handler=_up)
     status = subparsers.add_parser("status", help="health, address and backing broker/database of each component")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -84,6 +94,16 @@ def _up(args: argparse.Namespace) -> int:
     except StackError as error:
         console.print(f"kumiki up: {error}", style="red", markup=False)
         return 1
+    emulate = args.emulate_nodes
+    if emulate is None:
+        emulate = 0 if os.environ.get("KUMIKI_KAFKA_BOOTSTRAP") or args.infra_only else 4
+    if not 0 <= emulate <= 100_000:
+        raise UsageError(f"--emulate-nodes: expected 0..100000, got {emulate}")
+    if emulate:
+        assert state.broker is not None
+        kafka = KafkaSettings(bootstrap=state.broker["bootstrap"])
+        asyncio.run(publish_nodes(kafka, emulated_nodes(emulate)))
+        console.print(f"published {emulate} emulated GPU nodes on {kafka.topic_prefix}cluster.state")
     if args.infra_only:
         assert state.broker and state.database
         print(f"export KUMIKI_KAFKA_BOOTSTRAP={state.broker['bootstrap']}")
@@ -127,6 +147,3 @@ def _down(args: argparse.Namespace) -> int:
     stopped = bring_down(purge=args.purge)
     console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}" + (" (data purged)" if args.purge else ""))
     return 0
-
-
-__all__ = ["os", "register"]

@@ -1,0 +1,108 @@
+"""`kumiki cluster emulate` (publish an emulated cluster) and `kumiki placement bind|release|explain`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+
+from kumiki.cli.main import UsageError
+from kumiki.common.config import ConfigError, KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.devstack.cluster import emulated_nodes, publish_nodes
+
+console = Console(stderr=True)
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected >= 1, got {number}")
+    return number
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cluster = subparsers.add_parser("cluster", help="cluster state tools")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    emulate = cluster_commands.add_parser("emulate", help="publish emulated nodes on kumiki.cluster.state")
+    emulate.add_argument("--nodes", type=_positive, default=4, help="how many nodes (mixed A100/H100/V100/MIG shapes)")
+    emulate.add_argument("--prefix", default="node", help="node name prefix")
+    emulate.set_defaults(handler=_emulate)
+
+    placement = subparsers.add_parser("placement", help="talk to the placement service")
+    placement.add_argument(
+        "--address",
+        default=os.environ.get("KUMIKI_PLACEMENT_ADDRESS", "127.0.0.1:50051"),
+        help="host:port of Placement (default $KUMIKI_PLACEMENT_ADDRESS or 127.0.0.1:50051)",
+    )
+    commands = placement.add_subparsers(dest="placement_command", required=True)
+    bind = commands.add_parser("bind", help="bind a gang of identical pods")
+    bind.add_argument("job_id")
+    bind.add_argument("--queue", required=True)
+    bind.add_argument("--pods", type=_positive, default=1)
+    bind.add_argument("--gpus", type=int, default=1, help="whole GPUs per pod")
+    bind.add_argument("--generation", type=_positive, default=1)
+    bind.set_defaults(handler=_bind)
+    release = commands.add_parser("release", help="free a job's allocation")
+    release.add_argument("job_id")
+    release.add_argument("--generation", type=int, default=0, help="0 = whatever generation holds it")
+    release.set_defaults(handler=_release)
+    explain = commands.add_parser("explain", help="why is a job waiting (or where it runs)")
+    explain.add_argument("job_id")
+    explain.set_defaults(handler=_explain)
+
+
+def _emulate(args: argparse.Namespace) -> int:
+    try:
+        kafka = KafkaSettings.from_env(os.environ)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    count = asyncio.run(publish_nodes(kafka, emulated_nodes(args.nodes, prefix=args.prefix)))
+    console.print(f"published {count} emulated nodes to {kafka.topic_prefix}cluster.state on {kafka.bootstrap}")
+    return 0
+
+
+async def _call(address: str, method: str, request: object) -> object:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = placement_pb2_grpc.PlacementStub(channel)
+        return await getattr(stub, method)(request, timeout=10)
+
+
+def _run(address: str, method: str, request: object) -> int:
+    if ":" not in address:
+        raise UsageError(f"--address: expected host:port, got {address!r}")
+    try:
+        reply = asyncio.run(_call(address, method, request))
+    except grpc.aio.AioRpcError as error:
+        console.print(f"{method}: {error.code().name}: {error.details()}", style="red", markup=False)
+        return 1
+    print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))  # type: ignore[arg-type]
+    return 0
+
+
+def _bind(args: argparse.Namespace) -> int:
+    if not 0 <= args.gpus <= 64:
+        raise UsageError(f"--gpus: expected 0..64, got {args.gpus}")
+    request = placement_pb2.BindRequest(
+        job=common_pb2.JobRef(job_id=args.job_id, generation=args.generation),
+        queue=args.queue,
+        pods=[common_pb2.PodResources(gpus=args.gpus) for _ in range(args.pods)],
+    )
+    return _run(args.address, "Bind", request)
+
+
+def _release(args: argparse.Namespace) -> int:
+    request = placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id=args.job_id, generation=args.generation))
+    return _run(args.address, "Release", request)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    return _run(args.address, "Explain", placement_pb2.ExplainRequest(job_id=args.job_id))
