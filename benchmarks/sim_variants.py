@@ -1,0 +1,58 @@
+"""Ablations of the `kumiki` policy on the Philly slice: which part costs or buys what.
+
+One command: `.venv/bin/python benchmarks/sim_variants.py [--nodes 64]`. Each variant changes one field of
+`QueuePolicy`; ratios are against `fifo-backfill` and `tiresias` run in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kumiki.forecast.models import build_default_forecaster
+from kumiki.sched.cluster import uniform_cluster
+from kumiki.sched.policies import POLICIES, QueuePolicy
+from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.trace import load_jobs
+from kumiki.sim.workload import sim_jobs
+
+PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-slice.csv"
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "kumiki (shipped)": {},
+    "full-node jobs preemptible": {"protect_full_nodes": False},
+    "LAS level first, forecast inside a level": {"order": "las-forecast"},
+    "no starvation reservations": {"starvation_s": 0.0},
+    "preempt at 1x instead of 2x": {"preempt_ratio": 1.0},
+}
+
+
+def run(policy: QueuePolicy, nodes: int) -> tuple[float, float]:
+    jobs = sim_jobs(load_jobs(PHILLY), max_gpus=nodes * 8)
+    forecaster = build_default_forecaster() if policy.uses_forecast else None
+    result = Simulator(uniform_cluster(nodes, 8), jobs, SimConfig(policy), forecaster=forecaster).run()
+    jct = [job.jct_s for job in result.jobs]
+    large = [job.jct_s for job in result.jobs if job.gpus >= 8]
+    return float(np.mean(jct)), float(np.percentile(large, 99))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=64)
+    args = parser.parse_args()
+    backfill, backfill_p99 = run(POLICIES["fifo-backfill"], args.nodes)
+    tiresias, _ = run(POLICIES["tiresias"], args.nodes)
+    print(f"fifo-backfill avg JCT {backfill:,.0f} s, p99 large {backfill_p99:,.0f} s; tiresias {tiresias:,.0f} s")
+    print("| variant | avg JCT s | x fifo-backfill | x tiresias | p99 large s |")
+    print("|---|---|---|---|---|")
+    for name, change in VARIANTS.items():
+        mean, p99 = run(dataclasses.replace(POLICIES["kumiki"], **change), args.nodes)
+        print(f"| {name} | {mean:,.0f} | {mean / backfill:.3f} | {mean / tiresias:.3f} | {p99:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
