@@ -63,6 +63,15 @@ def kafka_settings(broker_kind: str, request: pytest.FixtureRequest) -> KafkaSet
     )
 
 
+@pytest.fixture
+def kafka() -> KafkaSettings:
+    """Apache Kafka only, with a topic prefix unique to the test (for tests whose subject is not the broker)."""
+    bootstrap = apache_kafka_bootstrap()
+    if bootstrap is None:
+        pytest.skip("KUMIKI_TEST_KAFKA_BOOTSTRAP not set (CI starts Apache Kafka)")
+    return KafkaSettings(bootstrap=bootstrap, topic_prefix=f"test-{uuid.uuid4().hex[:10]}.")
+
+
 @pytest.fixture(scope="session")
 def postgres_admin_url() -> str:
     url = os.environ.get("KUMIKI_TEST_DATABASE_URL")

@@ -19,7 +19,7 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
 from kumiki.devstack.processes import free_port
 from tests.conftest import REPO_ROOT, wait_until
-from tests.placement.conftest import bind_request, default_nodes, emulate
+from tests.placement.support import bind_request, default_nodes, emulate
 from tests.placement.test_service import BOUND, assert_never_over_allocated, random_pods
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.placement.core import PlacementBook
 from kumiki.sched.mig import profile_for
 from tests.conftest import wait_until
-from tests.placement.conftest import bind_request, default_nodes, emulate, running_placement, whole
+from tests.placement.support import bind_request, default_nodes, emulate, running_placement, whole
 
 BOUND = placement_pb2.BindResponse.OUTCOME_BOUND
 PENDING = placement_pb2.BindResponse.OUTCOME_PENDING

@@ -27,7 +27,7 @@ from kumiki.common.bus.consumer import Handler
 from kumiki.common.config import ConfigError, Settings
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
 from kumiki.common.logs import configure_logging
-from kumiki.common.tracing import configure_tracing
+from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ServiceHost:
         producer = EventProducer(settings.kafka, f"//kumiki/{self.spec.name}/{settings.instance}")
         await producer.start()
         self.runtime = Runtime(settings, producer, pool)
-        self.grpc_server = grpc.aio.server()
+        self.grpc_server = grpc.aio.server(interceptors=[ServerTracingInterceptor(self.spec.name)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         await self.spec.wire(self.runtime, self.grpc_server)
         address = f"{settings.server.host}:{settings.server.grpc_port}"

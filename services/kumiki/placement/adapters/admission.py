@@ -8,6 +8,7 @@ from typing import Protocol
 import grpc
 
 from kumiki.common.contracts.v1 import common_pb2, quota_pb2, quota_pb2_grpc
+from kumiki.common.tracing import outgoing_metadata
 from kumiki.placement.core import BindCommand
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class QuotaServiceAdmission:
                 priority_tier=command.priority_tier,
                 preemptible=command.preemptible,
             ),
-            metadata=self.metadata,
+            metadata=self.metadata + outgoing_metadata(),
             timeout=2.0,
         )
         if reply.admitted:

@@ -1,30 +1,18 @@
-"""A placement service in-process on loopback (real gRPC server, real Apache Kafka) over an emulated cluster."""
+"""Placement test helpers: an in-process placement service (real gRPC, Apache Kafka) over an emulated cluster."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import grpc
-import pytest
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings, ServerSettings, Settings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.common.service import ServiceHost
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.placement.app import SPEC
-from tests.conftest import apache_kafka_bootstrap
-
-ServiceFactory = Callable[[], "asynccontextmanager[tuple[ServiceHost, placement_pb2_grpc.PlacementStub]]"]
-
-
-@pytest.fixture
-def kafka() -> KafkaSettings:
-    bootstrap = apache_kafka_bootstrap()
-    if bootstrap is None:
-        pytest.skip("KUMIKI_TEST_KAFKA_BOOTSTRAP not set (CI starts Apache Kafka)")
-    return KafkaSettings(bootstrap=bootstrap, topic_prefix=f"test-{uuid.uuid4().hex[:10]}.")
 
 
 def settings_for(kafka: KafkaSettings, grpc_port: int = 0, http_port: int = 0) -> Settings:

@@ -1,0 +1,114 @@
+"""One decision, one trace: a caller's span → placement's Bind span → the published events → a consumer.
+
+Spans leave the placement process over OTLP/gRPC, as they would to Jaeger; the receiver here is built on
+opentelemetry-proto's own TraceService (the closest maintained stand-in for Jaeger's OTLP endpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from kumiki.common.bus import Event, EventConsumer, EventProducer
+from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
+from kumiki.common.tracing import configure_tracing, outgoing_metadata
+from kumiki.devstack.processes import free_port
+from tests.conftest import REPO_ROOT, wait_until
+from tests.placement.support import bind_request, default_nodes, emulate, whole
+
+configure_tracing("test", None)
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list = []  # type: ignore[type-arg]
+
+    async def Export(self, request, context):  # type: ignore[no-untyped-def]
+        for resource in request.resource_spans:
+            service = next(a.value.string_value for a in resource.resource.attributes if a.key == "service.name")
+            for scope in resource.scope_spans:
+                self.spans.extend((service, span) for span in scope.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def ready(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, tmp_path: Path) -> None:
+    receiver = Receiver()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    otlp_port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await emulate(kafka, default_nodes(2))
+    grpc_port, http_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
+        "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port),
+        "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "PYTHONPATH": str(REPO_ROOT / "services"),
+    }
+    with (tmp_path / "placement.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kumiki.placement"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    consumed: list[int] = []
+
+    async def handler(event: Event, connection: object) -> None:
+        consumed.append(trace.get_current_span().get_span_context().trace_id)
+
+    try:
+        await wait_until(lambda: ready(http_port), timeout_s=60, what="placement")
+        async with EventProducer(kafka, "//kumiki/test") as producer:
+            consumer = EventConsumer(kafka, [JOB_LIFECYCLE], "trace-test", handler, producer)
+            await consumer.start()
+            consuming = asyncio.create_task(consumer.run())
+            with trace.get_tracer("test").start_as_current_span("binder reconcile") as root:
+                trace_id = root.get_span_context().trace_id
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                    reply = await placement_pb2_grpc.PlacementStub(channel).Bind(
+                        bind_request("traced-job", [whole(2)]), metadata=outgoing_metadata()
+                    )
+            assert reply.outcome == placement_pb2.BindResponse.OUTCOME_BOUND
+            await wait_until(lambda: consumed, timeout_s=30, what="the lifecycle event")
+            consumer.request_stop()
+            await consuming
+            await consumer.stop()
+
+        def ours() -> list:  # type: ignore[type-arg]
+            return [
+                (service, span) for service, span in receiver.spans if int.from_bytes(span.trace_id, "big") == trace_id
+            ]
+
+        await wait_until(lambda: len(ours()) >= 3, timeout_s=30, what="placement's spans over OTLP")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        await server.stop(None)
+    spans = {span.name: (service, span) for service, span in ours()}
+    service, bind = spans["kumiki.v1.Placement/Bind"]
+    assert service == "kumiki-placement"
+    assert int.from_bytes(bind.parent_span_id, "big") == root.get_span_context().span_id
+    _, publish = spans["publish job.lifecycle"]
+    assert publish.parent_span_id == bind.span_id, "the event is published inside the Bind span"
+    assert consumed == [trace_id], "the consumer's span continues the same trace"
