@@ -22,16 +22,29 @@ def main() -> None:
     parser.add_argument("--seeds", default="10")
     parser.add_argument("--out", default="/tmp/kumiki-pack-openb")
     args = parser.parse_args()
-    kumiki([
-        "pack", "--pods", str(TRACES / "openb-pods.csv"), "--nodes", str(TRACES / "openb-nodes.csv"),
-        "--placement", "spread,best-fit,first-fit,kumiki", "--seeds", args.seeds, "--out", args.out,
-    ])
+    kumiki(
+        [
+            "pack",
+            "--pods",
+            str(TRACES / "openb-pods.csv"),
+            "--nodes",
+            str(TRACES / "openb-nodes.csv"),
+            "--placement",
+            "spread,best-fit,first-fit,kumiki",
+            "--seeds",
+            args.seeds,
+            "--out",
+            args.out,
+        ]
+    )
     report = json.loads((Path(args.out) / "report.json").read_text())["strategies"]
     base = report["best-fit"]["unallocated_share_mean"]
     for name, row in report.items():
         share = row["unallocated_share_mean"]
-        print(f"{name}: {100 * share:.2f}% +- {100 * row['unallocated_share_std']:.2f} unallocated, "
-              f"{share / base:.2f}x best-fit, first failure at arrival {row['first_failure_arrival_mean']:,.0f}")
+        print(
+            f"{name}: {100 * share:.2f}% +- {100 * row['unallocated_share_std']:.2f} unallocated, "
+            f"{share / base:.2f}x best-fit, first failure at arrival {row['first_failure_arrival_mean']:,.0f}"
+        )
     kumiki_share = report["kumiki"]["unallocated_share_mean"]
     print(f"target <= {100 * TARGET:.1f}%: {'met' if kumiki_share <= TARGET else 'missed'} ({100 * kumiki_share:.2f}%)")
 

@@ -32,8 +32,18 @@ def main() -> None:
     shares = {vc: round(total_gpus * nodes / sum(vcs.values()), 3) for vc, nodes in vcs.items()}
     queues = out / "philly-queues.json"
     queues.write_text(json.dumps(shares, indent=2))
-    common = ["simulate", "--trace", str(TRACES / "philly-slice.csv"), "--nodes", str(args.nodes),
-              "--gpus-per-node", "8", "--policy", args.policies, "--no-plots"]
+    common = [
+        "simulate",
+        "--trace",
+        str(TRACES / "philly-slice.csv"),
+        "--nodes",
+        str(args.nodes),
+        "--gpus-per-node",
+        "8",
+        "--policy",
+        args.policies,
+        "--no-plots",
+    ]
     kumiki([*common, "--out", str(out / "plain")])
     kumiki([*common, "--out", str(out / "fair"), "--queues", str(queues)])
     plain = json.loads((out / "plain" / "report.json").read_text())["policies"]
@@ -54,8 +64,7 @@ def main() -> None:
         print(f"| {queue} | {shares[queue]:g} | {row['jobs']} | " + " | ".join(cells) + " |")
     for name in names:
         plain_jct, fair_jct = plain[name]["avg_jct_s"], fair[name]["avg_jct_s"]
-        print(f"{name}: avg JCT plain {plain_jct:,.0f} s, fair share {fair_jct:,.0f} s "
-              f"({fair_jct / plain_jct:.3f}x)")
+        print(f"{name}: avg JCT plain {plain_jct:,.0f} s, fair share {fair_jct:,.0f} s ({fair_jct / plain_jct:.3f}x)")
 
 
 if __name__ == "__main__":

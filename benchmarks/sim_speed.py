@@ -38,8 +38,10 @@ def main() -> None:
     philly = sim_jobs(load_jobs(PHILLY), max_gpus=512)
     base, _ = timed(philly, 64, "fifo")
     kumiki, events = timed(philly, 64, "kumiki")
-    print(f"philly-slice 64x8: kumiki {kumiki:.2f} s ({len(philly) / kumiki:,.0f} jobs/s, {events} events), "
-          f"fifo {base:.2f} s, ratio {kumiki / base:.2f}x; target <= 10 s: {'met' if kumiki <= 10 else 'missed'}")
+    print(
+        f"philly-slice 64x8: kumiki {kumiki:.2f} s ({len(philly) / kumiki:,.0f} jobs/s, {events} events), "
+        f"fifo {base:.2f} s, ratio {kumiki / base:.2f}x; target <= 10 s: {'met' if kumiki <= 10 else 'missed'}"
+    )
 
     print("| jobs | GPUs | policy | CPU s | jobs/s | x fifo |")
     print("|---|---|---|---|---|---|")
@@ -51,8 +53,10 @@ def main() -> None:
         fifo_s, _ = timed(jobs, gpus // 8, "fifo")
         for policy in ("fifo", "kumiki"):
             wall = fifo_s if policy == "fifo" else timed(jobs, gpus // 8, policy)[0]
-            print(f"| {count:,} | {gpus:,} | {policy} | {wall:.1f} | {count / wall:,.0f} | {wall / fifo_s:.2f} |",
-                  flush=True)
+            print(
+                f"| {count:,} | {gpus:,} | {policy} | {wall:.1f} | {count / wall:,.0f} | {wall / fifo_s:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
