@@ -21,7 +21,7 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
     def __init__(self, store: QuotaStore, auth: Authenticator, changed: asyncio.Event | None = None) -> None:
         self.store = store
         self.auth = auth
-        self.changed = changed  # set after an admission so quota.state and reclaims go out promptly
+        self.changed = changed  # set when an admission chose reclaim victims, so they are published at once
 
     async def _identity(self, context: grpc.aio.ServicerContext, queue: str) -> str | None:
         try:
@@ -55,7 +55,7 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         except NoConfig as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-        if self.changed is not None and not result.repeated:
+        if self.changed is not None and result.victims:
             self.changed.set()
         if result.victims:
             log.info(

@@ -61,13 +61,18 @@ class Publisher:
         self.reclaims_published = 0
 
     async def run(self) -> None:
+        """Reclaims as soon as an admission writes them (and every interval); queue states every interval."""
+        loop = asyncio.get_running_loop()
+        next_states = loop.time()
         while True:
             self.changed.clear()
             await self.publish_reclaims()
-            with contextlib.suppress(NoConfig):
-                await self.publish_states()
+            if loop.time() >= next_states:
+                with contextlib.suppress(NoConfig):
+                    await self.publish_states()
+                next_states = loop.time() + self.interval_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), timeout=self.interval_s)
+                await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, next_states - loop.time()))
 
     async def publish_reclaims(self) -> int:
         published = 0

@@ -177,7 +177,7 @@ class QuotaStore:
         if connection is None:
             async with self.pool.acquire() as acquired:
                 return await self.config(acquired)
-        version = await connection.fetchval("SELECT version FROM quota.config_version FOR SHARE")
+        version = await connection.fetchval("SELECT version FROM quota.config_version")
         if version is None:
             raise NoConfig("no queue file loaded yet: run `kumiki quota load --file queues.yaml`")
         if self._cached is None or self._cached[0] != version:
@@ -186,94 +186,113 @@ class QuotaStore:
 
     async def admit(self, request: AdmitRequest, identity: str | None) -> AdmitResult:
         """Decide and record in one transaction; identity None skips the owner check (anonymous mode)."""
-        async with self.pool.acquire() as connection, connection.transaction():
-            config = await self.config(connection)
-            if request.queue not in config.queues:
-                raise UnknownQueue(request.queue)
-            if identity is not None and not may_submit(config, identity, request.queue):
-                raise NotOwner(request.queue, identity)
-            paths = [queue.path for queue in config.ancestors(request.queue)]
-            await connection.execute(
-                "SELECT path FROM quota.queues WHERE path = ANY($1::text[]) ORDER BY depth FOR UPDATE", paths
+        for _ in range(5):
+            async with self.pool.acquire() as connection, connection.transaction():
+                result = await self._admit_once(connection, request, identity)
+                if result is not None:
+                    return result
+        raise RuntimeError("the queue tree kept changing during admission; try again")
+
+    async def _admit_once(
+        self, connection: asyncpg.Connection, request: AdmitRequest, identity: str | None
+    ) -> AdmitResult | None:
+        """None when the tree was reloaded between reading it and locking the path (the caller retries)."""
+        config = await self.config(connection)
+        assert self._cached is not None
+        version = self._cached[0]
+        if request.queue not in config.queues:
+            raise UnknownQueue(request.queue)
+        if identity is not None and not may_submit(config, identity, request.queue):
+            raise NotOwner(request.queue, identity)
+        paths = [queue.path for queue in config.ancestors(request.queue)]
+        # `kumiki quota load` locks quota.queues EXCLUSIVE, so once these row locks are held the tree cannot
+        # change until commit; a reload that slipped in before them shows as a new version here.
+        locked = await connection.fetch(
+            "SELECT path FROM quota.queues WHERE path = ANY($1::text[]) ORDER BY depth FOR UPDATE", paths
+        )
+        if (
+            len(locked) != len(paths)
+            or await connection.fetchval("SELECT version FROM quota.config_version") != version
+        ):
+            return None
+        models = [request.gpu_model] if request.gpu_model != ANY_MODEL else sorted(config.capacity_gpus)
+        await connection.execute(
+            "SELECT gpu_model FROM quota.capacity WHERE gpu_model = ANY($1::text[]) ORDER BY gpu_model FOR UPDATE",
+            models,
+        )
+        existing = await connection.fetchrow(
+            "SELECT generation, borrowed FROM quota.holdings WHERE job_id = $1", request.job_id
+        )
+        if existing is not None and existing["generation"] >= request.generation:
+            outcome = Outcome.BORROWED if existing["borrowed"] else Outcome.ADMITTED
+            return AdmitResult(
+                Admission(outcome, "already_admitted", f"job {request.job_id} is already admitted"), repeated=True
             )
-            models = [request.gpu_model] if request.gpu_model != ANY_MODEL else sorted(config.capacity_gpus)
-            await connection.execute(
-                "SELECT gpu_model FROM quota.capacity WHERE gpu_model = ANY($1::text[]) ORDER BY gpu_model FOR UPDATE",
-                models,
+        rows = await connection.fetch(
+            "SELECT queue, gpu_model, borrowed, sum(gpus) AS gpus FROM quota.holdings WHERE job_id <> $1"
+            " GROUP BY queue, gpu_model, borrowed",
+            request.job_id,
+        )
+        holdings = [Holding(r["queue"], r["gpus"], r["gpu_model"], r["borrowed"]) for r in rows]
+        admission = decide_admission(config, holdings, request)
+        if not admission.admitted:
+            self._pending[request.queue] = (request.gpus, time.monotonic())
+            return AdmitResult(admission)
+        self._pending.pop(request.queue, None)
+        victims: list[Holding] = []
+        if admission.shortfall_gpus > 0:
+            detailed = [
+                _holding(row)
+                for row in await connection.fetch("SELECT * FROM quota.holdings WHERE job_id <> $1", request.job_id)
+            ]
+            victims, uncovered = choose_victims(
+                config, detailed, admission.shortfall_gpus, request.queue, request.gpu_model
             )
-            existing = await connection.fetchrow(
-                "SELECT generation, borrowed FROM quota.holdings WHERE job_id = $1", request.job_id
-            )
-            if existing is not None and existing["generation"] >= request.generation:
-                outcome = Outcome.BORROWED if existing["borrowed"] else Outcome.ADMITTED
-                return AdmitResult(
-                    Admission(outcome, "already_admitted", f"job {request.job_id} is already admitted"), repeated=True
+            if uncovered > 0:
+                log.warning(
+                    "reclaim cannot cover the shortfall",
+                    extra={"queue": request.queue, "job": request.job_id, "uncovered_gpus": uncovered},
                 )
-            rows = await connection.fetch(
-                "SELECT queue, gpu_model, borrowed, sum(gpus) AS gpus FROM quota.holdings WHERE job_id <> $1"
-                " GROUP BY queue, gpu_model, borrowed",
-                request.job_id,
+            await connection.executemany(
+                "UPDATE quota.holdings SET reclaiming = true WHERE job_id = $1 AND generation = $2",
+                [(victim.job_id, victim.generation) for victim in victims],
             )
-            holdings = [Holding(r["queue"], r["gpus"], r["gpu_model"], r["borrowed"]) for r in rows]
-            admission = decide_admission(config, holdings, request)
-            if not admission.admitted:
-                self._pending[request.queue] = (request.gpus, time.monotonic())
-                return AdmitResult(admission)
-            self._pending.pop(request.queue, None)
-            victims: list[Holding] = []
-            if admission.shortfall_gpus > 0:
-                detailed = [
-                    _holding(row)
-                    for row in await connection.fetch("SELECT * FROM quota.holdings WHERE job_id <> $1", request.job_id)
-                ]
-                victims, uncovered = choose_victims(
-                    config, detailed, admission.shortfall_gpus, request.queue, request.gpu_model
-                )
-                if uncovered > 0:
-                    log.warning(
-                        "reclaim cannot cover the shortfall",
-                        extra={"queue": request.queue, "job": request.job_id, "uncovered_gpus": uncovered},
+            await connection.executemany(
+                "INSERT INTO quota.reclaim_decisions (decision_id, victim_job, victim_generation, victim_queue,"
+                " gpus, beneficiary_job, beneficiary_generation, beneficiary_queue)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                [
+                    (
+                        reclaim_decision_id(request.job_id, request.generation, victim),
+                        victim.job_id,
+                        victim.generation,
+                        victim.queue,
+                        victim.gpus,
+                        request.job_id,
+                        request.generation,
+                        request.queue,
                     )
-                await connection.executemany(
-                    "UPDATE quota.holdings SET reclaiming = true WHERE job_id = $1 AND generation = $2",
-                    [(victim.job_id, victim.generation) for victim in victims],
-                )
-                await connection.executemany(
-                    "INSERT INTO quota.reclaim_decisions (decision_id, victim_job, victim_generation, victim_queue,"
-                    " gpus, beneficiary_job, beneficiary_generation, beneficiary_queue)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
-                    [
-                        (
-                            reclaim_decision_id(request.job_id, request.generation, victim),
-                            victim.job_id,
-                            victim.generation,
-                            victim.queue,
-                            victim.gpus,
-                            request.job_id,
-                            request.generation,
-                            request.queue,
-                        )
-                        for victim in victims
-                    ],
-                )
-            await connection.execute(
-                "INSERT INTO quota.holdings (job_id, generation, queue, gpu_model, gpus, priority_tier, preemptible,"
-                " borrowed, identity) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-                " ON CONFLICT (job_id) DO UPDATE SET generation = EXCLUDED.generation, queue = EXCLUDED.queue,"
-                " gpu_model = EXCLUDED.gpu_model, gpus = EXCLUDED.gpus, priority_tier = EXCLUDED.priority_tier,"
-                " preemptible = EXCLUDED.preemptible, borrowed = EXCLUDED.borrowed, reclaiming = false,"
-                " identity = EXCLUDED.identity, admitted_at = now()",
-                request.job_id,
-                request.generation,
-                request.queue,
-                request.gpu_model,
-                request.gpus,
-                request.priority_tier,
-                request.preemptible,
-                admission.outcome is Outcome.BORROWED,
-                identity or "anonymous",
+                    for victim in victims
+                ],
             )
-            return AdmitResult(admission, tuple(victims))
+        await connection.execute(
+            "INSERT INTO quota.holdings (job_id, generation, queue, gpu_model, gpus, priority_tier, preemptible,"
+            " borrowed, identity) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            " ON CONFLICT (job_id) DO UPDATE SET generation = EXCLUDED.generation, queue = EXCLUDED.queue,"
+            " gpu_model = EXCLUDED.gpu_model, gpus = EXCLUDED.gpus, priority_tier = EXCLUDED.priority_tier,"
+            " preemptible = EXCLUDED.preemptible, borrowed = EXCLUDED.borrowed, reclaiming = false,"
+            " identity = EXCLUDED.identity, admitted_at = now()",
+            request.job_id,
+            request.generation,
+            request.queue,
+            request.gpu_model,
+            request.gpus,
+            request.priority_tier,
+            request.preemptible,
+            admission.outcome is Outcome.BORROWED,
+            identity or "anonymous",
+        )
+        return AdmitResult(admission, tuple(victims))
 
     async def holdings(self) -> list[Holding]:
         return [_holding(row) for row in await self.pool.fetch("SELECT * FROM quota.holdings")]
