@@ -25,6 +25,7 @@ from kumiki.quota.core import (
     decay_factor,
     decide_admission,
     fair_shares,
+    flat_config,
     gpu_seconds,
     guarantee_headroom,
     may_submit,
@@ -384,3 +385,21 @@ def test_interval_arithmetic_is_exact_and_windows_split_intervals() -> None:
 def test_team_is_the_first_two_levels() -> None:
     assert team_of("acme/research/vision") == "acme/research"
     assert team_of("solo") == "solo"
+
+
+def test_philly_vcs_as_flat_queues_scaled_to_a_smaller_cluster() -> None:
+    """How the simulator builds its queues: VC guarantees follow philly-vc-nodes.csv (8 GPUs a node),
+    scaled from the 2,816-GPU cluster to 64 x 8."""
+    path = REPO_ROOT.parent / "shared" / "traces" / "philly-vc-nodes.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    lines = path.read_text().splitlines()[1:]
+    guarantees = {vc: int(nodes) * 8.0 for vc, nodes in (line.split(",") for line in lines)}
+    config = flat_config(guarantees, 512, scale=512 / sum(guarantees.values()))
+    assert sum(queue.guaranteed_gpus for queue in config.queues.values()) == pytest.approx(512)
+    biggest = max(config.queues.values(), key=lambda queue: queue.guaranteed_gpus)
+    smallest = min(config.queues.values(), key=lambda queue: queue.guaranteed_gpus)
+    inside = decide_admission(config, [], request(biggest.path, biggest.guaranteed_gpus // 2))
+    assert inside.outcome is Outcome.ADMITTED
+    beyond = decide_admission(config, [], request(smallest.path, 64, preemptible=True))
+    assert beyond.outcome is Outcome.BORROWED

@@ -3,7 +3,7 @@ process (`python -m kumiki.quota`, configured by environment variables, on the r
 and restarted three times. The ledger's total must equal the GPU-seconds computed here, independently,
 to the microsecond, with no interval counted twice and none lost.
 
-KUMIKI_QUOTA_FAULT_EVENTS sets the number of events (CI: 20,000; the 100,000 run of docs/quota.md is
+KUMIKI_QUOTA_FAULT_EVENTS sets the number of events (CI: 10,000; the 100,000 run of docs/quota.md is
 `KUMIKI_QUOTA_FAULT_EVENTS=100000`).
 """
 
@@ -29,7 +29,7 @@ from kumiki.common.db import apply_migrations, create_pool
 from kumiki.quota.app import CONSUMER_GROUP
 from tests.conftest import REPO_ROOT, wait_until
 
-EVENTS = int(os.environ.get("KUMIKI_QUOTA_FAULT_EVENTS", "20000"))
+EVENTS = int(os.environ.get("KUMIKI_QUOTA_FAULT_EVENTS", "10000"))
 KILLS = 3
 GPU_CHOICES = (0.25, 0.46, 0.5, 1.0, 2.0, 4.0, 8.0)
 BASE_US = 1_790_000_000 * 1_000_000

@@ -296,6 +296,22 @@ def build_config(
     return QuotaConfig(dict(by_path), dict(capacity_gpus), cpu_milli, memory_mib, dict(rates or {}))
 
 
+def flat_config(
+    guarantees: Mapping[str, float],
+    capacity_gpus: float,
+    *,
+    weights: Mapping[str, float] | None = None,
+    scale: float = 1.0,
+) -> QuotaConfig:
+    """One level of queues with any-model guarantees (the simulator's Philly VCs): guarantees are multiplied
+    by `scale`, so a trace's VC shares fit a smaller simulated cluster."""
+    queues = [
+        Queue(name, None, {ANY_MODEL: gpus * scale}, weight=(weights or {}).get(name, 1.0))
+        for name, gpus in sorted(guarantees.items())
+    ]
+    return build_config(queues, {ANY_MODEL: capacity_gpus})
+
+
 # --- admission ---------------------------------------------------------------------------------------------
 
 
