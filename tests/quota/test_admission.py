@@ -149,3 +149,29 @@ async def test_usage_splits_intervals_at_the_window_and_prices_them(database_set
         # erin owns nothing under org: sees nothing there
         erin = await quota.stub.Usage(quota_pb2.UsageRequest(), metadata=bearer("erin"))
         assert list(erin.usage) == []
+
+
+async def test_kai_1750_over_grpc_reclaims_the_over_quota_sibling(database_settings: DatabaseSettings) -> None:
+    """kai-scheduler/KAI-Scheduler#1750 end to end: a protected lower-priority queue exists, the reclaimer's
+    over-quota sibling is still reclaimed, and the protected queue's work is never chosen."""
+    config = {
+        "cluster": {"gpus": {"A100": 10}},
+        "queues": [
+            {"name": "org-parent", "guarantee": 6},
+            {"name": "reclaimer", "parent": "org-parent", "guarantee": 4, "owners": ["alice"]},
+            {"name": "batch", "parent": "org-parent", "guarantee": 0, "owners": ["erin"]},
+            {"name": "protected", "guarantee": 4, "priority_tiers": [0], "owners": ["bob"]},
+        ],
+    }
+    async with quota_server(database_settings, config) as quota:
+        low = await quota.stub.Admit(admit_request("protected-1", "protected", 3, tier=0), metadata=bearer("bob"))
+        assert low.admitted and not low.borrowed
+        for job in ("batch-1", "batch-2"):
+            reply = await quota.stub.Admit(
+                admit_request(job, "org-parent/batch", 3, preemptible=True, tier=5), metadata=bearer("erin")
+            )
+            assert reply.borrowed
+        reply = await quota.stub.Admit(admit_request("pending", "org-parent/reclaimer", 4), metadata=bearer("alice"))
+        assert reply.admitted and not reply.borrowed
+        rows = await quota.pool.fetch("SELECT victim_job, victim_queue, beneficiary_job FROM quota.reclaim_decisions")
+        assert [tuple(row.values()) for row in rows] == [("batch-2", "org-parent/batch", "pending")]

@@ -368,8 +368,8 @@ def validate_admit(request: quota_pb2.AdmitRequest) -> None:
         raise InvalidRequest("job.generation", "must be >= 1")
     if not request.queue:
         raise InvalidRequest("queue", "required")
-    if not math.isfinite(request.gpus) or request.gpus <= 0:
-        raise InvalidRequest("gpus", f"must be a finite number > 0, got {request.gpus}")
+    if not math.isfinite(request.gpus) or request.gpus < 0:
+        raise InvalidRequest("gpus", f"must be a finite number >= 0, got {request.gpus}")
 
 
 def may_submit(config: QuotaConfig, identity: str, path: str) -> bool:
