@@ -11,19 +11,21 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from aiokafka import AIOKafkaConsumer
 
 from kumiki.common.bus import EventProducer, ensure_topics
-from kumiki.common.bus.topics import QUOTA_STATE, SCHEDULING_DECISIONS
+from kumiki.common.bus.topics import JOB_LIFECYCLE, QUOTA_STATE, SCHEDULING_DECISIONS
 from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
-from kumiki.common.contracts.v1 import events_pb2, quota_pb2_grpc
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, quota_pb2_grpc
+from kumiki.devstack.processes import free_port
 from kumiki.quota.adapters.auth import Authenticator, QuotaSettings, token_digest
 from kumiki.quota.adapters.grpc import QuotaServicer
 from kumiki.quota.adapters.publisher import Publisher
 from kumiki.quota.adapters.store import QuotaStore, write_config
 from kumiki.quota.core import AdmitRequest, parse_config
-from tests.conftest import REPO_ROOT
-from tests.quota.helpers import admit_request, migrated_pool, tree
+from tests.conftest import REPO_ROOT, wait_until
+from tests.quota.helpers import TOKENS, admit_request, bearer, migrated_pool, tree
 
 
 def test_refuses_to_start_without_caller_authentication() -> None:
@@ -164,3 +166,74 @@ async def test_publishes_reclaim_decisions_and_quota_state(
     assert states["org/team-a"].lent_gpus == pytest.approx(8.0)
     assert states["org/team-a"].fair_share_gpus >= 2
     await pool.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+async def test_service_process_end_to_end(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings, tmp_path: Path, broker_kind: str
+) -> None:
+    """`python -m kumiki.quota` configured by environment variables only: the queue file applied at start,
+    Admit with a bearer token, the lifecycle of the admitted job metered and its quota released, and the
+    queue's state on quota.state."""
+    if broker_kind == "noida":
+        pytest.skip("checked on Apache Kafka")
+    (tmp_path / "queues.yaml").write_text(yaml.safe_dump(tree(capacity=16)))
+    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({token_digest(token): who for who, token in TOKENS.items()}))
+    grpc_port, http_port = free_port(), free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")},
+        "PYTHONPATH": f"{REPO_ROOT / 'services'}:{REPO_ROOT}",
+        "KUMIKI_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": kafka_settings.topic_prefix,
+        "KUMIKI_DATABASE_URL": database_settings.url,
+        "KUMIKI_QUOTA_GRPC_PORT": str(grpc_port),
+        "KUMIKI_QUOTA_HTTP_PORT": str(http_port),
+        "KUMIKI_QUOTA_TOKENS_FILE": str(tmp_path / "tokens.yaml"),
+        "KUMIKI_QUOTA_CONFIG_FILE": str(tmp_path / "queues.yaml"),
+        "KUMIKI_QUOTA_STATE_INTERVAL_S": "0.2",
+    }
+    log = tmp_path / "quota.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "kumiki.quota"], env=env, stdout=out, stderr=out)
+    pool = await migrated_pool(database_settings)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = quota_pb2_grpc.QuotaStub(channel)
+            reply = None
+            for _ in range(300):
+                try:
+                    reply = await stub.Admit(admit_request("job-1", "org/team-a", 4), metadata=bearer("alice"))
+                    break
+                except grpc.aio.AioRpcError as error:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE or process.poll() is not None:
+                        raise AssertionError(f"{error.details()} (log: {log.read_text()[-2000:]})") from None
+                    await asyncio.sleep(0.1)
+            assert reply is not None and reply.admitted
+        async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+            for state, seconds in (
+                (events_pb2.JOB_STATE_RUNNING, 1_800_000_000),
+                (events_pb2.JOB_STATE_COMPLETED, 1_800_000_090),
+            ):
+                message = events_pb2.JobLifecycle(
+                    job=common_pb2.JobRef(job_id="job-1", generation=1), state=state, queue="org/team-a", gpus=4,
+                    gpu_model="A100",
+                )  # fmt: skip
+                message.at.seconds = seconds
+                await producer.publish(JOB_LIFECYCLE, "job-1", message)
+
+        async def metered() -> bool:
+            return bool(await pool.fetchval("SELECT count(*) FROM quota.ledger"))
+
+        await wait_until(metered, timeout_s=60, what=f"the ledger row (log: {log})")
+        assert await pool.fetchval("SELECT gpu_seconds FROM quota.ledger WHERE job_id = 'job-1'") == 360
+        assert await pool.fetchval("SELECT count(*) FROM quota.holdings") == 0  # quota released
+        states = [
+            events_pb2.QuotaState.FromString(value)
+            for value in await read_topic(kafka_settings, QUOTA_STATE.full_name(kafka_settings.topic_prefix), 5)
+        ]
+        assert {state.queue for state in states} >= {"org", "org/team-a", "org/batch", "other", "other/batch2"}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        await pool.close()
