@@ -18,7 +18,7 @@ TIRESIAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)
 # but never below this floor, so a fresh job is not treated as already finished.
 NO_FORECAST_FLOOR_S = 600.0
 # A job waiting longer than this gets the reservation (large gangs first), so no job starves.
-STARVATION_S = 12 * 3600.0
+STARVATION_S = 24 * 3600.0
 # `las-forecast` keys: the attained-service level dominates, the forecast orders jobs inside a level.
 LEVEL_SPAN_S = 1e9
 

@@ -290,8 +290,11 @@ class Simulator:
         )
 
     def _preempted(self, job: _SimJob, now: float) -> None:
+        was_checkpointing = job.checkpointing
         reached = self._stop(job, now)
-        kept = self.config.checkpoint.checkpointed(reached)
+        # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
+        kept = self.config.checkpoint.checkpointed(reached) if was_checkpointing else job.run_start_progress_s
+        kept = max(kept, job.run_start_progress_s)
         restore = self.config.checkpoint.restore_cost_s
         job.lost_gpu_s += ((reached - kept) + restore) * job.spec.gpus
         job.progress_s = kept
