@@ -47,11 +47,11 @@ def default_nodes(count: int = 6) -> list[events_pb2.NodeState]:
 
 
 def bind_request(
-    job: str, pods: Sequence[common_pb2.PodResources], generation: int = 1, **fields: object
+    job: str, pods: Sequence[common_pb2.PodResources], generation: int = 1, queue: str = "team-a", **fields: object
 ) -> placement_pb2.BindRequest:
     return placement_pb2.BindRequest(
         job=common_pb2.JobRef(job_id=job, generation=generation),
-        queue="team-a",
+        queue=queue,
         pods=list(pods),
         **fields,  # type: ignore[arg-type]
     )

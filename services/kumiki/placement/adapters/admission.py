@@ -39,8 +39,17 @@ class QuotaServiceAdmission:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def admit(self, command: BindCommand) -> str | None:
+        try:
+            reply = await self._admit(command)
+        except grpc.aio.AioRpcError as error:  # fail closed: a job the quota service cannot vouch for waits
+            return f"quota service answered {error.code().name}: {error.details()}"
+        if reply.admitted:
+            return None
+        return reply.reason.message or reply.reason.code or "denied by quota"
+
+    async def _admit(self, command: BindCommand) -> quota_pb2.AdmitResponse:
         gpu_models = {pod.gpu_model for pod in command.request.pods}
-        reply = await self.stub.Admit(
+        reply: quota_pb2.AdmitResponse = await self.stub.Admit(
             quota_pb2.AdmitRequest(
                 job=common_pb2.JobRef(job_id=command.job_id, generation=command.generation),
                 queue=command.queue,
@@ -52,6 +61,4 @@ class QuotaServiceAdmission:
             metadata=self.metadata + outgoing_metadata(),
             timeout=2.0,
         )
-        if reply.admitted:
-            return None
-        return reply.reason.message or reply.reason.code or "denied by quota"
+        return reply

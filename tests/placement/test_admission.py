@@ -1,0 +1,60 @@
+"""Placement asks the real quota service (its own process shell: gRPC, Postgres, the job.lifecycle ledger)
+before binding: a job beyond its queue's limit waits with the quota's reason, a caller who does not own the
+queue is refused, and a waiting job binds once a release gives its queue room again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kumiki.common.config import DatabaseSettings, KafkaSettings, ServerSettings, Settings
+from kumiki.common.contracts.v1 import common_pb2, placement_pb2
+from kumiki.common.service import ServiceHost
+from kumiki.devstack.cluster import NodeShape, emulated_nodes
+from kumiki.quota.adapters.auth import token_digest
+from kumiki.quota.app import SPEC as QUOTA
+from tests.conftest import wait_until
+from tests.placement.support import bind_request, emulate, running_placement, whole
+from tests.placement.test_service import BOUND, PENDING, host_book
+from tests.quota.helpers import TOKENS, tree
+
+
+async def test_quota_limit_keeps_jobs_pending_until_room(
+    kafka: KafkaSettings, database_settings: DatabaseSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump({token_digest(token): who for who, token in TOKENS.items()}))
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(yaml.safe_dump(tree(capacity=16)))
+    monkeypatch.setenv("KUMIKI_QUOTA_TOKENS_FILE", str(tokens))
+    monkeypatch.setenv("KUMIKI_QUOTA_CONFIG_FILE", str(queues))
+    shape = NodeShape("A100", 8, 81920, 8, 96_000, 1_048_576)
+    await emulate(kafka, emulated_nodes(2, shapes=(shape,)))
+    quota = ServiceHost(QUOTA, Settings("quota", kafka, database_settings, ServerSettings(), instance="quota-test"))
+    try:
+        await quota.start()
+        monkeypatch.setenv("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{quota.grpc_port}")
+        monkeypatch.setenv("KUMIKI_QUOTA_TOKEN", TOKENS["alice"])
+        async with running_placement(kafka) as (host, stub):
+            await wait_until(lambda: len(host_book(host).nodes) == 2, what="the nodes")
+            first = await stub.Bind(bind_request("a-1", [whole(8)], queue="org/team-a"))
+            over = await stub.Bind(bind_request("a-2", [whole(4)], queue="org/team-a"))
+            assert first.outcome == BOUND
+            assert over.outcome == PENDING, "team-a's limit is 10 GPUs: 8 + 4 must wait although 8 GPUs are free"
+            assert over.reasons[0].code == "quota_exceeded"
+            explained = await stub.Explain(placement_pb2.ExplainRequest(job_id="a-2"))
+            assert explained.status == "pending" and explained.reasons[0].code == "quota_exceeded"
+
+            not_owner = await stub.Bind(bind_request("b-1", [whole(1)], queue="other/batch2"))
+            assert not_owner.outcome == PENDING and "PERMISSION_DENIED" in not_owner.reasons[0].message
+
+            await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="a-1", generation=1)))
+
+            async def bound_after_release() -> bool:
+                return (await stub.Explain(placement_pb2.ExplainRequest(job_id="a-2"))).status == "bound"
+
+            await wait_until(bound_after_release, timeout_s=60, what="a-2 to be admitted once a-1 freed its quota")
+    finally:
+        await quota.stop()
