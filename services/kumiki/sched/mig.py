@@ -8,6 +8,7 @@ makes "never two instances on one slice" and "only valid layouts" one bitwise ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 MIG_SLOTS = 8
 
@@ -93,10 +94,16 @@ def usable_capacity(gpu_model: str, occupied: int, mix: dict[str, float]) -> flo
     """Expected number of instances of the request mix that still fit: the fragmentation measure for MIG.
 
     For each profile in the mix, count how many more instances could be packed greedily from the
-    lowest slot; weight by the mix's share. Higher means less fragmentation.
+    lowest slot; weight by the mix's share. Higher means less fragmentation. Memoised: a placement
+    scores every free slot of every MIG GPU, and occupancy masks repeat across a fleet.
     """
+    return _usable_capacity(gpu_model, occupied, tuple(sorted(mix.items())))
+
+
+@lru_cache(maxsize=65536)
+def _usable_capacity(gpu_model: str, occupied: int, mix: tuple[tuple[str, float], ...]) -> float:
     total = 0.0
-    for name, weight in mix.items():
+    for name, weight in mix:
         profile = profile_for(gpu_model, name)
         mask = occupied
         count = 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from kumiki.sched.cluster import EPSILON, ClusterState, GpuShare, MigSlice, Placement, PodPlacement
 from kumiki.sched.jobs import GangRequest, PodRequest
-from kumiki.sched.mig import MIG_PROFILES, MigError, free_starts, profile_for, usable_capacity
+from kumiki.sched.mig import MIG_PROFILES, MigError, MigProfile, free_starts, profile_for, usable_capacity
 
 STRATEGIES = ("spread", "best-fit", "first-fit", "kumiki")
 
@@ -130,6 +130,8 @@ class _Placer:
         self.mix = mix
         self.excluded = excluded
         self.scratch = _Scratch()
+        # node_fragmentation is pure in (free shares, cpu, memory, model) and most nodes look alike: memoised
+        self._fragmentation: dict[tuple[tuple[float, ...], int, int, str], float] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
     def free_gpus(self, node: int) -> set[int]:
@@ -223,6 +225,7 @@ class _Placer:
 
     def place_share(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int] | None = None
+        node_choices: dict[tuple[object, ...], tuple[tuple[float, ...], int]] = {}
         for node, spec in enumerate(self.state.spec.nodes):
             if node in self.excluded or (domain is not None and node not in domain) or not spec.sharing:
                 continue
@@ -237,10 +240,31 @@ class _Placer:
             ]
             if not gpus:
                 continue
-            node_free = round(sum(self.node_free_shares(node)), 9)  # float sums of shares tie as exact ones
+            shares = self.node_free_shares(node)
+            node_free = round(sum(shares), 9)  # float sums of shares tie as exact ones
+            if self.strategy == "kumiki":
+                # the best card of a node depends only on the node's shape and free capacity, which repeat
+                signature = (
+                    spec.gpu_model,
+                    spec.gpu_memory_gb,
+                    spec.mig_gpus,
+                    tuple(shares),
+                    tuple(gpus),
+                    self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0),
+                    self.state.nodes[node].memory_free - self.scratch.memory.get(node, 0),
+                )
+                if signature not in node_choices:
+                    node_choices[signature] = min(
+                        (self.share_key(node, gpu, round(free, 9), node_free, pod, shares), gpu) for gpu, free in gpus
+                    )
+                prefix, gpu = node_choices[signature]
+                key = (*prefix[:3], node, gpu)
+                if best is None or key < best[0]:
+                    best = (key, node, gpu)
+                continue
             for gpu, free in gpus:
                 free = round(free, 9)
-                key = self.share_key(node, gpu, free, node_free, pod)
+                key = self.share_key(node, gpu, free, node_free, pod, shares)
                 if best is None or key < best[0]:
                     best = (key, node, gpu)
                 if self.strategy == "first-fit":
@@ -253,7 +277,16 @@ class _Placer:
         share = GpuShare(gpu, pod.gpu_fraction, pod.gpu_memory_gb)
         return PodPlacement(index, node, share=share, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
-    def share_key(self, node: int, gpu: int, free: float, node_free: float, pod: PodRequest) -> tuple[float, ...]:
+    def fragmentation(self, shares: Sequence[float], cpu: int, memory: int, gpu_model: str) -> float:
+        key = (tuple(shares), cpu, memory, gpu_model)
+        found = self._fragmentation.get(key)
+        if found is None:
+            found = self._fragmentation[key] = node_fragmentation(shares, cpu, memory, gpu_model, self.mix)
+        return found
+
+    def share_key(
+        self, node: int, gpu: int, free: float, node_free: float, pod: PodRequest, node_shares: Sequence[float]
+    ) -> tuple[float, ...]:
         if self.strategy == "spread":
             return (-node_free, -free, node, gpu)
         if self.strategy == "first-fit":
@@ -262,19 +295,22 @@ class _Placer:
             return (node_free, free, node, gpu)
         spec = self.state.spec.nodes[node]
         state = self.state.nodes[node]
-        shares = self.node_free_shares(node)
+        shares = list(node_shares)
         cpu = state.cpu_free - self.scratch.cpu.get(node, 0)
         memory = state.memory_free - self.scratch.memory.get(node, 0)
-        before = node_fragmentation(shares, cpu, memory, spec.gpu_model, self.mix)
+        before = self.fragmentation(shares, cpu, memory, spec.gpu_model)
         position = [g for g in range(spec.gpus) if g not in spec.mig_gpus].index(gpu)
         shares[position] -= pod.gpu_fraction
-        after = node_fragmentation(shares, cpu - pod.cpu_milli, memory - pod.memory_mib, spec.gpu_model, self.mix)
+        after = self.fragmentation(shares, cpu - pod.cpu_milli, memory - pod.memory_mib, spec.gpu_model)
         return (round(after - before, 9), node_free, free, node, gpu)
 
     # ---- MIG -----------------------------------------------------------------------------------
     def place_mig(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int, int] | None = None
         mig_mix = {kind.mig_profile: kind.weight for kind in self.mix.types if kind.mig_profile}
+        # The choice on one GPU depends only on its model and occupancy, which repeat across a fleet:
+        # (model, occupied) -> (fragmentation cost, start) of its best free start, or None when it is full.
+        choices: dict[tuple[str, int], tuple[float, int] | None] = {}
         for node, spec in enumerate(self.state.spec.nodes):
             if not spec.mig_gpus or node in self.excluded or (domain is not None and node not in domain):
                 continue
@@ -286,22 +322,26 @@ class _Placer:
                 continue
             for gpu in sorted(spec.mig_gpus):
                 occupied = self.state.nodes[node].mig_mask[gpu] | self.scratch.mig.get((node, gpu), 0)
-                for start in free_starts(occupied, profile):
-                    used = bin(occupied).count("1")
-                    if self.strategy == "spread":
-                        key: tuple[float, ...] = (used, node, gpu, start)
-                    elif self.strategy == "first-fit":
-                        key = (node, gpu, start)
-                    elif self.strategy == "best-fit":
-                        key = (-used, node, gpu, start)
-                    else:
-                        weights = mig_mix or {name: 1.0 for name in MIG_PROFILES[spec.gpu_model]}
-                        weights = {name: w for name, w in weights.items() if name in MIG_PROFILES[spec.gpu_model]}
-                        before = usable_capacity(spec.gpu_model, occupied, weights)
-                        after = usable_capacity(spec.gpu_model, occupied | profile.mask(start), weights)
-                        key = (before - after, -used, node, gpu, start)
-                    if best is None or key < best[0]:
-                        best = (key, node, gpu, start)
+                cached = (spec.gpu_model, occupied)
+                if cached not in choices:
+                    choices[cached] = self.mig_choice(spec.gpu_model, occupied, profile, mig_mix)
+                choice = choices[cached]
+                if choice is None:
+                    continue
+                cost, start = choice
+                used = bin(occupied).count("1")
+                if self.strategy == "spread":
+                    key: tuple[float, ...] = (used, node, gpu, start)
+                elif self.strategy == "first-fit":
+                    key = (node, gpu, start)
+                elif self.strategy == "best-fit":
+                    key = (-used, node, gpu, start)
+                else:
+                    key = (cost, -used, node, gpu, start)
+                if best is None or key < best[0]:
+                    best = (key, node, gpu, start)
+            if self.strategy == "first-fit" and best is not None:
+                break  # first-fit's key starts with the node: nothing later can beat it
         if best is None:
             return None
         _, node, gpu, start = best
@@ -314,6 +354,22 @@ class _Placer:
             mig=MigSlice(gpu, pod.mig_profile, start),
             cpu_milli=pod.cpu_milli,
             memory_mib=pod.memory_mib,
+        )
+
+    def mig_choice(
+        self, gpu_model: str, occupied: int, profile: MigProfile, mig_mix: dict[str, float]
+    ) -> tuple[float, int] | None:
+        """The best free start for `profile` on a GPU of this model and occupancy, with its cost."""
+        starts = free_starts(occupied, profile)
+        if not starts:
+            return None
+        if self.strategy != "kumiki":
+            return 0.0, starts[0]
+        weights = mig_mix or {name: 1.0 for name in MIG_PROFILES[gpu_model]}
+        weights = {name: w for name, w in weights.items() if name in MIG_PROFILES[gpu_model]}
+        before = usable_capacity(gpu_model, occupied, weights)
+        return min(
+            (before - usable_capacity(gpu_model, occupied | profile.mask(start), weights), start) for start in starts
         )
 
     # ---- CPU-only ------------------------------------------------------------------------------
