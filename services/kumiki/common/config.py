@@ -123,6 +123,7 @@ class KafkaSettings:
     idempotent_producer: bool = True
     default_partitions: int = 3
     replication_factor: int = 1
+    linger_ms: int = 0  # producer batching delay: 0 keeps synchronous binds fast, batches still form under load
 
     @classmethod
     def from_env(cls, env: Environ) -> KafkaSettings:
@@ -153,6 +154,7 @@ class KafkaSettings:
             idempotent_producer=env_bool(env, "KUMIKI_KAFKA_IDEMPOTENT", True),
             default_partitions=env_int(env, "KUMIKI_KAFKA_PARTITIONS", 3, minimum=1, maximum=1024),
             replication_factor=env_int(env, "KUMIKI_KAFKA_REPLICATION", 1, minimum=1, maximum=16),
+            linger_ms=env_int(env, "KUMIKI_KAFKA_LINGER_MS", 0, minimum=0, maximum=1000),
         )
 
     def client_options(self) -> dict[str, object]:

@@ -88,11 +88,21 @@ class PlacementBook:
     nodes: list[NodeSpec] = field(default_factory=list)
     healthy: list[bool] = field(default_factory=list)
     index_of: dict[str, int] = field(default_factory=dict)
-    state: ClusterState = field(default_factory=lambda: ClusterState.empty(ClusterSpec(())))
+    _state: ClusterState = field(default_factory=lambda: ClusterState.empty(ClusterSpec(())))
+    _stale: bool = False  # nodes were added since _state was built: rebuild on next use
     bound: dict[str, BoundJob] = field(default_factory=dict)
     pending: dict[str, PendingJob] = field(default_factory=dict)
     orphans: dict[str, BoundJob] = field(default_factory=dict)  # bound on nodes not (yet) known
     _sequence: int = 0
+
+    @property
+    def state(self) -> ClusterState:
+        """The allocation state; adding nodes only marks it stale, so replaying 1,000 nodes is one rebuild."""
+        if self._stale:
+            self._stale = False
+            displaced = self._rebuild_state()
+            assert not displaced, "adding nodes cannot displace allocations"
+        return self._state
 
     # ---- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, spec: NodeSpec, healthy: bool) -> list[BoundJob]:
@@ -103,12 +113,14 @@ class PlacementBook:
             self.index_of[spec.name] = len(self.nodes)
             self.nodes.append(spec)
             self.healthy.append(healthy)
-            displaced = self._rebuild_state()
-            self._adopt_orphans()
+            self._stale = True
+            if self.orphans:
+                self._adopt_orphans()
         else:
             self.healthy[index] = healthy
             if self.nodes[index] != spec:
                 self.nodes[index] = spec
+                self._stale = False
                 displaced = self._rebuild_state()
         return displaced
 
@@ -122,11 +134,11 @@ class PlacementBook:
         return frozenset(index for index, healthy in enumerate(self.healthy) if not healthy)
 
     def _rebuild_state(self) -> list[BoundJob]:
-        self.state = ClusterState.empty(ClusterSpec(tuple(self.nodes)))
+        self._state = ClusterState.empty(ClusterSpec(tuple(self.nodes)))
         displaced = []
         for job_id, job in list(self.bound.items()):
             try:
-                self.state.allocate(job.placement)
+                self._state.allocate(job.placement)
             except AllocationError:
                 del self.bound[job_id]
                 displaced.append(job)

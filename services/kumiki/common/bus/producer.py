@@ -31,7 +31,7 @@ class EventProducer:
             **settings.client_options(),
             acks="all",
             enable_idempotence=settings.idempotent_producer,
-            linger_ms=2,
+            linger_ms=settings.linger_ms,
             max_batch_size=256 * 1024,
         )
 
