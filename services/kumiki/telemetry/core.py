@@ -276,6 +276,21 @@ def gpu_aggregate(gpu: GpuChunk) -> WindowAggregate:
     return WindowAggregate(gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max)
 
 
+def node_window(chunk: NodeChunk) -> Json:
+    """One window value per node: the node's aggregate and each GPU's, so a chunk is one table write."""
+    return {"node": node_aggregate(chunk).to_json(),
+            "gpus": {key: gpu_aggregate(gpu).to_json() for key, gpu in chunk.gpus.items() if gpu.mig is None}}
+
+
+def merge_node_window(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Json:
+    """The faust window op for node windows (an empty `old` is a window not seen yet)."""
+    old_gpus: Mapping[str, Any] = old.get("gpus", {}) if old else {}
+    gpus = dict(old_gpus)
+    for key, value in new["gpus"].items():
+        gpus[key] = merge_json(old_gpus.get(key), value)
+    return {"node": merge_json(old.get("node") if old else None, new["node"]), "gpus": gpus}
+
+
 def node_aggregate(chunk: NodeChunk) -> WindowAggregate:
     total = WindowAggregate()
     for gpu in chunk.gpus.values():

@@ -24,8 +24,14 @@ IDLE_GPU_HOURS = Counter(
 IDLE_EVENTS = Counter("kumiki_gpu_idle_events_total", "gpu.idle events published", ["queue"])
 SAMPLES = Counter("kumiki_telemetry_samples_total", "Valid samples aggregated")
 SAMPLE_LAG = Gauge("kumiki_telemetry_sample_lag_seconds", "Age of the newest sample in the last batch at ingest")
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300)
 SAMPLE_LAG_SECONDS = Histogram(
     "kumiki_telemetry_sample_age_seconds",
-    "Age of samples at ingest (ingest time minus sampled_at)",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    "Age of the oldest sample of each consumed batch at ingest (ingest time minus sampled_at)",
+    buckets=LAG_BUCKETS,
+)
+STATE_LAG_SECONDS = Histogram(
+    "kumiki_telemetry_state_age_seconds",
+    "Age of the newest sample of each chunk when it is folded into node state (end-to-end lag)",
+    buckets=LAG_BUCKETS,
 )

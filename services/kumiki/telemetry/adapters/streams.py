@@ -21,10 +21,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
 import faust
+from aiokafka import AIOKafkaConsumer
 
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
@@ -82,6 +84,24 @@ def _header_list(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(key), bytes(value) if value is not None else b"") for key, value in items]
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A consumed record, whichever client read it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+    @classmethod
+    def of_faust(cls, event: Any) -> Record:
+        message = event.message
+        return cls(message.topic, message.partition, message.offset, message.key, message.value,
+                   _header_list(message.headers))
+
+
 def _raw_topic(app: Any, name: str) -> Any:
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -95,9 +115,11 @@ class TelemetryStreams:
         config: core.TelemetryConfig,
         producer: EventProducer,
         *,
-        batch_size: int = 2000,
-        batch_window_s: float = 0.05,
+        batch_size: int = 10000,
+        batch_window_s: float = 0.25,
         clock: Clock = time.time,
+        front_end: str = "aiokafka",
+        name: str = "telemetry-ingest",
     ) -> None:
         self.settings = settings
         self.config = config
@@ -105,11 +127,15 @@ class TelemetryStreams:
         self.clock = clock
         self.batch_size = batch_size
         self.batch_window_s = batch_window_s
-        self.app_id = f"{settings.topic_prefix}telemetry-ingest"
+        self.app_id = f"{settings.topic_prefix}{name}"  # consumer group and changelog topic names
+        self.front_end = front_end
+        self._front: AIOKafkaConsumer | None = None
+        self._front_task: asyncio.Task[None] | None = None
         self.samples_seen = 0
         self.dead_lettered = 0
         self.published_states = 0
         self.published_idle = 0
+        self.samples_applied = 0  # samples folded into node state (stage 2): what "ingested" means end to end
         self.app: Any = cast(Any, faust.App)(
             self.app_id,
             **faust_broker_options(settings),
@@ -119,6 +145,7 @@ class TelemetryStreams:
             processing_guarantee="at_least_once",
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
+            producer_linger=0.005,  # batch changelog and internal records: one request per chunk burst
             stream_wait_empty=False,
             broker_commit_every=batch_size,
             broker_commit_interval=1.0,
@@ -150,8 +177,6 @@ class TelemetryStreams:
         self.job_placements = self.app.Table("job-placements", **table)
         expires = timedelta(seconds=config.window_expires_s)
         by_bucket = self._bucket_time
-        self.gpu_windows = self.app.Table("gpu-windows", default=dict, **table).tumbling(
-            config.gpu_window_s, expires=expires).relative_to(by_bucket)
         self.node_windows = self.app.Table("node-windows", default=dict, **table).tumbling(
             config.gpu_window_s, expires=expires).relative_to(by_bucket)
         self.job_windows = self.app.Table("job-windows", default=dict, **table).hopping(
@@ -159,9 +184,10 @@ class TelemetryStreams:
         self.queue_windows = self.app.Table("queue-windows", default=dict, **table).hopping(
             config.usage_window_s, config.usage_step_s, expires=expires).relative_to(by_bucket)
 
-        self.app.agent(self.app.topic(self.samples_topic.get_topic_name(), self.inventory_topic.get_topic_name(),
-                                      key_type=bytes, value_type=bytes, key_serializer="raw",
-                                      value_serializer="raw"), name="ingest")(self._ingest)
+        if front_end == "faust":
+            self.app.agent(self.app.topic(self.samples_topic.get_topic_name(), self.inventory_topic.get_topic_name(),
+                                          key_type=bytes, value_type=bytes, key_serializer="raw",
+                                          value_serializer="raw"), name="ingest")(self._ingest)
         self.app.agent(self.lifecycle_topic, name="lifecycle")(self._lifecycle)
         self.app.agent(self.node_input, name="nodes")(self._nodes)
         self.app.agent(self.usage_topic, name="usage")(self._usage)
@@ -175,9 +201,62 @@ class TelemetryStreams:
 
     async def start(self) -> None:
         await self.app.start()
+        if self.front_end == "aiokafka":
+            self._front = AIOKafkaConsumer(
+                self.samples_topic.get_topic_name(), self.inventory_topic.get_topic_name(),
+                **self.settings.client_options(), group_id=f"{self.app_id}-front", enable_auto_commit=False,
+                auto_offset_reset="earliest", max_poll_records=self.batch_size,
+                session_timeout_ms=int(self.config.session_timeout_s * 1000),
+                heartbeat_interval_ms=int(min(3.0, self.config.session_timeout_s / 3) * 1000),
+            )
+            await self._front.start()
+            self._front_task = asyncio.create_task(self._run_front(), name="telemetry-front-end")
 
     async def stop(self) -> None:
+        if self._front_task is not None:
+            self._front_task.cancel()
+            await asyncio.gather(self._front_task, return_exceptions=True)
+        if self._front is not None:
+            await self._front.stop()
         await self.app.stop()
+
+    async def _run_front(self) -> None:
+        """The aiokafka front end of stage 1: a batch's offsets are committed once its chunks are acknowledged
+        (at least once; stage 2 skips a chunk it has already folded in)."""
+        assert self._front is not None
+        loop = asyncio.get_running_loop()
+        previous: asyncio.Task[None] | None = None
+        while True:
+            # Fill a batch up to batch_size or batch_window_s: bigger batches make bigger node chunks, and
+            # stage 2's cost is per chunk.
+            records: list[Record] = []
+            offsets: dict[Any, int] = {}
+            deadline = loop.time() + self.batch_window_s
+            while len(records) < self.batch_size:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                batches = await self._front.getmany(timeout_ms=max(1, int(remaining * 1000)),
+                                                    max_records=self.batch_size - len(records))
+                for partition, partition_records in batches.items():
+                    records += [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
+                                for r in partition_records]
+                    offsets[partition] = partition_records[-1].offset + 1
+            if not records:
+                continue
+            sent = await self.ingest_batch(records)
+            # Fetch the next batch while this one's chunks are acknowledged; commits stay in batch order.
+            if previous is not None and previous.done():
+                previous.result()  # a failed commit stops the front end (and readiness)
+            previous = asyncio.create_task(self._commit_after(previous, sent, offsets))
+
+    async def _commit_after(self, previous: asyncio.Task[None] | None, sent: list[Any],
+                            offsets: dict[Any, int]) -> None:
+        if previous is not None:
+            await previous
+        await asyncio.gather(*sent)
+        assert self._front is not None
+        await self._front.commit(offsets)
 
     @property
     def recovered(self) -> bool:
@@ -188,60 +267,68 @@ class TelemetryStreams:
         await asyncio.wait_for(self.app.tables.recovery.completed.wait(), timeout_s)
 
     def crash_reason(self) -> BaseException | None:
+        task = self._front_task
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            return task.exception()
         reason = self.app._crash_reason  # mode keeps why a service crashed here
         return reason if isinstance(reason, BaseException) else None
 
     # -- stage 1 ----------------------------------------------------------------------------------
 
-    async def _dead_letter(self, event: Any, reason: str) -> None:
-        message = event.message
-        headers = dead_letter_headers(_header_list(message.headers), reason, message.topic, message.partition,
-                                      message.offset, self.app_id)
-        await self.producer.send_raw(DEAD_LETTER.full_name(self.settings.topic_prefix), message.key,
-                                     message.value, headers)
+    async def dead_letter(self, record: Record, reason: str) -> None:
+        headers = dead_letter_headers(record.headers, reason, record.topic, record.partition, record.offset,
+                                      self.app_id)
+        await self.producer.send_raw(DEAD_LETTER.full_name(self.settings.topic_prefix), record.key,
+                                     record.value, headers)
         self.dead_lettered += 1
-        DEAD_LETTERED.labels(self.specs[message.topic].name, self.app_id).inc()
-        log.warning("dead-lettered record", extra={"topic": message.topic, "offset": message.offset,
+        DEAD_LETTERED.labels(self.specs[record.topic].name, self.app_id).inc()
+        log.warning("dead-lettered record", extra={"topic": record.topic, "offset": record.offset,
                                                    "reason": reason})
 
+    async def ingest_batch(self, records: Sequence[Record]) -> list[Any]:
+        """Stage 1 for one batch: decode, dead-letter, summarise, forward. Returns the send futures: the
+        caller commits the batch's offsets only once they are all acknowledged."""
+        readings: list[core.Reading] = []
+        sent: list[Any] = []
+        for record in records:
+            try:
+                payload = decode(self.specs[record.topic], record.key, record.value, record.headers).payload
+            except RejectedRecord as error:
+                await self.dead_letter(record, f"undecodable: {error}")
+                continue
+            if isinstance(payload, events_pb2.GpuSample):
+                readings.append(convert.reading_from_sample(payload))
+            else:
+                assert isinstance(payload, events_pb2.NodeState)
+                inventory = convert.inventory_from_state(payload)
+                sent.append(await self.node_input.send(key=inventory.node, value=inventory.to_json()))
+        if readings:
+            now = self.clock()
+            metrics.SAMPLE_LAG.set(max(0.0, now - max(reading.timestamp for reading in readings)))
+            metrics.SAMPLE_LAG_SECONDS.observe(max(0.0, now - min(reading.timestamp for reading in readings)))
+            metrics.SAMPLES.inc(len(readings))
+            CONSUMED.labels(GPU_SAMPLES.name, self.app_id).inc(len(readings))
+            self.samples_seen += len(readings)
+            for chunk in core.summarise(readings, self.config.bucket_s):
+                sent.append(await self.node_input.send(key=chunk.node, value=chunk.to_json()))
+        return sent
+
     def _decode(self, event: Any) -> Any:
-        message = event.message
-        spec = self.specs[message.topic]
-        headers = _header_list(message.headers)
-        return decode(spec, message.key, message.value, headers).payload
+        record = Record.of_faust(event)
+        return decode(self.specs[record.topic], record.key, record.value, record.headers).payload
 
     async def _ingest(self, stream: Any) -> None:
-        bucket_s = self.config.bucket_s
+        """The faust front end of stage 1 (KUMIKI_TELEMETRY_FRONT_END=faust): take_events acks each batch
+        after it was forwarded."""
         async for events in stream.take_events(self.batch_size, within=self.batch_window_s):
-            readings: list[core.Reading] = []
-            for event in events:
-                try:
-                    payload = self._decode(event)
-                except RejectedRecord as error:
-                    await self._dead_letter(event, f"undecodable: {error}")
-                    continue
-                if isinstance(payload, events_pb2.GpuSample):
-                    readings.append(convert.reading_from_sample(payload))
-                else:
-                    inventory = convert.inventory_from_state(payload)
-                    await self.node_input.send(key=inventory.node, value=inventory.to_json())
-            if readings:
-                now = self.clock()
-                newest = max(reading.timestamp for reading in readings)
-                metrics.SAMPLE_LAG.set(max(0.0, now - newest))
-                metrics.SAMPLE_LAG_SECONDS.observe(max(0.0, now - min(r.timestamp for r in readings)))
-                metrics.SAMPLES.inc(len(readings))
-                CONSUMED.labels(GPU_SAMPLES.name, self.app_id).inc(len(readings))
-                self.samples_seen += len(readings)
-                for chunk in core.summarise(readings, bucket_s):
-                    await self.node_input.send(key=chunk.node, value=chunk.to_json())
+            await self.ingest_batch([Record.of_faust(event) for event in events])
 
     async def _lifecycle(self, stream: Any) -> None:
         async for event in stream.events():
             try:
                 payload = self._decode(event)
             except RejectedRecord as error:
-                await self._dead_letter(event, f"undecodable: {error}")
+                await self.dead_letter(Record.of_faust(event), f"undecodable: {error}")
                 continue
             transition = convert.transition_from_lifecycle(payload)
             previous = core.JobPlacement.from_json(self.job_placements.get(transition.job_id))
@@ -264,12 +351,11 @@ class TelemetryStreams:
             if kind == "readings":
                 chunk = core.NodeChunk.from_json(data)
                 record, findings, usages = core.apply_chunk(record, chunk, self.config)
-                for uuid, gpu in chunk.gpus.items():
-                    if gpu.mig is None:
-                        self.gpu_windows[uuid].apply(core.merge_json, core.gpu_aggregate(gpu).to_json(), event)
-                node_window = self.node_windows[node].apply(
-                    core.merge_json, core.node_aggregate(chunk).to_json(), event)
-                node_mean = core.WindowAggregate.from_json(node_window.value(event)).mean_util_pct
+                self.samples_applied += sum(gpu.samples for gpu in chunk.gpus.values())
+                newest = max(gpu.last_ts for gpu in chunk.gpus.values())
+                metrics.STATE_LAG_SECONDS.observe(max(0.0, self.clock() - newest))
+                window = self.node_windows[node].apply(core.merge_node_window, core.node_window(chunk), event)
+                node_mean = core.WindowAggregate.from_json(window.value(event).get("node")).mean_util_pct
                 if node_mean is not None:
                     metrics.NODE_UTILISATION.labels(node).set(node_mean)
                 for usage in usages:
