@@ -263,11 +263,14 @@ async def main() -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
 
         figure, axis = plt.subplots(figsize=(8, 3.5))
         axis.barh(list(rates), list(rates.values()), color=["#888", "#4a7", "#4a7", "#c84", "#37c"])
         axis.axvline(TARGET, color="red", linestyle="--", label=f"target {TARGET:,}/s")
-        axis.set_xlabel("samples/s (one process)")
+        axis.set_xscale("log")
+        axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        axis.set_xlabel("samples/s (one process, log scale)")
         axis.invert_yaxis()
         axis.legend()
         figure.tight_layout()
