@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 import traceback
@@ -173,14 +174,17 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
             assert streams is not None
             before = max(s.version.version for s in outputs.states if s.node == "node-a")
             tables = ("node_records", "job_placements", "node_windows")
-            kept = {name: dict(getattr(streams, name).table.items() if name == "node_windows"
-                               else getattr(streams, name).items()) for name in tables}
+            def contents(name: str) -> dict[str, object]:
+                table = getattr(streams, name)
+                items = table.table.items() if name == "node_windows" else table.items()
+                return json.loads(json.dumps({str(k): v for k, v in items}, default=lambda o: o.__json__()))
+
+            kept = {name: contents(name) for name in tables}
             await streams.stop()
             streams = TelemetryStreams(settings, CONFIG, producer)
             await streams.start()
             await streams.wait_recovered(60)
-            back = {name: dict(getattr(streams, name).table.items() if name == "node_windows"
-                               else getattr(streams, name).items()) for name in tables}
+            back = {name: contents(name) for name in tables}
             for name in tables:
                 if back[name] != kept[name]:
                     lost = [key for key in kept[name] if back[name].get(key) != kept[name][key]]

@@ -475,6 +475,17 @@ class NodeRecord:
             "published_digest": self.published_digest, "published_at": self.published_at,
         }
 
+    def __json__(self) -> Json:
+        """faust's JSON codec calls this: the table holds the object, the changelog its JSON."""
+        return self.to_json()
+
+    @classmethod
+    def stored(cls, value: NodeRecord | Mapping[str, Any] | None) -> NodeRecord | None:
+        """A table value as a record: the object this worker wrote, or the JSON a changelog restored."""
+        if value is None or isinstance(value, NodeRecord):
+            return value
+        return cls.from_json(value)
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeRecord:
         return cls(

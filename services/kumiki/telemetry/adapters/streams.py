@@ -344,8 +344,7 @@ class TelemetryStreams:
         async for event in stream.events():
             data = event.value
             node = str(data["node"])
-            stored = self.node_records.get(node)
-            record = core.NodeRecord.from_json(stored) if stored else None
+            record = core.NodeRecord.stored(self.node_records.get(node))
             kind = data["kind"]
             findings: list[core.IdleFinding] = []
             if kind == "readings":
@@ -379,7 +378,7 @@ class TelemetryStreams:
                 self.published_idle += 1
                 metrics.IDLE_EVENTS.labels(finding.queue).inc()
             record = await self._maybe_publish(record)
-            self.node_records[node] = record.to_json()
+            self.node_records[node] = record  # serialised by faust's JSON codec (NodeRecord.__json__)
 
     async def _maybe_publish(self, record: core.NodeRecord) -> core.NodeRecord:
         view = core.node_view(record)
@@ -408,8 +407,9 @@ class TelemetryStreams:
     async def _check_stale_nodes(self) -> None:
         now = self.clock()
         for node, stored in list(self.node_records.items()):
-            record = core.NodeRecord.from_json(stored)
-            if not record.stale and core.check_stale(record, now, self.config.node_timeout_s).stale:
+            record = core.NodeRecord.stored(stored)
+            timeout_s = self.config.node_timeout_s
+            if record is not None and not record.stale and core.check_stale(record, now, timeout_s).stale:
                 await self.node_input.send(key=node, value={"kind": "check", "node": node, "now": now})
 
     # -- stage 3 ----------------------------------------------------------------------------------
