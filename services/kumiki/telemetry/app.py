@@ -9,6 +9,7 @@ the faust App as a background service in the shell's event loop, and /readyz tur
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 import grpc
@@ -36,6 +37,9 @@ async def _watch(streams: TelemetryStreams) -> None:
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     config = TelemetryConfig.from_env(os.environ)
+    if runtime.settings.log_level != "DEBUG":  # faust and mode narrate every start step at INFO
+        for name in ("faust", "mode"):
+            logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     await ensure_topics(runtime.settings.kafka, [NODE_INVENTORY])
     streams = TelemetryStreams(runtime.settings.kafka, config, runtime.producer)
     await streams.start()
