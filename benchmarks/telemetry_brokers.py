@@ -101,10 +101,17 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
 
     if not await step("create topics (compacted ones included)", topics):
         return results
+    producer = EventProducer(settings, "//kumiki/brokers")
+
+    async def start_producer() -> bool:
+        await producer.start()
+        return True
+
+    if not await step("bus EventProducer starts (acks=all, idempotence as asked)", start_producer):
+        await producer.stop()
+        return results
     outputs = Outputs(settings)
     await outputs.consumer.start()
-    producer = EventProducer(settings, "//kumiki/brokers")
-    await producer.start()
     streams: TelemetryStreams | None = None
     sink: KafkaSink | None = None
     try:
