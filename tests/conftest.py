@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -96,6 +97,36 @@ async def database_settings(postgres_admin_url: str) -> AsyncIterator[DatabaseSe
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture(autouse=True)
+def asyncio_task_dump_on_hang(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For async tests: after 240 s print every asyncio task's stack (pytest-timeout ends the test at 300 s
+    but can only show threads, and a hung coroutine is a task, not a thread)."""
+    if not asyncio.iscoroutinefunction(getattr(request, "function", None)):
+        yield
+        return
+    import threading
+
+    fired = threading.Event()
+
+    def dump() -> None:
+        fired.set()
+        loop = getattr(request.node, "_kumiki_loop", None)
+        print(f"\n--- {request.node.nodeid} still running after 240 s; asyncio tasks: ---", file=sys.stderr)
+        for task in asyncio.all_tasks(loop) if loop else ():
+            task.print_stack(file=sys.stderr)
+
+    timer = threading.Timer(240, dump)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+
+
+@pytest.fixture(autouse=True)
+async def _remember_loop(request: pytest.FixtureRequest) -> None:
+    request.node._kumiki_loop = asyncio.get_running_loop()
 
 
 async def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]

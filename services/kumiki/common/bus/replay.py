@@ -66,15 +66,26 @@ class TopicReader:
     async def stop(self) -> None:
         await self._consumer.stop()
 
-    async def catch_up(self) -> int:
+    async def catch_up(self, timeout_s: float = 600.0) -> int:
         """Handle every record published before this call; returns how many were handled."""
         assigned = list(self._consumer.assignment())
         ends = await self._consumer.end_offsets(assigned)
         handled_before = self.records
+        deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             positions = [await self._consumer.position(partition) for partition in assigned]
-            if all(position >= ends[partition] for position, partition in zip(positions, assigned, strict=True)):
+            behind = {
+                partition.partition: (position, ends[partition])
+                for position, partition in zip(positions, assigned, strict=True)
+                if position < ends[partition]
+            }
+            if not behind:
                 break
+            if asyncio.get_running_loop().time() > deadline:
+                raise BrokerUnavailable(
+                    f"topic {self.topic}: replay did not reach the end offsets within {timeout_s:.0f}s"
+                    f" (partition: (position, end) {behind})"
+                )
             await self._poll(timeout_ms=500)
         return self.records - handled_before
 
