@@ -115,7 +115,10 @@ def asyncio_task_dump_on_hang(request: pytest.FixtureRequest) -> Iterator[None]:
         loop = getattr(request.node, "_kumiki_loop", None)
         print(f"\n--- {request.node.nodeid} still running after 240 s; asyncio tasks: ---", file=sys.stderr)
         for task in asyncio.all_tasks(loop) if loop else ():
-            task.print_stack(file=sys.stderr)
+            try:
+                task.print_stack(file=sys.stderr)
+            except Exception as error:  # a frame without line numbers must not hide the others
+                print(f"{task!r}: {error!r}", file=sys.stderr)
 
     timer = threading.Timer(240, dump)
     timer.daemon = True

@@ -31,6 +31,7 @@ from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing
 
 log = logging.getLogger(__name__)
 
+STOP_TIMEOUT_S = 10.0
 UP = Gauge("kumiki_service_ready", "1 when the service is ready", ["service"])
 
 
@@ -44,7 +45,9 @@ class Runtime:
     consumers: list[EventConsumer] = field(default_factory=list)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at stop, after background
-    components: dict[str, object] = field(default_factory=dict)  # what the wiring built, by name (tests, debugging)
+    components: dict[str, object] = field(default_factory=dict)
+    # set when the service stops: loops check it, since a cancellation can be lost (asyncio.wait_for in 3.11)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # what the wiring built, by name (tests, debugging)
 
     def consume(
         self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False
@@ -186,9 +189,13 @@ class ServiceHost:
         if self.runtime:
             for consumer in self.runtime.consumers:
                 consumer.request_stop()
+            self.runtime.stopping.set()
             for task in self.runtime.background:
                 task.cancel()
-            await asyncio.gather(*self.runtime.background, return_exceptions=True)
+            if self.runtime.background:
+                _, stuck = await asyncio.wait(self.runtime.background, timeout=STOP_TIMEOUT_S)
+                for task in stuck:  # never hang a shutdown on a task that ignored its cancellation
+                    log.error("background task did not stop", extra={"task": task.get_name()})
             for consumer in self.runtime.consumers:
                 await consumer.stop()
             for close in self.runtime.closers:

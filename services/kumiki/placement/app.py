@@ -38,8 +38,9 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     servicer = PlacementServicer(book, publisher, admission_from_env())
     nodes, _ = await rebuild(runtime.settings.kafka, book, servicer.wake)
     nodes.handle = NodeTable(book, servicer.wake, publisher)  # live node changes may displace jobs: publish that
-    runtime.background.append(asyncio.create_task(nodes.follow(), name="follow-cluster-state"))
-    runtime.background.append(asyncio.create_task(servicer.run_cycles(period_s), name="scheduling-cycle"))
+    runtime.background.append(asyncio.create_task(nodes.follow(runtime.stopping), name="follow-cluster-state"))
+    cycles = servicer.run_cycles(runtime.stopping, period_s)
+    runtime.background.append(asyncio.create_task(cycles, name="scheduling-cycle"))
     runtime.closers.append(nodes.stop)
     runtime.components.update(book=book, servicer=servicer)
     placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)

@@ -89,9 +89,9 @@ class TopicReader:
             await self._poll(timeout_ms=500)
         return self.records - handled_before
 
-    async def follow(self) -> None:
-        """Handle new records as they arrive, until cancelled."""
-        while True:
+    async def follow(self, stopping: asyncio.Event) -> None:
+        """Handle new records as they arrive, until `stopping` is set (or the task is cancelled)."""
+        while not stopping.is_set():
             await self._poll(timeout_ms=1000)
 
     async def _poll(self, timeout_ms: int) -> None:

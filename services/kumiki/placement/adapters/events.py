@@ -116,24 +116,38 @@ class NodeTable:
 
 
 class AllocationLog:
-    """job.lifecycle → the book's allocations (rebuild after a restart)."""
+    """job.lifecycle → the book's allocations (rebuild after a restart).
+
+    Events of one job are ordered (one key, one partition) but events of different jobs are not: a job bound
+    into GPUs that another job released may be read before that release. So the log first settles each job's
+    last word, and only the allocations still held at the end, which never overlap, go into the book.
+    """
 
     def __init__(self, book: PlacementBook) -> None:
         self.book = book
+        self.latest: dict[str, events_pb2.JobLifecycle] = {}
 
     async def __call__(self, key: str, event: Event | None) -> None:
         if event is None:
             return
         message = event.payload
         assert isinstance(message, events_pb2.JobLifecycle)
-        if message.state == events_pb2.JOB_STATE_BOUND:
-            command, pods = restore_from_lifecycle(message)
-            self.book.forget(command.job_id)  # a newer generation replaces an older one
-            self.book.restore(command, pods)
-        elif message.state in RELEASING_STATES:
-            current = self.book.bound.get(message.job.job_id)
-            if current is None or current.command.generation <= message.job.generation:
-                self.book.forget(message.job.job_id)
+        if message.state != events_pb2.JOB_STATE_BOUND and message.state not in RELEASING_STATES:
+            return
+        current = self.latest.get(message.job.job_id)
+        if current is None or message.job.generation >= current.job.generation:
+            self.latest[message.job.job_id] = message
+
+    def apply(self) -> int:
+        """Restore every job whose last event is BOUND; returns how many."""
+        restored = 0
+        for message in self.latest.values():
+            if message.state == events_pb2.JOB_STATE_BOUND:
+                command, pods = restore_from_lifecycle(message)
+                self.book.forget(command.job_id)
+                self.book.restore(command, pods)
+                restored += 1
+        return restored
 
 
 async def rebuild(settings: KafkaSettings, book: PlacementBook, on_change: asyncio.Event) -> tuple[TopicReader, int]:
@@ -141,12 +155,14 @@ async def rebuild(settings: KafkaSettings, book: PlacementBook, on_change: async
     nodes = TopicReader(settings, CLUSTER_STATE, NodeTable(book, on_change))
     await nodes.start()
     await nodes.catch_up()
-    allocations = TopicReader(settings, JOB_LIFECYCLE, AllocationLog(book))
+    log_of_allocations = AllocationLog(book)
+    allocations = TopicReader(settings, JOB_LIFECYCLE, log_of_allocations)
     await allocations.start()
     try:
         replayed = await allocations.catch_up()
     finally:
         await allocations.stop()
+    log_of_allocations.apply()
     problems = book.audit()
     if problems:
         raise RuntimeError(f"rebuilt allocation table is inconsistent: {problems[:5]}")

@@ -151,9 +151,9 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         return response
 
     # ---- the scheduling cycle -------------------------------------------------------------------
-    async def run_cycles(self, period_s: float = 1.0) -> None:
+    async def run_cycles(self, stopping: asyncio.Event, period_s: float = 1.0) -> None:
         """Retry pending jobs when capacity may have freed up (a release, a node change) and periodically."""
-        while True:
+        while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=period_s)
             self.wake.clear()
@@ -172,7 +172,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 continue
             try:
                 await self.publisher.bound(job, events_pb2.DECISION_KIND_BACKFILL)
-            except Exception:
+            except BaseException:  # cancelled at shutdown too: an unpublished bind must not stay granted
                 self.book.unbind(command.job_id)
                 self.book.hold(command, pending.reason)
                 raise
