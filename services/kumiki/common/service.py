@@ -31,7 +31,8 @@ from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 10.0
+GRACE_S = 3.0  # for background loops to notice `stopping` and return
+STOP_TIMEOUT_S = 10.0  # for cancelled ones
 UP = Gauge("kumiki_service_ready", "1 when the service is ready", ["service"])
 
 
@@ -190,6 +191,8 @@ class ServiceHost:
             for consumer in self.runtime.consumers:
                 consumer.request_stop()
             self.runtime.stopping.set()
+            if self.runtime.background:  # let loops finish what they are doing (a bind being published)
+                await asyncio.wait(self.runtime.background, timeout=GRACE_S)
             for task in self.runtime.background:
                 task.cancel()
             if self.runtime.background:
