@@ -39,9 +39,9 @@ export KUMIKI_TEST_KAFKA_BOOTSTRAP="$KUMIKI_KAFKA_BOOTSTRAP" KUMIKI_TEST_DATABAS
 unset KUMIKI_KAFKA_BOOTSTRAP KUMIKI_DATABASE_URL
 echo "   Kafka $KUMIKI_TEST_KAFKA_BOOTSTRAP, Postgres $KUMIKI_TEST_DATABASE_URL"
 
-echo "== lint and types (reported; run them before committing)"
-.venv/bin/ruff check services tests benchmarks --output-format concise || echo "!! ruff findings above"
-.venv/bin/mypy || echo "!! mypy findings above"
+echo "== lint and types"
+.venv/bin/ruff check services tests benchmarks --output-format concise
+.venv/bin/mypy
 
 echo "== tests"
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"

@@ -94,14 +94,11 @@ def start_postgres(kind: str, data_dir: Path, port: int, log_path: Path, databas
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.touch()
-    socket_dir = data_dir / "socket"
-    socket_dir.mkdir(exist_ok=True)
     pgdata = data_dir / "pgdata"
     _make_reachable(data_dir, user)
     if user:
         entry = pwd.getpwnam(user)
-        for path in (socket_dir, log_path):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
+        os.chown(log_path, entry.pw_uid, entry.pw_gid)
         if pgdata.exists():
             os.chown(pgdata, entry.pw_uid, entry.pw_gid)
     if not (pgdata / "PG_VERSION").exists():
@@ -110,8 +107,9 @@ def start_postgres(kind: str, data_dir: Path, port: int, log_path: Path, databas
             user,
             "initdb",
         )
+    # TCP on loopback only: a Unix socket path under a deep KUMIKI_HOME can exceed the 107-byte limit
     options = (
-        f"-p {port} -k {socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        f"-p {port} -c unix_socket_directories='' -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
         " -c full_page_writes=off -c max_connections=200"
     )
     _run(
