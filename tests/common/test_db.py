@@ -1,7 +1,5 @@
 """Migrations against a real Postgres."""
 
-from pathlib import Path
-
 import pytest
 
 from kumiki.common.config import DatabaseSettings
@@ -45,4 +43,3 @@ def test_every_service_migration_package_is_numbered_without_gaps() -> None:
         migrations = load_migrations(package)
         assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
         assert all(m.sql.strip() for m in migrations)
-    assert Path(__file__).exists()

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -24,6 +23,7 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
 from kumiki.common.tracing import configure_tracing, outgoing_metadata
 from kumiki.devstack.processes import free_port
+from kumiki.devstack.stack import readiness
 from tests.conftest import REPO_ROOT, wait_until
 from tests.placement.support import bind_request, default_nodes, emulate, whole
 
@@ -43,11 +43,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 def ready(http_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    return readiness(http_port)[0] == "ready"
 
 
 async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, tmp_path: Path) -> None:

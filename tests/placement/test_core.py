@@ -71,7 +71,6 @@ def test_two_large_gangs_one_runs_one_waits_nothing_half_placed() -> None:
 def test_unhealthy_and_removed_nodes_get_no_work() -> None:
     book = book_with(node("a"), node("b"))
     book.upsert_node(node("a"), healthy=False)
-    assert {name for name, _ in held_gpus(book)} == set()
     assert book.bind(gang("j1", 8)).job.node_names == ("b",)  # type: ignore[union-attr]
     book.remove_node("b")
     outcome = book.bind(gang("j2", 1))

@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -18,6 +17,7 @@ import pytest
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
 from kumiki.devstack.processes import free_port
+from kumiki.devstack.stack import readiness
 from tests.conftest import REPO_ROOT, wait_until
 from tests.placement.support import bind_request, default_nodes, emulate
 from tests.placement.test_service import BOUND, assert_never_over_allocated, random_pods
@@ -41,11 +41,7 @@ def start(kafka: KafkaSettings, grpc_port: int, http_port: int, log: Path) -> su
 
 
 def ready(http_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    return readiness(http_port)[0] == "ready"
 
 
 async def test_sigkill_mid_stream_rebuilds_every_acknowledged_bind(kafka: KafkaSettings, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
@@ -18,15 +19,20 @@ class BrokerUnavailable(RuntimeError):
     """The broker cannot be reached; the message names the bootstrap address."""
 
 
-async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
-    admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
+async def start_client(client: Any, settings: KafkaSettings) -> None:
+    """Start an aiokafka client, or raise BrokerUnavailable naming the variable and the address."""
     try:
-        await admin.start()
+        await client.start()
     except KafkaConnectionError as error:
         raise BrokerUnavailable(
             f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {settings.bootstrap} ({error})"
         ) from None
+
+
+async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
+    await start_client(admin, settings)
     try:
         existing = set(await admin.list_topics())
         missing = [

@@ -22,11 +22,11 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
-from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.codec import Event, RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED, DUPLICATES, HANDLER_SECONDS
 from kumiki.common.bus.producer import EventProducer
@@ -97,12 +97,7 @@ class EventConsumer:
     async def start(self) -> None:
         listener = _SeekToStoredOffsets(self)
         self._consumer.subscribe(list(self._specs), listener=listener)
-        try:
-            await self._consumer.start()
-        except KafkaConnectionError as error:
-            raise BrokerUnavailable(
-                f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {self.settings.bootstrap} ({error})"
-            ) from None
+        await start_client(self._consumer, self.settings)
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError
 from google.protobuf.message import Message
 from opentelemetry import trace
 
-from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.cloudevents import CloudEventAttributes
 from kumiki.common.bus.metrics import PUBLISHED
 from kumiki.common.bus.topics import TopicSpec
@@ -36,12 +35,7 @@ class EventProducer:
         )
 
     async def start(self) -> None:
-        try:
-            await self._producer.start()
-        except KafkaConnectionError as error:
-            raise BrokerUnavailable(
-                f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {self.settings.bootstrap} ({error})"
-            ) from None
+        await start_client(self._producer, self.settings)
 
     async def stop(self) -> None:
         await self._producer.stop()

@@ -13,10 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import ConsumerRecord
 
-from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.bus.admin import BrokerUnavailable, start_client
 from kumiki.common.bus.codec import Event, RejectedRecord, decode
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
@@ -44,12 +43,7 @@ class TopicReader:
         )
 
     async def start(self) -> None:
-        try:
-            await self._consumer.start()
-        except KafkaConnectionError as error:
-            raise BrokerUnavailable(
-                f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {self.settings.bootstrap} ({error})"
-            ) from None
+        await start_client(self._consumer, self.settings)
         partitions: set[int] = set()
         for _ in range(50):  # a just-created topic takes a moment to appear in metadata
             cluster = await self._consumer._client.fetch_all_metadata()

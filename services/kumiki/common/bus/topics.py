@@ -65,9 +65,7 @@ def validate_gpu_sample(message: Message) -> list[str]:
             problems.append(f"{name}: must be within 0..100, got {getattr(sample, name):g}")
     has_memory = sample.HasField("memory_used_mib") and sample.HasField("memory_total_mib")
     if has_memory and sample.memory_used_mib > sample.memory_total_mib:
-        problems.append(
-            f"memory_used_mib: {sample.memory_used_mib} exceeds memory_total_mib {sample.memory_total_mib}"
-        )
+        problems.append(f"memory_used_mib: {sample.memory_used_mib} exceeds memory_total_mib {sample.memory_total_mib}")
     if sample.HasField("power_w") and sample.power_w < 0:
         problems.append(f"power_w: must be >= 0, got {sample.power_w:g}")
     return problems

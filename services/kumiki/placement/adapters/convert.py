@@ -4,7 +4,6 @@ problem becomes InvalidRequest naming the field, so the servicer can answer INVA
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest, timestamp
@@ -220,8 +219,3 @@ def pending_reason(reason: PendingReason) -> common_pb2.PendingReason:
     return common_pb2.PendingReason(
         code=code, resource=reason.resource, node_shape=reason.node_shape, message=reason.explain()
     )
-
-
-def sorted_assignments(items: Sequence[common_pb2.PodAssignment]) -> list[tuple[str, tuple[int, ...], str, float]]:
-    """A comparable form of assignments (tests and the fault check compare tables with it)."""
-    return sorted((a.node, tuple(a.gpu_indices), a.mig_slice, a.gpu_fraction) for a in items)

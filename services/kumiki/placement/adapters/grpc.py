@@ -110,14 +110,12 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             decision_id=decision_id,
         )
 
-    async def _publish_bound(self, job: BoundJob, context: grpc.aio.ServicerContext | None) -> str:
+    async def _publish_bound(self, job: BoundJob, context: grpc.aio.ServicerContext) -> str:
         try:
             return await self.publisher.bound(job)
         except Exception as error:
             self.book.unbind(job.command.job_id)  # not durable, so not granted
             log.error("bind not published; allocation undone", extra={"job": job.command.job_id, "error": repr(error)})
-            if context is None:
-                raise
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the event log did not acknowledge the bind: {error}")
             raise
 
