@@ -1,4 +1,8 @@
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState, GpuShare, NodeSpec, Placement, PodPlacement, uniform_cluster
 from kumiki.sched.jobs import GangRequest, PodRequest, consolidated_gang
@@ -178,3 +182,75 @@ def test_mig_request_on_non_mig_cluster_is_pending_with_reason():
 def test_unknown_strategy_is_rejected():
     with pytest.raises(ValueError, match="unknown placement strategy"):
         place_gang(ClusterState.empty(uniform_cluster(1, 1)), gang("j", 1), "random")
+
+
+# ---- the occupancy-class index never changes a choice ---------------------------------------------
+
+NODE_KINDS = (
+    NodeSpec("v100", 8, "V100-32GB", 32.0, cpu_milli=32000, memory_mib=256000, sharing=True),
+    NodeSpec(
+        "a100", 8, "A100-80GB", 80.0, cpu_milli=64000, memory_mib=512000, nvlink_islands=((0, 1, 2, 3), (4, 5, 6, 7))
+    ),
+    NodeSpec(
+        "a100-mig", 4, "A100-80GB", 80.0, cpu_milli=16000, memory_mib=128000, mig_gpus=frozenset({0, 1}), sharing=False
+    ),
+    NodeSpec("h100", 4, "H100-80GB", 80.0, cpu_milli=16000, memory_mib=128000, sharing=False),
+)
+
+pod_requests = st.one_of(
+    st.builds(PodRequest, gpus=st.integers(1, 8), cpu_milli=st.sampled_from((0, 1000, 8000))),
+    st.builds(
+        PodRequest,
+        gpu_fraction=st.sampled_from((0.25, 0.5, 0.75)),
+        gpu_memory_gb=st.sampled_from((0.0, 8.0, 24.0)),
+        cpu_milli=st.sampled_from((0, 2000)),
+    ),
+    st.builds(
+        PodRequest,
+        mig_profile=st.sampled_from(("1g.10gb", "2g.20gb", "3g.40gb")),
+        memory_mib=st.sampled_from((0, 4096)),
+    ),
+    st.builds(PodRequest, cpu_milli=st.sampled_from((500, 4000))),
+)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("bind"), st.lists(pod_requests, min_size=1, max_size=3)),
+        st.tuples(st.just("release"), st.integers(0, 50)),
+        st.tuples(st.just("exclude"), st.integers(0, 11)),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(kinds=st.lists(st.integers(0, len(NODE_KINDS) - 1), min_size=1, max_size=12), script=steps)
+def test_class_index_chooses_what_scoring_every_node_chooses(kinds, script):
+    nodes = tuple(replace(NODE_KINDS[kind], name=f"n{i}", rack=f"r{i // 3}") for i, kind in enumerate(kinds))
+    state = ClusterState.empty(ClusterSpec(nodes))
+    excluded: frozenset[int] = frozenset()
+    for number, (action, argument) in enumerate(script):
+        if action == "release" and state.allocations:
+            state.release(sorted(state.allocations)[argument % len(state.allocations)])
+        elif action == "exclude":
+            excluded = excluded ^ {argument % len(nodes)}
+        elif action == "bind":
+            request = GangRequest(f"job-{number}", tuple(argument))
+            chosen = None
+            for strategy in ("kumiki", "best-fit", "spread", "first-fit"):
+                fast = place_gang(state, request, strategy, excluded_nodes=excluded)
+                full = place_gang(state, request, strategy, excluded_nodes=excluded, by_class=False)
+                assert fast == full, strategy
+                chosen = chosen or (fast if isinstance(fast, Placement) else None)
+            if chosen is not None:
+                state.allocate(chosen)
+        assert state.audit() == []
+
+
+def test_nodes_alike_in_gpus_but_not_in_cpu_are_not_interchangeable():
+    node = NodeSpec("n", 8, cpu_milli=8000, memory_mib=64000)
+    state = ClusterState.empty(ClusterSpec((replace(node, name="a"), replace(node, name="b"))))
+    state.allocate(Placement("cpu-hog", (PodPlacement(0, 0, cpu_milli=6000),)))
+    for strategy in ("kumiki", "best-fit", "first-fit"):
+        placed = place_gang(state, GangRequest("j", (PodRequest(gpus=1, cpu_milli=4000),)), strategy)
+        assert isinstance(placed, Placement) and placed.nodes == (1,), strategy  # node 0 lacks the CPU

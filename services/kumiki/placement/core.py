@@ -94,6 +94,7 @@ class PlacementBook:
     pending: dict[str, PendingJob] = field(default_factory=dict)
     orphans: dict[str, BoundJob] = field(default_factory=dict)  # bound on nodes not (yet) known
     _sequence: int = 0
+    _excluded: frozenset[int] | None = None  # unhealthy node indices, recomputed after a health change
 
     @property
     def state(self) -> ClusterState:
@@ -113,11 +114,13 @@ class PlacementBook:
             self.index_of[spec.name] = len(self.nodes)
             self.nodes.append(spec)
             self.healthy.append(healthy)
+            self._excluded = None
             self._stale = True
             if self.orphans:
                 self._adopt_orphans()
         else:
             self.healthy[index] = healthy
+            self._excluded = None
             if self.nodes[index] != spec:
                 self.nodes[index] = spec
                 self._stale = False
@@ -129,9 +132,12 @@ class PlacementBook:
         index = self.index_of.get(name)
         if index is not None:
             self.healthy[index] = False
+            self._excluded = None
 
     def excluded_nodes(self) -> frozenset[int]:
-        return frozenset(index for index, healthy in enumerate(self.healthy) if not healthy)
+        if self._excluded is None:
+            self._excluded = frozenset(index for index, healthy in enumerate(self.healthy) if not healthy)
+        return self._excluded
 
     def _rebuild_state(self) -> list[BoundJob]:
         self._state = ClusterState.empty(ClusterSpec(tuple(self.nodes)))

@@ -3,12 +3,16 @@
 `ClusterSpec` is the static shape (nodes, GPU models, NVLink islands, racks, MIG and sharing
 modes). `ClusterState` is the mutable allocation book. `allocate` re-checks every GPU, slice and cap
 before writing, so no code path can hand a GPU or MIG slice to two jobs or exceed a shared card's
-caps; it keeps a free-GPU-count index so the common whole-GPU placement never scans all nodes.
+caps. Two indexes keep placement from scanning every node: nodes by free whole-GPU count, and, inside
+each count, nodes grouped into classes of identical shape and occupancy. Nodes of one class are
+interchangeable for every placement rule except the tie-break on the node index, so a placer looks at
+the first node of each class instead of all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import bisect
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kumiki.sched.mig import MIG_PROFILES, MIG_SLOTS, MigError, profile_for
@@ -54,6 +58,19 @@ class NodeSpec:
 
     def shape(self) -> str:
         return f"{self.gpus}x {self.gpu_model}, {self.cpu_milli}m CPU, {self.memory_mib} MiB"
+
+    def capacity_key(self) -> tuple[Hashable, ...]:
+        """Everything placement reads of a node except its name and rack (domains filter on those)."""
+        return (
+            self.gpus,
+            self.gpu_model,
+            self.gpu_memory_gb,
+            self.cpu_milli,
+            self.memory_mib,
+            self.nvlink_islands,
+            self.mig_gpus,
+            self.sharing,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +186,17 @@ class ClusterState:
     racks: dict[str, list[int]] = field(default_factory=dict)
     free_whole: int = 0
     max_gpus: int = 0
+    # classes[free count][occupancy signature] = ascending node indices (see the module docstring)
+    classes: list[dict[Hashable, list[int]]] = field(default_factory=list)
+    class_of: list[tuple[int, Hashable] | None] = field(default_factory=list)
+    capacity_keys: list[tuple[Hashable, ...]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, spec: ClusterSpec) -> ClusterState:
         state = cls(spec)
         state.max_gpus = max((node.gpus for node in spec.nodes), default=0)
         state.by_free = [set() for _ in range(state.max_gpus + 1)]
+        state.classes = [{} for _ in range(state.max_gpus + 1)]
         for index, node in enumerate(spec.nodes):
             whole = {gpu for gpu in range(node.gpus) if gpu not in node.mig_gpus}
             state.nodes.append(
@@ -194,6 +216,9 @@ class ClusterState:
             state.free_whole += len(whole)
             state.rack_of.append(node.rack)
             state.racks.setdefault(node.rack, []).append(index)
+            state.capacity_keys.append(node.capacity_key())
+            state.class_of.append(None)
+            state._classify(index, len(whole))
         return state
 
     # ---- queries -------------------------------------------------------------------------------
@@ -236,12 +261,51 @@ class ClusterState:
             jobs.update(slices)
         return jobs
 
+    def class_representatives(self, level: int, skip: Callable[[int], bool]) -> Iterator[int]:
+        """The lowest-indexed node of each class with `level` free GPUs that `skip` does not reject."""
+        for members in self.classes[level].values():
+            for node in members:
+                if not skip(node):
+                    yield node
+                    break
+
+    def occupancy_signature(self, node: int) -> Hashable:
+        """Equal for two nodes exactly when every placement rule sees them alike (but for their index)."""
+        state = self.nodes[node]
+        return (
+            self.capacity_keys[node],
+            sum(1 << gpu for gpu in state.free_gpus),
+            tuple(owner is not None for owner in state.owner),
+            tuple(round(used, 9) for used in state.share_used),
+            tuple(round(used, 9) for used in state.share_memory_used),
+            tuple(state.mig_mask),
+            state.cpu_free,
+            state.memory_free,
+        )
+
     # ---- mutation ------------------------------------------------------------------------------
+    def _classify(self, node: int, level: int) -> None:
+        signature = self.occupancy_signature(node)
+        members = self.classes[level].setdefault(signature, [])
+        bisect.insort(members, node)
+        self.class_of[node] = (level, signature)
+
+    def _declassify(self, node: int) -> None:
+        found = self.class_of[node]
+        assert found is not None, "every node is classified from the start"
+        level, signature = found
+        members = self.classes[level][signature]
+        del members[bisect.bisect_left(members, node)]
+        if not members:
+            del self.classes[level][signature]
+
     def _set_free(self, node: int, before: int, after: int) -> None:
         if before != after:
             self.by_free[before].discard(node)
             self.by_free[after].add(node)
             self.free_whole += after - before
+        self._declassify(node)
+        self._classify(node, after)
 
     def allocate(self, placement: Placement) -> None:
         """Apply a placement after re-checking it completely; on any conflict nothing changes."""
@@ -387,6 +451,14 @@ class ClusterState:
                     problems.append(f"node {index} GPU {gpu} whole-allocated and shared or free")
         if free_total != self.free_whole:
             problems.append(f"free GPU count {self.free_whole} != {free_total}")
+        for index in range(len(self.spec.nodes)):
+            level = len(self.nodes[index].free_gpus)
+            signature = self.occupancy_signature(index)
+            if index not in self.classes[level].get(signature, ()):
+                problems.append(f"node {index} missing from its occupancy class")
+        classified = [node for level in self.classes for members in level.values() for node in members]
+        if sorted(classified) != list(range(len(self.spec.nodes))):
+            problems.append("occupancy classes do not hold every node exactly once")
         return problems
 
 

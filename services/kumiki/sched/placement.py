@@ -124,14 +124,52 @@ class _Scratch:
 
 
 class _Placer:
-    def __init__(self, state: ClusterState, strategy: str, mix: RequestMix, excluded: frozenset[int]) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        strategy: str,
+        mix: RequestMix,
+        excluded: frozenset[int],
+        domain: frozenset[int] | None,
+        *,
+        by_class: bool = True,
+    ) -> None:
         self.state = state
         self.strategy = strategy
         self.mix = mix
         self.excluded = excluded
+        self.domain = domain
+        self.by_class = by_class
         self.scratch = _Scratch()
         # node_fragmentation is pure in (free shares, cpu, memory, model) and most nodes look alike: memoised
         self._fragmentation: dict[tuple[tuple[float, ...], int, int, str], float] = {}
+        self._domain_levels: list[list[int]] | None = None
+
+    # ---- candidates ----------------------------------------------------------------------------
+    def _skip(self, node: int) -> bool:
+        return node in self.excluded or node in self.scratch.cpu
+
+    def level_nodes(self, level: int) -> list[int]:
+        """Nodes with `level` free whole GPUs worth scoring: inside a domain all of them; otherwise the first
+        node of each occupancy class plus the nodes this gang already uses (they differ from their class)."""
+        if self.domain is not None:
+            if self._domain_levels is None:  # the state does not change while a placer lives
+                self._domain_levels = [[] for _ in range(self.state.max_gpus + 1)]
+                for node in sorted(self.domain - self.excluded):
+                    self._domain_levels[self.state.free_count(node)].append(node)
+            return self._domain_levels[level]
+        if not self.by_class:
+            return sorted(node for node in self.state.by_free[level] if node not in self.excluded)
+        nodes = list(self.state.class_representatives(level, self._skip))
+        nodes.extend(
+            node for node in self.scratch.cpu if node not in self.excluded and self.state.free_count(node) == level
+        )
+        nodes.sort()
+        return nodes
+
+    def candidate_nodes(self) -> list[int]:
+        """level_nodes over every level, ascending by node index."""
+        return sorted(node for level in range(self.state.max_gpus + 1) for node in self.level_nodes(level))
 
     # ---- helpers -------------------------------------------------------------------------------
     def free_gpus(self, node: int) -> set[int]:
@@ -163,7 +201,7 @@ class _Placer:
         )
 
     # ---- whole GPUs ----------------------------------------------------------------------------
-    def whole_candidates(self, pod: PodRequest, domain: frozenset[int] | None) -> list[tuple[int, int]]:
+    def whole_candidates(self, pod: PodRequest) -> list[tuple[int, int]]:
         """(free GPUs, node) of nodes that can take the pod, visiting the index in strategy order."""
         need = pod.gpus
         levels = range(need, self.state.max_gpus + 1)
@@ -171,9 +209,7 @@ class _Placer:
         found: list[tuple[int, int]] = []
         can_stop = self.strategy in ("best-fit", "spread", "kumiki") and not self.scratch.gpus
         for level in ordered:
-            for node in self.state.by_free[level]:
-                if node in self.excluded or (domain is not None and node not in domain):
-                    continue
+            for node in self.level_nodes(level):
                 free = level - len(self.scratch.gpus.get(node, ()))
                 if free >= need and self.host_ok(node, pod):
                     found.append((free, node))
@@ -202,8 +238,8 @@ class _Placer:
                 break
         return tuple(sorted(chosen))
 
-    def place_whole(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
-        found = self.whole_candidates(pod, domain)
+    def place_whole(self, index: int, pod: PodRequest) -> PodPlacement | None:
+        found = self.whole_candidates(pod)
         if not found:
             return None
         if self.strategy == "spread":
@@ -223,11 +259,12 @@ class _Placer:
         spec = self.state.spec.nodes[node]
         return [max(0.0, self.share_free(node, gpu)[0]) for gpu in range(spec.gpus) if gpu not in spec.mig_gpus]
 
-    def place_share(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+    def place_share(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int] | None = None
         node_choices: dict[tuple[object, ...], tuple[tuple[float, ...], int]] = {}
-        for node, spec in enumerate(self.state.spec.nodes):
-            if node in self.excluded or (domain is not None and node not in domain) or not spec.sharing:
+        for node in self.candidate_nodes():
+            spec = self.state.spec.nodes[node]
+            if not spec.sharing:
                 continue
             if not self.host_ok(node, pod):
                 continue
@@ -305,14 +342,15 @@ class _Placer:
         return (round(after - before, 9), node_free, free, node, gpu)
 
     # ---- MIG -----------------------------------------------------------------------------------
-    def place_mig(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+    def place_mig(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int, int] | None = None
         mig_mix = {kind.mig_profile: kind.weight for kind in self.mix.types if kind.mig_profile}
         # The choice on one GPU depends only on its model and occupancy, which repeat across a fleet:
         # (model, occupied) -> (fragmentation cost, start) of its best free start, or None when it is full.
         choices: dict[tuple[str, int], tuple[float, int] | None] = {}
-        for node, spec in enumerate(self.state.spec.nodes):
-            if not spec.mig_gpus or node in self.excluded or (domain is not None and node not in domain):
+        for node in self.candidate_nodes():
+            spec = self.state.spec.nodes[node]
+            if not spec.mig_gpus:
                 continue
             if not self.host_ok(node, pod) or spec.gpu_model not in MIG_PROFILES:
                 continue
@@ -373,10 +411,10 @@ class _Placer:
         )
 
     # ---- CPU-only ------------------------------------------------------------------------------
-    def place_cpu(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+    def place_cpu(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int] | None = None
-        for node in range(len(self.state.spec.nodes)):
-            if node in self.excluded or (domain is not None and node not in domain) or not self.host_ok(node, pod):
+        for node in self.candidate_nodes():
+            if not self.host_ok(node, pod):
                 continue
             cpu = self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0)
             if self.strategy == "first-fit":
@@ -394,15 +432,15 @@ class _Placer:
             return None
         return PodPlacement(index, best[1], cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
-    def place_pod(self, index: int, pod: PodRequest, domain: frozenset[int] | None) -> PodPlacement | None:
+    def place_pod(self, index: int, pod: PodRequest) -> PodPlacement | None:
         if pod.gpus:
-            placed = self.place_whole(index, pod, domain)
+            placed = self.place_whole(index, pod)
         elif pod.gpu_fraction:
-            placed = self.place_share(index, pod, domain)
+            placed = self.place_share(index, pod)
         elif pod.mig_profile:
-            placed = self.place_mig(index, pod, domain)
+            placed = self.place_mig(index, pod)
         else:
-            placed = self.place_cpu(index, pod, domain)
+            placed = self.place_cpu(index, pod)
         if placed is not None:
             self.scratch.take(placed)
         return placed
@@ -436,16 +474,20 @@ def place_gang(
     mix: RequestMix = DEFAULT_MIX,
     excluded_nodes: frozenset[int] = frozenset(),
     explain: bool = True,
+    by_class: bool = True,
 ) -> Placement | PendingReason:
-    """Place all pods of a gang (at least `min_members`) or explain why not; never changes `state`."""
+    """Place all pods of a gang (at least `min_members`) or explain why not; never changes `state`.
+
+    `by_class=False` scores every node instead of one per occupancy class: the reference the class
+    index is tested against (it must never change a choice)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     order = sorted(range(len(request.pods)), key=lambda i: (-request.pods[i].gpu_demand, i))
     for domain in _domains(state, request, strategy):
-        placer = _Placer(state, strategy, mix, excluded_nodes)
+        placer = _Placer(state, strategy, mix, excluded_nodes, domain, by_class=by_class)
         placed: list[PodPlacement] = []
         for index in order:
-            pod = placer.place_pod(index, request.pods[index], domain)
+            pod = placer.place_pod(index, request.pods[index])
             if pod is not None:
                 placed.append(pod)
         if len(placed) >= request.required:
@@ -462,10 +504,10 @@ def _explain(
     biggest = max(request.pods, key=lambda pod: pod.gpu_demand)
     shapes = {node.shape() for node in dict.fromkeys(state.spec.nodes)}
     fitting = 0
-    alone = _Placer(state, strategy, mix, excluded)
-    together = _Placer(state, strategy, mix, excluded)
+    alone = _Placer(state, strategy, mix, excluded, None)
+    together = _Placer(state, strategy, mix, excluded, None)
     for index, pod in enumerate(request.pods):
-        if together.place_pod(index, pod, None) is not None:
+        if together.place_pod(index, pod) is not None:
             fitting += 1
     if fitting and len(request.pods) > 1:
         return PendingReason(
@@ -479,7 +521,7 @@ def _explain(
     models = {node.gpu_model for node in state.spec.nodes}
     if pod.gpu_model and pod.gpu_model not in models:
         return PendingReason(request.job_id, "gpu_model", f"no node has GPU model {pod.gpu_model}", pod.shape())
-    if excluded and _Placer(state, strategy, mix, frozenset()).place_pod(0, pod, None) is not None:
+    if excluded and _Placer(state, strategy, mix, frozenset(), None).place_pod(0, pod) is not None:
         return PendingReason(
             request.job_id,
             "reservation",
