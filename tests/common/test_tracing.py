@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -46,7 +47,9 @@ def ready(http_port: int) -> bool:
     return readiness(http_port)[0] == "ready"
 
 
-async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("exporting", [True, False], ids=["otlp", "no-exporter"])
+async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, tmp_path: Path, exporting: bool) -> None:
+    """Without an exporter the service records no spans, yet the caller's trace still reaches the consumer."""
     receiver = Receiver()
     server = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
@@ -60,10 +63,10 @@ async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, t
         "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
         "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port),
         "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port),
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
         "PYTHONPATH": str(REPO_ROOT / "services"),
     }
+    if exporting:
+        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     with (tmp_path / "placement.log").open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "kumiki.placement"], env=env, stdout=log, stderr=subprocess.STDOUT
@@ -96,15 +99,22 @@ async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, t
                 (service, span) for service, span in receiver.spans if int.from_bytes(span.trace_id, "big") == trace_id
             ]
 
-        await wait_until(lambda: len(ours()) >= 3, timeout_s=30, what="placement's spans over OTLP")
+        if exporting:
+            await wait_until(lambda: len(ours()) >= 2, timeout_s=30, what="placement's spans over OTLP")
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
         await server.stop(None)
+    assert consumed == [trace_id], "the consumer's span continues the same trace"
+    if not exporting:
+        assert receiver.spans == []
+        return
     spans = {span.name: (service, span) for service, span in ours()}
     service, bind = spans["kumiki.v1.Placement/Bind"]
     assert service == "kumiki-placement"
     assert int.from_bytes(bind.parent_span_id, "big") == root.get_span_context().span_id
-    _, publish = spans["publish job.lifecycle"]
+    # both of the bind's events (job.lifecycle and scheduling.decisions) go out under one PRODUCER span
+    (publish,) = [span for name, (_, span) in spans.items() if name.startswith("publish") and "job.lifecycle" in name]
+    assert "scheduling.decisions" in publish.name
     assert publish.parent_span_id == bind.span_id, "the event is published inside the Bind span"
     assert consumed == [trace_id], "the consumer's span continues the same trace"

@@ -64,6 +64,43 @@ def assert_never_over_allocated(responses: dict[str, placement_pb2.BindResponse]
     assert all(total <= 1.0 + 1e-9 for total in shares.values()), shares
 
 
+async def test_bind_stream_answers_in_order_and_refuses_one_request_not_the_stream(kafka: KafkaSettings) -> None:
+    await emulate(kafka, default_nodes(2))
+    async with running_placement(kafka) as (host, stub):
+        await wait_until(lambda: len(host_book(host).nodes) == 2, what="the emulated nodes")
+        requests = [
+            bind_request("s-1", [whole(2)]),
+            bind_request("", [whole(1)]),  # invalid: no job id
+            bind_request("s-1", [whole(2)]),  # a retry: the same answer
+            bind_request("s-2", [whole(8)], generation=2),
+            bind_request("s-2", [whole(8)], generation=1),  # older than what is bound: refused
+            bind_request("s-3", [whole(64)]),  # cannot fit: pending
+            bind_request("s-4", [whole(1)]),
+        ]
+        call = stub.BindStream()
+        for request in requests:
+            await call.write(request)
+        await call.done_writing()
+        answers = [answer async for answer in call]
+    assert [answer.job.job_id for answer in answers] == [request.job.job_id for request in requests]
+    codes = [answer.status_code for answer in answers]
+    assert codes == [
+        0,
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        0,
+        0,
+        grpc.StatusCode.FAILED_PRECONDITION.value[0],
+        0,
+        0,
+    ]
+    assert answers[1].error == "job.job_id: required"
+    assert "job.generation" in answers[4].error
+    assert answers[0].response.outcome == BOUND and answers[2].response.assignments == answers[0].response.assignments
+    assert answers[5].response.outcome == placement_pb2.BindResponse.OUTCOME_PENDING
+    assert answers[6].response.outcome == BOUND
+    assert host_book(host).audit() == []
+
+
 async def test_invalid_requests_name_the_field(kafka: KafkaSettings) -> None:
     await emulate(kafka, default_nodes(2))
     async with running_placement(kafka) as (_, stub):
@@ -92,8 +129,24 @@ async def test_invalid_requests_name_the_field(kafka: KafkaSettings) -> None:
         assert error.value.details() == "job_id: required"
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-async def test_concurrent_clients_never_over_allocate(kafka: KafkaSettings, seed: int) -> None:
+async def bind_all(
+    stub: placement_pb2_grpc.PlacementStub, requests: list[placement_pb2.BindRequest], via: str
+) -> list[placement_pb2.BindResponse]:
+    """Bind `requests` in order, one unary call at a time or pipelined over one BindStream."""
+    if via == "unary":
+        return [await stub.Bind(request) for request in requests]
+    call = stub.BindStream()
+    for request in requests:
+        await call.write(request)
+    await call.done_writing()
+    answers = [answer async for answer in call]
+    assert [answer.job for answer in answers] == [request.job for request in requests], "answers in request order"
+    assert all(answer.status_code == 0 for answer in answers), [answer.error for answer in answers]
+    return [answer.response for answer in answers]
+
+
+@pytest.mark.parametrize(("seed", "via"), [(1, "unary"), (2, "stream")])
+async def test_concurrent_clients_never_over_allocate(kafka: KafkaSettings, seed: int, via: str) -> None:
     nodes = default_nodes(6)
     await emulate(kafka, nodes)
     rng = random.Random(seed)
@@ -104,12 +157,12 @@ async def test_concurrent_clients_never_over_allocate(kafka: KafkaSettings, seed
         async def client(share: list[placement_pb2.BindRequest]) -> dict[str, placement_pb2.BindResponse]:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{host.grpc_port}") as channel:
                 stub = placement_pb2_grpc.PlacementStub(channel)
-                answers = {}
-                for request in share:
-                    answers[request.job.job_id] = await stub.Bind(request)
-                    if rng.random() < 0.2:  # a client retrying: must get the same answer, never a second allocation
-                        again = await stub.Bind(request)
-                        assert list(again.assignments) == list(answers[request.job.job_id].assignments)
+                # a client retrying sends some requests twice: same answer, never a second allocation
+                sent = [copy for request in share for copy in [request] * (2 if rng.random() < 0.2 else 1)]
+                answers: dict[str, placement_pb2.BindResponse] = {}
+                for request, answer in zip(sent, await bind_all(stub, sent, via), strict=True):
+                    first = answers.setdefault(request.job.job_id, answer)
+                    assert list(answer.assignments) == list(first.assignments)
                 return answers
 
         results = await asyncio.gather(*(client(requests[index::16]) for index in range(16)))

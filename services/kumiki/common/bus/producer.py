@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaProducer
 from google.protobuf.message import Message
@@ -18,6 +19,16 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.tracing import inject_headers
 
 tracer = trace.get_tracer("kumiki.bus")
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingEvent:
+    """One event to publish: its topic, key (the partition), payload and optional CloudEvents id."""
+
+    spec: TopicSpec
+    key: str
+    payload: Message
+    event_id: str | None = None
 
 
 class EventProducer:
@@ -48,12 +59,13 @@ class EventProducer:
         await self.stop()
 
     def _record(
-        self, spec: TopicSpec, payload: Message, event_id: str | None, time: datetime | None
+        self, record: OutgoingEvent, time: datetime, trace_headers: list[tuple[str, bytes]]
     ) -> tuple[bytes, list[tuple[str, bytes]], CloudEventAttributes]:
+        spec, payload = record.spec, record.payload
         if spec.payload is not None and not isinstance(payload, spec.payload):
             raise TypeError(f"topic {spec.name} carries {spec.payload.__name__}, not {type(payload).__name__}")
-        attributes = CloudEventAttributes.new(spec.ce_type, self.source, event_id, time)
-        return payload.SerializeToString(), attributes.headers() + inject_headers(), attributes
+        attributes = CloudEventAttributes.new(spec.ce_type, self.source, record.event_id, time)
+        return payload.SerializeToString(), attributes.headers() + trace_headers, attributes
 
     async def publish(
         self,
@@ -65,31 +77,48 @@ class EventProducer:
         time: datetime | None = None,
     ) -> CloudEventAttributes:
         """Publish and wait for the broker's acknowledgement; the event id is the CloudEvents ce_id."""
-        topic = spec.full_name(self.settings.topic_prefix)
-        with tracer.start_as_current_span(f"publish {spec.name}", kind=trace.SpanKind.PRODUCER) as span:
-            span.set_attribute("messaging.destination.name", topic)
-            span.set_attribute("messaging.message.id", event_id or "")
-            value, headers, attributes = self._record(spec, payload, event_id, time)
-            span.set_attribute("messaging.message.id", attributes.id)
-            await self._producer.send_and_wait(topic, value, key=key.encode(), headers=headers)
-        PUBLISHED.labels(spec.name).inc()
+        (attributes,) = await self.publish_records([OutgoingEvent(spec, key, payload, event_id)], time=time)
         return attributes
 
     async def publish_many(
         self, spec: TopicSpec, items: Sequence[tuple[str, Message]] | Sequence[tuple[str, Message, str]]
     ) -> int:
         """Publish a batch (key, payload[, event id]) and wait until every record is acknowledged."""
-        topic = spec.full_name(self.settings.topic_prefix)
+        records = [OutgoingEvent(spec, item[0], item[1], item[2] if len(item) > 2 else None) for item in items]
+        await self.publish_records(records)
+        return len(records)
+
+    async def publish_records(
+        self, records: Sequence[OutgoingEvent], *, time: datetime | None = None
+    ) -> list[CloudEventAttributes]:
+        """Publish events, to one topic or several, under one PRODUCER span, and wait for every acknowledgement.
+
+        One span and one trace context for the lot is what makes a bind's two events cheap: the records
+        share their timestamp and traceparent, and the broker acknowledges them in the same round trip.
+        """
+        if not records:
+            return []
+        topics = {record.spec.name for record in records}
+        name = f"publish {next(iter(topics))}" if len(topics) == 1 else "publish " + ", ".join(sorted(topics))
+        if len(records) > 1:
+            name += f" x{len(records)}"
+        stamp = time or datetime.now(UTC)
         futures = []
-        with tracer.start_as_current_span(f"publish {spec.name} x{len(items)}", kind=trace.SpanKind.PRODUCER):
-            for item in items:
-                key, payload = item[0], item[1]
-                event_id = item[2] if len(item) > 2 else None
-                value, headers, _ = self._record(spec, payload, event_id, None)
-                futures.append(await self._producer.send(topic, value, key=key.encode(), headers=headers))
+        sent: list[CloudEventAttributes] = []
+        with tracer.start_as_current_span(name, kind=trace.SpanKind.PRODUCER) as span:
+            trace_headers = inject_headers()
+            for record in records:
+                value, headers, attributes = self._record(record, stamp, trace_headers)
+                topic = record.spec.full_name(self.settings.topic_prefix)
+                futures.append(await self._producer.send(topic, value, key=record.key.encode(), headers=headers))
+                sent.append(attributes)
+            if span.is_recording():
+                span.set_attribute("messaging.destination.name", ", ".join(sorted(topics)))
+                span.set_attribute("messaging.message.id", ", ".join(attributes.id for attributes in sent))
             await asyncio.gather(*futures)
-        PUBLISHED.labels(spec.name).inc(len(items))
-        return len(items)
+        for record in records:
+            PUBLISHED.labels(record.spec.name).inc()
+        return sent
 
     async def send_raw(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]

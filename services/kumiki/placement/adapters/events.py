@@ -7,6 +7,7 @@ import logging
 import uuid
 
 from kumiki.common.bus import Event, EventProducer
+from kumiki.common.bus.producer import OutgoingEvent
 from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, SCHEDULING_DECISIONS
 from kumiki.common.config import KafkaSettings
@@ -55,13 +56,20 @@ class DecisionPublisher:
     async def bound(self, job: BoundJob, kind: int = events_pb2.DECISION_KIND_BIND) -> str:
         decision = self._decision(kind, job.command)
         decision.assignments.extend(assignments(job))
-        key = job.command.job_id
-        event_id = f"{key}/{job.command.generation}/bound"
-        await asyncio.gather(
-            self.producer.publish(JOB_LIFECYCLE, key, lifecycle(job, events_pb2.JOB_STATE_BOUND), event_id=event_id),
-            self.producer.publish(SCHEDULING_DECISIONS, key, decision, event_id=decision.decision_id),
-        )
+        await self._publish_pair(job, lifecycle(job, events_pb2.JOB_STATE_BOUND), "bound", decision)
         return decision.decision_id
+
+    async def _publish_pair(
+        self, job: BoundJob, change: events_pb2.JobLifecycle, verb: str, decision: events_pb2.SchedulingDecision
+    ) -> None:
+        """The allocation change and the decision that explains it, acknowledged together."""
+        key = job.command.job_id
+        await self.producer.publish_records(
+            [
+                OutgoingEvent(JOB_LIFECYCLE, key, change, f"{key}/{job.command.generation}/{verb}"),
+                OutgoingEvent(SCHEDULING_DECISIONS, key, decision, decision.decision_id),
+            ]
+        )
 
     async def pending(self, command: BindCommand, reason: PendingReason) -> str:
         decision = self._decision(events_pb2.DECISION_KIND_PENDING, command)
@@ -72,14 +80,7 @@ class DecisionPublisher:
     async def released(self, job: BoundJob, reason: str) -> str:
         decision = self._decision(events_pb2.DECISION_KIND_RELEASE, job.command)
         decision.reasons.append(common_pb2.PendingReason(code="released", message=reason))
-        key = job.command.job_id
-        event_id = f"{key}/{job.command.generation}/released"
-        await asyncio.gather(
-            self.producer.publish(
-                JOB_LIFECYCLE, key, lifecycle(job, events_pb2.JOB_STATE_RELEASED, reason), event_id=event_id
-            ),
-            self.producer.publish(SCHEDULING_DECISIONS, key, decision, event_id=decision.decision_id),
-        )
+        await self._publish_pair(job, lifecycle(job, events_pb2.JOB_STATE_RELEASED, reason), "released", decision)
         return decision.decision_id
 
 

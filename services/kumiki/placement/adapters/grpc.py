@@ -11,8 +11,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Gauge, Histogram
 
 from kumiki.common.contracts.v1 import events_pb2, placement_pb2, placement_pb2_grpc
@@ -24,6 +28,10 @@ from kumiki.placement.core import BindCommand, BindConflict, BoundJob, Placement
 from kumiki.sched.placement import PendingReason
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.placement")
+# Requests of one BindStream decided ahead of the answer being written: enough to keep the event log's
+# round trip busy, bounded so a caller that stops reading answers stops being read.
+STREAM_WINDOW = 256
 
 BINDS = Counter("kumiki_placement_binds_total", "Bind calls by outcome", ["outcome"])
 BIND_SECONDS = Histogram(
@@ -36,13 +44,27 @@ ALLOCATED = Gauge("kumiki_placement_allocated_gpus", "GPU capacity allocated (fr
 CYCLE_BINDS = Counter("kumiki_placement_cycle_binds_total", "Pending jobs bound by the scheduling cycle")
 
 
+def _nobody_reads(task: asyncio.Task[placement_pb2.BindStreamResponse]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("bind stream answer lost with its caller", extra={"error": repr(task.exception())})
+
+
+class BindRefused(Exception):
+    """A Bind that gets no answer but a status: unary calls end with it, streams carry it in the answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     def __init__(self, book: PlacementBook, publisher: DecisionPublisher, admission: Admission) -> None:
         self.book = book
         self.publisher = publisher
         self.admission = admission
         self.wake = asyncio.Event()
-        self._inflight: dict[str, asyncio.Future[placement_pb2.BindResponse]] = {}
+        self._inflight: dict[tuple[str, int], asyncio.Future[placement_pb2.BindResponse]] = {}
 
     def _bound_response(self, job: BoundJob, decision_id: str = "") -> placement_pb2.BindResponse:
         return placement_pb2.BindResponse(
@@ -52,20 +74,75 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     async def Bind(
         self, request: placement_pb2.BindRequest, context: grpc.aio.ServicerContext
     ) -> placement_pb2.BindResponse:
+        try:
+            return await self.decide(request)
+        except BindRefused as refused:
+            await context.abort(refused.code, refused.message)
+            raise
+
+    async def BindStream(
+        self, requests: AsyncIterator[placement_pb2.BindRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[placement_pb2.BindStreamResponse]:
+        """Pipelined: every request is decided as soon as it is read, answers leave in request order.
+
+        Each request is its own SERVER span, a child of the stream's traceparent (one per message would
+        need the caller to send context with every message; the stream's is what gRPC metadata carries).
+        """
+        parent = propagate.extract(
+            {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)},
+            context=otel_context.Context(),
+        )
+        answers: asyncio.Queue[asyncio.Task[placement_pb2.BindStreamResponse] | None] = asyncio.Queue(
+            maxsize=STREAM_WINDOW
+        )
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await answers.put(asyncio.create_task(self._stream_answer(request, parent)))
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.create_task(read(), name="bind-stream-reader")
+        try:
+            while (answer := await answers.get()) is not None:
+                yield await answer
+            await reader  # re-raises a broken stream
+        finally:
+            reader.cancel()
+            while not answers.empty():  # the caller went away: decisions in flight still finish and publish
+                unread = answers.get_nowait()
+                if unread is not None:
+                    unread.add_done_callback(_nobody_reads)
+
+    async def _stream_answer(
+        self, request: placement_pb2.BindRequest, parent: otel_context.Context
+    ) -> placement_pb2.BindStreamResponse:
+        with tracer.start_as_current_span("kumiki.v1.Placement/BindStream", context=parent, kind=SpanKind.SERVER):
+            try:
+                response = await self.decide(request)
+            except BindRefused as refused:
+                return placement_pb2.BindStreamResponse(
+                    job=request.job, status_code=refused.code.value[0], error=refused.message
+                )
+        return placement_pb2.BindStreamResponse(job=request.job, response=response)
+
+    async def decide(self, request: placement_pb2.BindRequest) -> placement_pb2.BindResponse:
+        """Bind's answer, or BindRefused with the status a unary call ends with."""
         started = time.perf_counter()
         try:
             command = bind_command(request)
         except InvalidRequest as error:
             BINDS.labels("invalid").inc()
-            await abort_invalid(context, error)
-            raise
-        running = self._inflight.get(command.job_id)
-        if running is not None:  # the same job is being bound right now: share its answer
+            raise BindRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+        attempt = (command.job_id, command.generation)
+        running = self._inflight.get(attempt)
+        if running is not None:  # the same job and generation is being bound right now: share its answer
             return await asyncio.shield(running)
         future: asyncio.Future[placement_pb2.BindResponse] = asyncio.get_running_loop().create_future()
-        self._inflight[command.job_id] = future
+        self._inflight[attempt] = future
         try:
-            response = await self._bind(command, context)
+            response = await self._bind(command)
             future.set_result(response)
             return response
         except BaseException as error:
@@ -73,10 +150,10 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             future.exception()  # mark retrieved: no "never retrieved" warning when nobody else waited
             raise
         finally:
-            del self._inflight[command.job_id]
+            del self._inflight[attempt]
             BIND_SECONDS.observe(time.perf_counter() - started)
 
-    async def _bind(self, command: BindCommand, context: grpc.aio.ServicerContext) -> placement_pb2.BindResponse:
+    async def _bind(self, command: BindCommand) -> placement_pb2.BindResponse:
         existing = self.book.bound.get(command.job_id)
         if existing is None or existing.command.generation != command.generation:
             denied = await self.admission.admit(command)
@@ -88,13 +165,12 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             outcome = self.book.bind(command)
         except BindConflict as error:
             BINDS.labels("conflict").inc()
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-            raise
+            raise BindRefused(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from None
         if outcome.job is not None and outcome.replayed:
             BINDS.labels("replayed").inc()
             return self._bound_response(outcome.job)
         if outcome.job is not None:
-            decision_id = await self._publish_bound(outcome.job, context)
+            decision_id = await self._publish_bound(outcome.job)
             BINDS.labels("bound").inc()
             return self._bound_response(outcome.job, decision_id)
         assert outcome.reason is not None
@@ -110,14 +186,15 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             decision_id=decision_id,
         )
 
-    async def _publish_bound(self, job: BoundJob, context: grpc.aio.ServicerContext) -> str:
+    async def _publish_bound(self, job: BoundJob) -> str:
         try:
             return await self.publisher.bound(job)
         except Exception as error:
             self.book.unbind(job.command.job_id)  # not durable, so not granted
             log.error("bind not published; allocation undone", extra={"job": job.command.job_id, "error": repr(error)})
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the event log did not acknowledge the bind: {error}")
-            raise
+            raise BindRefused(
+                grpc.StatusCode.UNAVAILABLE, f"the event log did not acknowledge the bind: {error}"
+            ) from None
 
     async def Release(
         self, request: placement_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
@@ -161,7 +238,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         bound = 0
         for pending in self.book.pending_in_order():
             command = pending.command
-            if command.job_id in self._inflight or command.job_id not in self.book.pending:
+            if (command.job_id, command.generation) in self._inflight or command.job_id not in self.book.pending:
                 continue
             if await self.admission.admit(command) is not None:
                 continue

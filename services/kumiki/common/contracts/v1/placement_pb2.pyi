@@ -136,6 +136,44 @@ class BindResponse(_message.Message):
 Global___BindResponse: _TypeAlias = BindResponse  # noqa: Y015
 
 @_typing.final
+class BindStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    STATUS_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    status_code: _builtins.int
+    """0 when `response` holds the answer; otherwise the gRPC status code the unary Bind would have ended
+    with (3 INVALID_ARGUMENT, 9 FAILED_PRECONDITION, 14 UNAVAILABLE).
+    """
+    error: _builtins.str
+    """Why the request was refused, naming the field where one is at fault (empty when status_code is 0)."""
+    @_builtins.property
+    def job(self) -> _common_pb2.JobRef:
+        """The job of the request this answers (answers come in request order)."""
+
+    @_builtins.property
+    def response(self) -> Global___BindResponse:
+        """The answer, as Bind gives it (when status_code is 0)."""
+
+    def __init__(
+        self,
+        *,
+        job: _common_pb2.JobRef | None = ...,
+        status_code: _builtins.int = ...,
+        error: _builtins.str = ...,
+        response: Global___BindResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "job", b"job", "response", b"response", "status_code", b"status_code"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BindStreamResponse: _TypeAlias = BindStreamResponse  # noqa: Y015
+
+@_typing.final
 class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -39,6 +39,11 @@ class PlacementStub:
                 request_serializer=kumiki_dot_v1_dot_placement__pb2.BindRequest.SerializeToString,
                 response_deserializer=kumiki_dot_v1_dot_placement__pb2.BindResponse.FromString,
                 _registered_method=True)
+        self.BindStream = channel.stream_stream(
+                '/kumiki.v1.Placement/BindStream',
+                request_serializer=kumiki_dot_v1_dot_placement__pb2.BindRequest.SerializeToString,
+                response_deserializer=kumiki_dot_v1_dot_placement__pb2.BindStreamResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/kumiki.v1.Placement/Release',
                 request_serializer=kumiki_dot_v1_dot_placement__pb2.ReleaseRequest.SerializeToString,
@@ -56,6 +61,14 @@ class PlacementServicer:
 
     def Bind(self, request, context):
         """Place a gang (or answer why it must wait).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BindStream(self, request_iterator, context):
+        """The same Bind for binders that place continuously: many requests over one stream, each decided as it
+        arrives, answered in request order. A refused request gets its status in its answer; the stream goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,6 +95,11 @@ def add_PlacementServicer_to_server(servicer, server):
                     servicer.Bind,
                     request_deserializer=kumiki_dot_v1_dot_placement__pb2.BindRequest.FromString,
                     response_serializer=kumiki_dot_v1_dot_placement__pb2.BindResponse.SerializeToString,
+            ),
+            'BindStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.BindStream,
+                    request_deserializer=kumiki_dot_v1_dot_placement__pb2.BindRequest.FromString,
+                    response_serializer=kumiki_dot_v1_dot_placement__pb2.BindStreamResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -121,6 +139,33 @@ class Placement:
             '/kumiki.v1.Placement/Bind',
             kumiki_dot_v1_dot_placement__pb2.BindRequest.SerializeToString,
             kumiki_dot_v1_dot_placement__pb2.BindResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BindStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kumiki.v1.Placement/BindStream',
+            kumiki_dot_v1_dot_placement__pb2.BindRequest.SerializeToString,
+            kumiki_dot_v1_dot_placement__pb2.BindStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

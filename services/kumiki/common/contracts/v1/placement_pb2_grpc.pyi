@@ -33,6 +33,10 @@ class PlacementStub:
     def __new__(cls, channel: _aio.Channel) -> PlacementAsyncStub: ...
     Bind: _grpc.UnaryUnaryMultiCallable[_placement_pb2.BindRequest, _placement_pb2.BindResponse]
     """Place a gang (or answer why it must wait)."""
+    BindStream: _grpc.StreamStreamMultiCallable[_placement_pb2.BindRequest, _placement_pb2.BindStreamResponse]
+    """The same Bind for binders that place continuously: many requests over one stream, each decided as it
+    arrives, answered in request order. A refused request gets its status in its answer; the stream goes on.
+    """
     Release: _grpc.UnaryUnaryMultiCallable[_placement_pb2.ReleaseRequest, _placement_pb2.ReleaseResponse]
     """Free a job's allocation."""
     Explain: _grpc.UnaryUnaryMultiCallable[_placement_pb2.ExplainRequest, _placement_pb2.ExplainResponse]
@@ -43,6 +47,10 @@ class PlacementAsyncStub(PlacementStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Bind: _aio.UnaryUnaryMultiCallable[_placement_pb2.BindRequest, _placement_pb2.BindResponse]  # type: ignore[assignment]
     """Place a gang (or answer why it must wait)."""
+    BindStream: _aio.StreamStreamMultiCallable[_placement_pb2.BindRequest, _placement_pb2.BindStreamResponse]  # type: ignore[assignment]
+    """The same Bind for binders that place continuously: many requests over one stream, each decided as it
+    arrives, answered in request order. A refused request gets its status in its answer; the stream goes on.
+    """
     Release: _aio.UnaryUnaryMultiCallable[_placement_pb2.ReleaseRequest, _placement_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Free a job's allocation."""
     Explain: _aio.UnaryUnaryMultiCallable[_placement_pb2.ExplainRequest, _placement_pb2.ExplainResponse]  # type: ignore[assignment]
@@ -56,6 +64,16 @@ class PlacementServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_placement_pb2.BindResponse, _abc.Awaitable[_placement_pb2.BindResponse]]:
         """Place a gang (or answer why it must wait)."""
+
+    @_abc_1.abstractmethod
+    def BindStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_placement_pb2.BindRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_placement_pb2.BindStreamResponse], _abc.AsyncIterator[_placement_pb2.BindStreamResponse]]:
+        """The same Bind for binders that place continuously: many requests over one stream, each decided as it
+        arrives, answered in request order. A refused request gets its status in its answer; the stream goes on.
+        """
 
     @_abc_1.abstractmethod
     def Release(
