@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,3 +32,9 @@ def percentile(values: Sequence[float], level: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(level / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used so far; Linux /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

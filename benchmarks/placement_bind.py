@@ -10,13 +10,18 @@ Two measurements, each against the baseline (whole GPUs and shares taken from th
 by scanning every node; no topology, no events):
 1. the decision alone, in this process: PlacementBook.bind vs the naive function;
 2. through gRPC: `python -m kumiki.placement` (publishing every bind to the broker before answering) vs
-   the naive placer behind the same gRPC service, both in their own process, `--concurrency` calls in flight.
+   the naive placer behind the same gRPC service, each in its own process: unary Bind with 1 call in
+   flight (latency), then with `--concurrency` calls in flight, then BindStream (one stream,
+   `--concurrency` requests in flight on it). Each server's CPU time per bind is read from /proc: on a
+   machine where client, broker and server share the cores, 1 / (CPU per bind) is what one server process
+   sustains with a core to itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import csv
 import os
 import random
@@ -27,10 +32,11 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from _support import broker, percentile
+from _support import broker, percentile, process_cpu_s
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -114,6 +120,10 @@ class NaiveServicer(placement_pb2_grpc.PlacementServicer):
     def __init__(self, nodes: int) -> None:
         self.placer = NaiveFirstFit(nodes)
 
+    async def BindStream(self, requests, context):  # type: ignore[no-untyped-def]
+        async for request in requests:
+            yield placement_pb2.BindStreamResponse(job=request.job, response=await self.Bind(request, context))
+
     async def Bind(self, request, context):  # type: ignore[no-untyped-def]
         placed = self.placer.bind(request)
         if placed is None:
@@ -154,9 +164,16 @@ def decision_only(nodes: int, reqs: list[placement_pb2.BindRequest]) -> dict[str
     return times
 
 
-async def through_grpc(
-    port: int, reqs: list[placement_pb2.BindRequest], concurrency: int, label: str
-) -> tuple[list[float], float, int]:
+@dataclass
+class Run:
+    latencies: list[float]
+    elapsed_s: float
+    bound: int
+    server_cpu_s: float
+
+
+async def through_grpc(port: int, reqs: list[placement_pb2.BindRequest], mode: str, in_flight: int) -> Run:
+    """Bind every request through a server: unary calls or one BindStream, `in_flight` at a time."""
     latencies: list[float] = []
     bound = 0
     queue = list(reversed(reqs))
@@ -168,9 +185,9 @@ async def through_grpc(
             )
         )
         with Progress(transient=True) as progress:
-            task = progress.add_task(label, total=len(reqs))
+            task = progress.add_task(f"{mode}, {in_flight} in flight", total=len(reqs))
 
-            async def worker() -> None:
+            async def unary_worker() -> None:
                 nonlocal bound
                 while queue:
                     request = queue.pop()
@@ -180,10 +197,44 @@ async def through_grpc(
                     bound += reply.outcome == placement_pb2.BindResponse.OUTCOME_BOUND
                     progress.advance(task)
 
+            async def one_stream() -> None:
+                nonlocal bound
+                call = stub.BindStream()
+                window = asyncio.Semaphore(in_flight)
+                sent_at: collections.deque[float] = collections.deque()
+
+                async def write() -> None:
+                    for request in reversed(queue):
+                        await window.acquire()
+                        sent_at.append(time.perf_counter())
+                        await call.write(request)
+                    await call.done_writing()
+
+                writer = asyncio.create_task(write())
+                async for answer in call:
+                    latencies.append(time.perf_counter() - sent_at.popleft())
+                    window.release()
+                    if answer.status_code:
+                        raise SystemExit(f"BindStream refused {answer.job.job_id}: {answer.error}")
+                    bound += answer.response.outcome == placement_pb2.BindResponse.OUTCOME_BOUND
+                    progress.advance(task)
+                await writer
+
+            cpu_before = server_cpu(port)
             started = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            if mode == "stream":
+                await one_stream()
+            else:
+                await asyncio.gather(*(unary_worker() for _ in range(in_flight)))
             elapsed = time.perf_counter() - started
-    return latencies, elapsed, bound
+    return Run(latencies, elapsed, bound, server_cpu(port) - cpu_before)
+
+
+SERVERS: dict[int, int] = {}  # gRPC port -> server pid
+
+
+def server_cpu(port: int) -> float:
+    return process_cpu_s(SERVERS[port])
 
 
 def wait_ready(http_port: int, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -217,22 +268,22 @@ def main() -> None:
     console = Console()
     decision = decision_only(args.nodes, reqs)
 
+    modes = (("unary", 1), ("unary", args.concurrency), ("stream", args.concurrency))
     with broker(args.bootstrap) as bootstrap:
-        measured = {}
+        measured: dict[tuple[str, str, int], Run] = {}
         for label, start in (("kumiki", start_kumiki), ("naive first-fit", start_naive)):
-            for concurrency in (1, args.concurrency):  # latency alone, then throughput; a fresh server each
+            for mode, in_flight in modes:  # a fresh server each
                 with start(bootstrap, args.nodes) as port:
-                    measured[label, concurrency] = asyncio.run(
-                        through_grpc(port, reqs, concurrency, f"{label}, {concurrency} in flight")
-                    )
+                    measured[label, mode, in_flight] = asyncio.run(through_grpc(port, reqs, mode, in_flight))
 
     table = Table(title=f"Bind: {args.nodes} nodes x 8 GPUs, {args.groups} pod groups")
-    for column in ("path", "p50 ms", "p99 ms", "binds/s", "bound", "vs naive (binds/s)"):
+    for column in ("path", "p50 ms", "p99 ms", "binds/s", "bound", "vs naive (binds/s)", "CPU ms/bind", "1 core"):
         table.add_column(column)
     naive_rate = len(reqs) / sum(decision["naive first-fit"])
     for name in ("kumiki", "naive first-fit"):
         times = decision[name]
         rate = len(times) / sum(times)
+        cpu_ms = sum(times) / len(times) * 1e3
         table.add_row(
             f"decision only, {name}",
             f"{percentile(times, 50) * 1e3:.3f}",
@@ -240,24 +291,31 @@ def main() -> None:
             f"{rate:,.0f}",
             "",
             f"{rate / naive_rate:.2f}x",
+            f"{cpu_ms:.3f}",
+            f"{1e3 / cpu_ms:,.0f}/s",
         )
-    for concurrency in (1, args.concurrency):
-        naive_grpc_rate = len(reqs) / measured["naive first-fit", concurrency][1]
+    for mode, in_flight in modes:
+        naive_grpc_rate = len(reqs) / measured["naive first-fit", mode, in_flight].elapsed_s
         for name in ("kumiki", "naive first-fit"):
-            latencies, elapsed, bound = measured[name, concurrency]
-            rate = len(reqs) / elapsed
+            run = measured[name, mode, in_flight]
+            rate = len(reqs) / run.elapsed_s
+            cpu_ms = run.server_cpu_s / len(reqs) * 1e3
             table.add_row(
-                f"gRPC, {name}, {concurrency} in flight",
-                f"{percentile(latencies, 50) * 1e3:.2f}",
-                f"{percentile(latencies, 99) * 1e3:.2f}",
+                f"gRPC {'Bind' if mode == 'unary' else 'BindStream'}, {name}, {in_flight} in flight",
+                f"{percentile(run.latencies, 50) * 1e3:.2f}",
+                f"{percentile(run.latencies, 99) * 1e3:.2f}",
                 f"{rate:,.0f}",
-                f"{bound:,}",
+                f"{run.bound:,}",
                 f"{rate / naive_grpc_rate:.2f}x",
+                f"{cpu_ms:.3f}",
+                f"{1e3 / cpu_ms:,.0f}/s" if cpu_ms else "",
             )
     console.print(table)
     console.print(
         "kumiki's gRPC path publishes every bind to job.lifecycle and scheduling.decisions (acks=all) "
-        "before answering; the naive server publishes nothing."
+        "before answering; the naive server publishes nothing. '1 core' = 1 / server CPU per bind: what one "
+        f"server process sustains with a core to itself (this machine has {os.cpu_count()} cores for client, "
+        "broker and server together)."
     )
 
 
@@ -277,6 +335,7 @@ def start_kumiki(bootstrap: str, nodes: int) -> Iterator[int]:
     service = subprocess.Popen([sys.executable, "-m", "kumiki.placement"], env=env, start_new_session=True)
     try:
         wait_ready(http_port, service)
+        SERVERS[grpc_port] = service.pid
         yield grpc_port
     finally:
         terminate(service.pid)
@@ -294,6 +353,7 @@ def start_naive(bootstrap: str, nodes: int) -> Iterator[int]:
             if time.monotonic() > deadline or naive.poll() is not None:
                 raise SystemExit("the naive server did not start")
             time.sleep(0.1)
+        SERVERS[port] = naive.pid
         yield port
     finally:
         terminate(naive.pid)

@@ -37,6 +37,11 @@ def configure_tracing(service: str, otlp_endpoint: str | None, exporter: SpanExp
     return provider
 
 
+def recording() -> bool:
+    """Whether spans go anywhere; when not, hot paths skip making them (the trace context still travels)."""
+    return _configured is not None
+
+
 def inject_headers() -> list[tuple[str, bytes]]:
     """The current trace context as Kafka headers (traceparent, tracestate)."""
     carrier: dict[str, str] = {}
@@ -71,6 +76,8 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
             for key, value in (handler_call_details.invocation_metadata or ())
             if key in ("traceparent", "tracestate") and isinstance(value, str)
         }
+        if not carrier and not recording():
+            return handler  # nothing to record and no caller's trace to pass on
         parent = propagate.extract(carrier, context=otel_context.Context())
         inner = handler.unary_unary
         tracer = self.tracer

@@ -190,6 +190,8 @@ class ClusterState:
     classes: list[dict[Hashable, list[int]]] = field(default_factory=list)
     class_of: list[tuple[int, Hashable] | None] = field(default_factory=list)
     capacity_keys: list[tuple[Hashable, ...]] = field(default_factory=list)
+    # placement's remembered answers, keyed by what they depend on (occupancy classes, pure inputs): never stale
+    memo: dict[Hashable, dict[Hashable, object]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, spec: ClusterSpec) -> ClusterState:

@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar, cast
 
 from kumiki.sched.cluster import EPSILON, ClusterState, GpuShare, MigSlice, Placement, PodPlacement
 from kumiki.sched.jobs import GangRequest, PodRequest
@@ -123,6 +125,12 @@ class _Scratch:
         self.memory[pod.node] = self.memory.get(pod.node, 0) + pod.memory_mib
 
 
+_MISSING = object()
+_Answer = TypeVar("_Answer")
+# Remembered answers per request mix; cleared when full (a cluster has far fewer occupancy classes).
+MEMO_LIMIT = 65_536
+
+
 class _Placer:
     def __init__(
         self,
@@ -141,8 +149,8 @@ class _Placer:
         self.domain = domain
         self.by_class = by_class
         self.scratch = _Scratch()
-        # node_fragmentation is pure in (free shares, cpu, memory, model) and most nodes look alike: memoised
-        self._fragmentation: dict[tuple[tuple[float, ...], int, int, str], float] = {}
+        # answers that depend only on a node's occupancy class or on pure inputs, kept with the state per mix
+        self.memo = state.memo.setdefault(mix, {})
         self._domain_levels: list[list[int]] | None = None
 
     # ---- candidates ----------------------------------------------------------------------------
@@ -259,49 +267,50 @@ class _Placer:
         spec = self.state.spec.nodes[node]
         return [max(0.0, self.share_free(node, gpu)[0]) for gpu in range(spec.gpus) if gpu not in spec.mig_gpus]
 
+    def remembered(self, node: int, question: Hashable, answer: Callable[[], _Answer]) -> _Answer:
+        """`answer()` for a node, remembered across calls by the node's occupancy class: nodes of one class
+        answer alike, and a class is its whole content, so a remembered answer never goes stale."""
+        if not self.by_class or node in self.scratch.cpu:  # this gang's tentative pods change the node
+            return answer()
+        return self.recall((self.state.class_of[node], question, self.strategy), answer)
+
+    def recall(self, key: Hashable, compute: Callable[[], _Answer]) -> _Answer:
+        """`compute()`, remembered under `key`, which must name everything the answer depends on."""
+        found = self.memo.get(key, _MISSING)
+        if found is _MISSING:
+            if len(self.memo) >= MEMO_LIMIT:
+                self.memo.clear()
+            found = self.memo[key] = compute()
+        return cast(_Answer, found)
+
+    def share_options(self, node: int, pod: PodRequest) -> tuple[tuple[tuple[float, ...], int], ...]:
+        """(score, card) for the cards of `node` that can take `pod`, in card order; `kumiki` keeps the best."""
+        spec = self.state.spec.nodes[node]
+        if not self.host_ok(node, pod):
+            return ()
+        gpus = [
+            (gpu, free)
+            for gpu in range(spec.gpus)
+            if gpu not in spec.mig_gpus
+            for free, memory in [self.share_free(node, gpu)]
+            if free >= pod.gpu_fraction - EPSILON and memory >= pod.gpu_memory_gb - EPSILON
+        ]
+        if not gpus:
+            return ()
+        shares = self.node_free_shares(node)
+        node_free = round(sum(shares), 9)  # float sums of shares tie as exact ones
+        options = tuple(
+            (self.share_key(node, gpu, round(free, 9), node_free, pod, shares)[:-2], gpu) for gpu, free in gpus
+        )
+        return (min(options),) if self.strategy == "kumiki" else options
+
     def place_share(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int] | None = None
-        node_choices: dict[tuple[object, ...], tuple[tuple[float, ...], int]] = {}
         for node in self.candidate_nodes():
-            spec = self.state.spec.nodes[node]
-            if not spec.sharing:
+            if not self.state.spec.nodes[node].sharing:
                 continue
-            if not self.host_ok(node, pod):
-                continue
-            gpus = [
-                (gpu, free)
-                for gpu in range(spec.gpus)
-                if gpu not in spec.mig_gpus
-                for free, memory in [self.share_free(node, gpu)]
-                if free >= pod.gpu_fraction - EPSILON and memory >= pod.gpu_memory_gb - EPSILON
-            ]
-            if not gpus:
-                continue
-            shares = self.node_free_shares(node)
-            node_free = round(sum(shares), 9)  # float sums of shares tie as exact ones
-            if self.strategy == "kumiki":
-                # the best card of a node depends only on the node's shape and free capacity, which repeat
-                signature = (
-                    spec.gpu_model,
-                    spec.gpu_memory_gb,
-                    spec.mig_gpus,
-                    tuple(shares),
-                    tuple(gpus),
-                    self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0),
-                    self.state.nodes[node].memory_free - self.scratch.memory.get(node, 0),
-                )
-                if signature not in node_choices:
-                    node_choices[signature] = min(
-                        (self.share_key(node, gpu, round(free, 9), node_free, pod, shares), gpu) for gpu, free in gpus
-                    )
-                prefix, gpu = node_choices[signature]
-                key = (*prefix[:3], node, gpu)
-                if best is None or key < best[0]:
-                    best = (key, node, gpu)
-                continue
-            for gpu, free in gpus:
-                free = round(free, 9)
-                key = self.share_key(node, gpu, free, node_free, pod, shares)
+            for prefix, gpu in self.remembered(node, ("share", pod), partial(self.share_options, node, pod)):
+                key = (*prefix, node, gpu)
                 if best is None or key < best[0]:
                     best = (key, node, gpu)
                 if self.strategy == "first-fit":
@@ -315,11 +324,10 @@ class _Placer:
         return PodPlacement(index, node, share=share, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
     def fragmentation(self, shares: Sequence[float], cpu: int, memory: int, gpu_model: str) -> float:
-        key = (tuple(shares), cpu, memory, gpu_model)
-        found = self._fragmentation.get(key)
-        if found is None:
-            found = self._fragmentation[key] = node_fragmentation(shares, cpu, memory, gpu_model, self.mix)
-        return found
+        return self.recall(
+            ("fragmentation", tuple(shares), cpu, memory, gpu_model),
+            lambda: node_fragmentation(shares, cpu, memory, gpu_model, self.mix),
+        )
 
     def share_key(
         self, node: int, gpu: int, free: float, node_free: float, pod: PodRequest, node_shares: Sequence[float]
@@ -347,7 +355,6 @@ class _Placer:
         mig_mix = {kind.mig_profile: kind.weight for kind in self.mix.types if kind.mig_profile}
         # The choice on one GPU depends only on its model and occupancy, which repeat across a fleet:
         # (model, occupied) -> (fragmentation cost, start) of its best free start, or None when it is full.
-        choices: dict[tuple[str, int], tuple[float, int] | None] = {}
         for node in self.candidate_nodes():
             spec = self.state.spec.nodes[node]
             if not spec.mig_gpus:
@@ -360,10 +367,10 @@ class _Placer:
                 continue
             for gpu in sorted(spec.mig_gpus):
                 occupied = self.state.nodes[node].mig_mask[gpu] | self.scratch.mig.get((node, gpu), 0)
-                cached = (spec.gpu_model, occupied)
-                if cached not in choices:
-                    choices[cached] = self.mig_choice(spec.gpu_model, occupied, profile, mig_mix)
-                choice = choices[cached]
+                choice = self.recall(
+                    ("mig", spec.gpu_model, occupied, profile.name, self.strategy),
+                    partial(self.mig_choice, spec.gpu_model, occupied, profile, mig_mix),
+                )
                 if choice is None:
                     continue
                 cost, start = choice

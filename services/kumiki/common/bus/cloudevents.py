@@ -28,16 +28,21 @@ class CloudEventAttributes:
     def new(cls, type_: str, source: str, id_: str | None = None, time: datetime | None = None) -> CloudEventAttributes:
         return cls(id=id_ or str(uuid.uuid4()), type=type_, source=source, time=time or datetime.now(UTC))
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        stamp = self.time.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    def headers(self, stamp: bytes | None = None) -> list[tuple[str, bytes]]:
+        """`stamp`: ce_time already formatted (`format_time(self.time)`), for events that share one."""
         return [
             ("ce_specversion", self.specversion.encode()),
             ("ce_type", self.type.encode()),
             ("ce_source", self.source.encode()),
             ("ce_id", self.id.encode()),
-            ("ce_time", stamp.encode()),
+            ("ce_time", stamp or format_time(self.time)),
             ("content-type", CONTENT_TYPE.encode()),
         ]
+
+
+def format_time(moment: datetime) -> bytes:
+    """RFC 3339 in UTC with microseconds and a Z, as ce_time."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z").encode()
 
 
 def parse_headers(headers: Iterable[tuple[str, bytes]]) -> CloudEventAttributes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -12,11 +11,11 @@ from google.protobuf.message import Message
 from opentelemetry import trace
 
 from kumiki.common.bus.admin import start_client
-from kumiki.common.bus.cloudevents import CloudEventAttributes
+from kumiki.common.bus.cloudevents import CloudEventAttributes, format_time
 from kumiki.common.bus.metrics import PUBLISHED
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
-from kumiki.common.tracing import inject_headers
+from kumiki.common.tracing import inject_headers, recording
 
 tracer = trace.get_tracer("kumiki.bus")
 
@@ -59,13 +58,13 @@ class EventProducer:
         await self.stop()
 
     def _record(
-        self, record: OutgoingEvent, time: datetime, trace_headers: list[tuple[str, bytes]]
+        self, record: OutgoingEvent, time: datetime, stamp: bytes, trace_headers: list[tuple[str, bytes]]
     ) -> tuple[bytes, list[tuple[str, bytes]], CloudEventAttributes]:
         spec, payload = record.spec, record.payload
         if spec.payload is not None and not isinstance(payload, spec.payload):
             raise TypeError(f"topic {spec.name} carries {spec.payload.__name__}, not {type(payload).__name__}")
         attributes = CloudEventAttributes.new(spec.ce_type, self.source, record.event_id, time)
-        return payload.SerializeToString(), attributes.headers() + trace_headers, attributes
+        return payload.SerializeToString(), attributes.headers(stamp) + trace_headers, attributes
 
     async def publish(
         self,
@@ -98,24 +97,31 @@ class EventProducer:
         """
         if not records:
             return []
+        if not recording():
+            return await self._send_all(records, time)
         topics = {record.spec.name for record in records}
         name = f"publish {next(iter(topics))}" if len(topics) == 1 else "publish " + ", ".join(sorted(topics))
         if len(records) > 1:
             name += f" x{len(records)}"
-        stamp = time or datetime.now(UTC)
-        futures = []
-        sent: list[CloudEventAttributes] = []
         with tracer.start_as_current_span(name, kind=trace.SpanKind.PRODUCER) as span:
-            trace_headers = inject_headers()
-            for record in records:
-                value, headers, attributes = self._record(record, stamp, trace_headers)
-                topic = record.spec.full_name(self.settings.topic_prefix)
-                futures.append(await self._producer.send(topic, value, key=record.key.encode(), headers=headers))
-                sent.append(attributes)
-            if span.is_recording():
-                span.set_attribute("messaging.destination.name", ", ".join(sorted(topics)))
-                span.set_attribute("messaging.message.id", ", ".join(attributes.id for attributes in sent))
-            await asyncio.gather(*futures)
+            span.set_attribute("messaging.destination.name", ", ".join(sorted(topics)))
+            sent = await self._send_all(records, time)
+            span.set_attribute("messaging.message.id", ", ".join(attributes.id for attributes in sent))
+        return sent
+
+    async def _send_all(self, records: Sequence[OutgoingEvent], time: datetime | None) -> list[CloudEventAttributes]:
+        moment = time or datetime.now(UTC)
+        stamp = format_time(moment)
+        trace_headers = inject_headers()
+        futures = []
+        sent = []
+        for record in records:
+            value, headers, attributes = self._record(record, moment, stamp, trace_headers)
+            topic = record.spec.full_name(self.settings.topic_prefix)
+            futures.append(await self._producer.send(topic, value, key=record.key.encode(), headers=headers))
+            sent.append(attributes)
+        for future in futures:  # all were sent before the first wait: one round trip for the lot
+            await future
         for record in records:
             PUBLISHED.labels(record.spec.name).inc()
         return sent

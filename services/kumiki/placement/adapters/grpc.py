@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from kumiki.common.contracts.v1 import events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
+from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
 from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason
 from kumiki.placement.adapters.events import DecisionPublisher
@@ -92,6 +93,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)},
             context=otel_context.Context(),
         )
+        traced = recording() or trace.get_current_span(parent).get_span_context().is_valid
         answers: asyncio.Queue[asyncio.Task[placement_pb2.BindStreamResponse] | None] = asyncio.Queue(
             maxsize=STREAM_WINDOW
         )
@@ -99,7 +101,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         async def read() -> None:
             try:
                 async for request in requests:
-                    await answers.put(asyncio.create_task(self._stream_answer(request, parent)))
+                    await answers.put(asyncio.create_task(self._stream_answer(request, parent if traced else None)))
             finally:
                 await answers.put(None)
 
@@ -116,15 +118,21 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                     unread.add_done_callback(_nobody_reads)
 
     async def _stream_answer(
-        self, request: placement_pb2.BindRequest, parent: otel_context.Context
+        self, request: placement_pb2.BindRequest, parent: otel_context.Context | None
     ) -> placement_pb2.BindStreamResponse:
-        with tracer.start_as_current_span("kumiki.v1.Placement/BindStream", context=parent, kind=SpanKind.SERVER):
-            try:
+        """`parent` None: tracing is off and the caller sent no trace context, so no span at all."""
+        try:
+            if parent is None:
                 response = await self.decide(request)
-            except BindRefused as refused:
-                return placement_pb2.BindStreamResponse(
-                    job=request.job, status_code=refused.code.value[0], error=refused.message
-                )
+            else:
+                with tracer.start_as_current_span(
+                    "kumiki.v1.Placement/BindStream", context=parent, kind=SpanKind.SERVER
+                ):
+                    response = await self.decide(request)
+        except BindRefused as refused:
+            return placement_pb2.BindStreamResponse(
+                job=request.job, status_code=refused.code.value[0], error=refused.message
+            )
         return placement_pb2.BindStreamResponse(job=request.job, response=response)
 
     async def decide(self, request: placement_pb2.BindRequest) -> placement_pb2.BindResponse:
