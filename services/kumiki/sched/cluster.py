@@ -161,6 +161,24 @@ class Placement:
         return sum(len(pod.gpus) for pod in self.pods)
 
 
+class OccupancyClass:
+    """A node's shape and occupancy, hashed once: placement looks classes up on every call."""
+
+    __slots__ = ("content", "_hash")
+
+    def __init__(self, content: tuple[Hashable, ...]) -> None:
+        self.content = content
+        self._hash = hash(content)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, OccupancyClass) and self._hash == other._hash and self.content == other.content
+        )
+
+
 @dataclass(slots=True)
 class _NodeState:
     free_gpus: set[int]
@@ -187,8 +205,8 @@ class ClusterState:
     free_whole: int = 0
     max_gpus: int = 0
     # classes[free count][occupancy signature] = ascending node indices (see the module docstring)
-    classes: list[dict[Hashable, list[int]]] = field(default_factory=list)
-    class_of: list[tuple[int, Hashable] | None] = field(default_factory=list)
+    classes: list[dict[OccupancyClass, list[int]]] = field(default_factory=list)
+    class_of: list[tuple[int, OccupancyClass] | None] = field(default_factory=list)
     capacity_keys: list[tuple[Hashable, ...]] = field(default_factory=list)
     # placement's remembered answers, keyed by what they depend on (occupancy classes, pure inputs): never stale
     memo: dict[Hashable, dict[Hashable, object]] = field(default_factory=dict)
@@ -271,18 +289,20 @@ class ClusterState:
                     yield node
                     break
 
-    def occupancy_signature(self, node: int) -> Hashable:
+    def occupancy_signature(self, node: int) -> OccupancyClass:
         """Equal for two nodes exactly when every placement rule sees them alike (but for their index)."""
         state = self.nodes[node]
-        return (
-            self.capacity_keys[node],
-            sum(1 << gpu for gpu in state.free_gpus),
-            tuple(owner is not None for owner in state.owner),
-            tuple(round(used, 9) for used in state.share_used),
-            tuple(round(used, 9) for used in state.share_memory_used),
-            tuple(state.mig_mask),
-            state.cpu_free,
-            state.memory_free,
+        return OccupancyClass(
+            (
+                self.capacity_keys[node],
+                sum(1 << gpu for gpu in state.free_gpus),
+                tuple(owner is not None for owner in state.owner),
+                tuple(round(used, 9) for used in state.share_used),
+                tuple(round(used, 9) for used in state.share_memory_used),
+                tuple(state.mig_mask),
+                state.cpu_free,
+                state.memory_free,
+            )
         )
 
     # ---- mutation ------------------------------------------------------------------------------

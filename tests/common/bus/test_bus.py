@@ -149,3 +149,17 @@ async def test_duplicate_ce_id_is_applied_once(kafka_settings: KafkaSettings) ->
             await task
             await consumer.stop()
     assert handled == ["same-id", "other-id"]
+
+
+def test_key_hash_cache_partitions_exactly_as_kafka_default() -> None:
+    """Remembering hashes must never move a key: a job's events stay on the partition Kafka would choose."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from kumiki.common.bus.producer import KeyHashCache
+
+    cache = KeyHashCache(size=16)  # small, so it is cleared and refilled many times
+    for index in range(3000):
+        key = f"job-{(index * 7919) % 97}".encode()
+        partitions = list(range(1 + index % 12))
+        assert cache(key, partitions, partitions) == DefaultPartitioner()(key, partitions, partitions)
+    assert 0 < len(cache.hashes) <= 16

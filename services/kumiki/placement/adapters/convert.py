@@ -146,8 +146,12 @@ def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
     )
 
 
-def lifecycle(job: BoundJob, state: int, reason: str = "") -> events_pb2.JobLifecycle:
-    """A job.lifecycle event that carries everything needed to rebuild the allocation after a restart."""
+def lifecycle(
+    job: BoundJob, state: int, reason: str = "", placed: list[common_pb2.PodAssignment] | None = None
+) -> events_pb2.JobLifecycle:
+    """A job.lifecycle event that carries everything needed to rebuild the allocation after a restart.
+
+    `placed`: `assignments(job)` when the caller already has them."""
     command = job.command
     return events_pb2.JobLifecycle(
         job=common_pb2.JobRef(job_id=command.job_id, generation=command.generation),
@@ -159,7 +163,7 @@ def lifecycle(job: BoundJob, state: int, reason: str = "") -> events_pb2.JobLife
         preemptible=command.preemptible,
         pods=[pod_resources(pod) for pod in command.request.pods],
         min_members=command.request.min_members,
-        assignments=assignments(job),
+        assignments=assignments(job) if placed is None else placed,
         gpus=command.request.gpu_demand,
         name=command.name,
         reason=reason,

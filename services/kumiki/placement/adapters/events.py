@@ -53,11 +53,13 @@ class DecisionPublisher:
             at=timestamp(),
         )
 
-    async def bound(self, job: BoundJob, kind: int = events_pb2.DECISION_KIND_BIND) -> str:
+    async def bound(self, job: BoundJob, kind: int = events_pb2.DECISION_KIND_BIND) -> events_pb2.SchedulingDecision:
+        """Publish a bind; the decision returned carries the assignments the caller answers with."""
+        placed = assignments(job)
         decision = self._decision(kind, job.command)
-        decision.assignments.extend(assignments(job))
-        await self._publish_pair(job, lifecycle(job, events_pb2.JOB_STATE_BOUND), "bound", decision)
-        return decision.decision_id
+        decision.assignments.extend(placed)
+        await self._publish_pair(job, lifecycle(job, events_pb2.JOB_STATE_BOUND, placed=placed), "bound", decision)
+        return decision
 
     async def _publish_pair(
         self, job: BoundJob, change: events_pb2.JobLifecycle, verb: str, decision: events_pb2.SchedulingDecision

@@ -67,9 +67,18 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         self.wake = asyncio.Event()
         self._inflight: dict[tuple[str, int], asyncio.Future[placement_pb2.BindResponse]] = {}
 
-    def _bound_response(self, job: BoundJob, decision_id: str = "") -> placement_pb2.BindResponse:
+    def _bound_response(
+        self, job: BoundJob, decision: events_pb2.SchedulingDecision | None = None
+    ) -> placement_pb2.BindResponse:
+        """`decision`: the one just published (a replayed bind has none to name)."""
+        if decision is None:
+            return placement_pb2.BindResponse(
+                outcome=placement_pb2.BindResponse.OUTCOME_BOUND, assignments=assignments(job)
+            )
         return placement_pb2.BindResponse(
-            outcome=placement_pb2.BindResponse.OUTCOME_BOUND, assignments=assignments(job), decision_id=decision_id
+            outcome=placement_pb2.BindResponse.OUTCOME_BOUND,
+            assignments=decision.assignments,
+            decision_id=decision.decision_id,
         )
 
     async def Bind(
@@ -178,9 +187,9 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             BINDS.labels("replayed").inc()
             return self._bound_response(outcome.job)
         if outcome.job is not None:
-            decision_id = await self._publish_bound(outcome.job)
+            decision = await self._publish_bound(outcome.job)
             BINDS.labels("bound").inc()
-            return self._bound_response(outcome.job, decision_id)
+            return self._bound_response(outcome.job, decision)
         assert outcome.reason is not None
         return await self._pending(command, outcome.reason)
 
@@ -194,7 +203,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             decision_id=decision_id,
         )
 
-    async def _publish_bound(self, job: BoundJob) -> str:
+    async def _publish_bound(self, job: BoundJob) -> events_pb2.SchedulingDecision:
         try:
             return await self.publisher.bound(job)
         except Exception as error:
