@@ -35,7 +35,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from kumiki.agent.adapters.kafka import KafkaSink
-from kumiki.agent.core import GpuSample, SampleFields
+from kumiki.agent.core import GpuDevice, GpuInventory, GpuSample, SampleFields
 from kumiki.common.bus import EventProducer, decode, ensure_topics
 from kumiki.common.bus.topics import ALL_TOPICS, GPU_SAMPLES
 from kumiki.common.config import KafkaSettings
@@ -58,9 +58,22 @@ def node_tick(node: int, gpus: int, timestamp: float) -> list[GpuSample]:
     ]
 
 
+def node_inventory(node: int, gpus: int) -> GpuInventory:
+    """What each simulated agent publishes before its first sample (telemetry rejects unregistered nodes)."""
+    return GpuInventory(f"node-{node:04d}", time.time(), "550.54.15", "12.4", tuple(
+        GpuDevice(g, f"GPU-{node:04d}-{g}", "NVIDIA A100-SXM4-80GB", 80 * GIB, None, False) for g in range(gpus)))
+
+
+async def register(sink: KafkaSink, nodes: range, gpus: int) -> None:
+    for start in range(0, len(nodes), 256):
+        await asyncio.gather(*(sink.publish_inventory(node_inventory(node, gpus))
+                               for node in nodes[start:start + 256]))
+
+
 async def agent_phase(settings: KafkaSettings, nodes: int, gpus: int, ticks: int, progress: Progress) -> float:
     """Seconds to publish every sample through the agent's sink (32 agents' worth of concurrency)."""
     sink = await KafkaSink.open(settings, source="//kumiki/bench")
+    await register(sink, range(nodes), gpus)
     task = progress.add_task("agent sink → broker", total=nodes * gpus * ticks)
     base = time.time() - ticks
     queue: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()

@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from kumiki.common.config import ConfigError, Environ, env_float, env_str
+from kumiki.common.config import ConfigError, Environ, env_float, env_int, env_str
 
 # Job states as numbers (kumiki.v1.JobState), so the core needs no generated code.
 STATE_BOUND = 3
@@ -52,6 +52,10 @@ class TelemetryConfig:
     node_timeout_s: float = 30.0  # a node silent this long is unhealthy
     publish_interval_s: float = 10.0  # cluster.state at most this often per node unless placement-relevant
     session_timeout_s: float = 30.0  # how long the group waits for a crashed worker before rebalancing
+    # Stage 1 fills a batch for this long (or up to batch_max records). Stage 2's cost is per node chunk, and
+    # a chunk holds one node's samples of one batch: a longer window (or a backlog) makes chunks bigger.
+    batch_window_s: float = 0.5
+    batch_max: int = 50000
     idle_default: IdleRule = IdleRule(5.0, 600.0)
     idle_by_queue: Mapping[str, IdleRule] = field(default_factory=dict)
 
@@ -93,6 +97,9 @@ class TelemetryConfig:
                                          minimum=0, maximum=3600),
             session_timeout_s=env_float(env, "KUMIKI_TELEMETRY_SESSION_TIMEOUT_S", cls.session_timeout_s,
                                         minimum=6, maximum=1800),
+            batch_window_s=env_float(env, "KUMIKI_TELEMETRY_BATCH_WINDOW_S", cls.batch_window_s,
+                                     minimum=0.01, maximum=10),
+            batch_max=env_int(env, "KUMIKI_TELEMETRY_BATCH_MAX", cls.batch_max, minimum=100, maximum=500000),
             idle_default=default,
             idle_by_queue=by_queue,
         )
@@ -263,8 +270,13 @@ class WindowAggregate:
         return {k: getattr(self, k) for k in self.__slots__}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> WindowAggregate:
-        return cls(**data) if data else cls()
+    def from_json(cls, data: Mapping[str, Any] | Sequence[float] | None) -> WindowAggregate:
+        """Accepts the object form and the array form that node windows store."""
+        if not data:
+            return cls()
+        if isinstance(data, Mapping):
+            return cls(**data)
+        return cls(int(data[0]), int(data[1]), *data[2:])
 
 
 def merge_json(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Json:
@@ -276,19 +288,42 @@ def gpu_aggregate(gpu: GpuChunk) -> WindowAggregate:
     return WindowAggregate(gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max)
 
 
+Sums = list[float]  # the WindowAggregate fields in order: node windows store arrays (merged per chunk)
+
+
+def _sums(value: Mapping[str, Any] | Sequence[float] | None) -> Sums:
+    if not value:
+        return [0, 0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    if isinstance(value, Mapping):  # a window written before node windows stored arrays
+        return [value[name] for name in WindowAggregate.__slots__]
+    return list(value)
+
+
+def _merge_sums(a: Sums, b: Sums) -> Sums:
+    return [a[0] + b[0], a[1] + b[1], a[2] + b[2], max(a[3], b[3]), a[4] + b[4], a[5] + b[5], a[6] + b[6]]
+
+
 def node_window(chunk: NodeChunk) -> Json:
-    """One window value per node: the node's aggregate and each GPU's, so a chunk is one table write."""
-    return {"node": node_aggregate(chunk).to_json(),
-            "gpus": {key: gpu_aggregate(gpu).to_json() for key, gpu in chunk.gpus.items() if gpu.mig is None}}
+    """One window value per node: the node's sums and each GPU's, so a chunk is one table write."""
+    gpus: dict[str, Sums] = {}
+    total: Sums = _sums(None)
+    for key, gpu in chunk.gpus.items():
+        if gpu.mig is None:
+            gpus[key] = sums = [gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max, 0.0, 0.0, 0.0]
+            total = _merge_sums(total, sums)
+    return {"node": total, "gpus": gpus}
 
 
 def merge_node_window(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Json:
     """The faust window op for node windows (an empty `old` is a window not seen yet)."""
-    old_gpus: Mapping[str, Any] = old.get("gpus", {}) if old else {}
+    if not old:
+        return dict(new)
+    old_gpus: Mapping[str, Any] = old.get("gpus", {})
     gpus = dict(old_gpus)
     for key, value in new["gpus"].items():
-        gpus[key] = merge_json(old_gpus.get(key), value)
-    return {"node": merge_json(old.get("node") if old else None, new["node"]), "gpus": gpus}
+        previous = old_gpus.get(key)
+        gpus[key] = _merge_sums(_sums(previous), value) if previous else value
+    return {"node": _merge_sums(_sums(old.get("node")), new["node"]), "gpus": gpus}
 
 
 def node_aggregate(chunk: NodeChunk) -> WindowAggregate:
@@ -427,11 +462,11 @@ class Inventory:
                    dict(data["labels"]))
 
 
-@dataclass(frozen=True, slots=True)
-class GpuLive:
-    """Latest state of one whole GPU from its samples."""
+class GpuLive(NamedTuple):
+    """Latest state of one whole GPU from its samples. A tuple: built for every GPU of every chunk, and
+    stored in the changelog as a JSON array (the cheap node record)."""
 
-    index: int
+    gpu_index: int  # not `index`: that is tuple.index
     model: str
     last_ts: float
     utilization_pct: float | None
@@ -468,7 +503,7 @@ class NodeRecord:
         return {
             "node": self.node,
             "inventory": self.inventory.to_json() if self.inventory else None,
-            "gpus": {k: {f: getattr(g, f) for f in g.__slots__} for k, g in self.gpus.items()},
+            "gpus": {k: list(g) for k, g in self.gpus.items()},
             "holdings": {k: {**{f: getattr(h, f) for f in h.__slots__}, "gpu_indices": list(h.gpu_indices)}
                          for k, h in self.holdings.items()},
             "last_seen": self.last_seen, "stale": self.stale, "version": self.version,
@@ -491,11 +526,29 @@ class NodeRecord:
         return cls(
             node=data["node"],
             inventory=Inventory.from_json(data["inventory"]) if data["inventory"] else None,
-            gpus={k: GpuLive(**g) for k, g in data["gpus"].items()},
+            gpus={k: _gpu_live(g) for k, g in data["gpus"].items()},
             holdings={k: Holding(**{**h, "gpu_indices": tuple(h["gpu_indices"])}) for k, h in data["holdings"].items()},
             last_seen=float(data["last_seen"]), stale=bool(data["stale"]), version=int(data["version"]),
             published_digest=data["published_digest"], published_at=float(data["published_at"]),
         )
+
+
+def _gpu_live(data: Mapping[str, Any] | Sequence[Any]) -> GpuLive:
+    """The array form, or the object form written before GpuLive became a tuple (its `index` key)."""
+    if isinstance(data, Mapping):
+        fields = dict(data)
+        fields["gpu_index"] = fields.pop("index", fields.get("gpu_index"))
+        return GpuLive(**fields)
+    return GpuLive(*data)
+
+
+def _evolve(record: NodeRecord, **changes: Any) -> NodeRecord:
+    """`dataclasses.replace` without its per-call field introspection (NodeRecord has no __post_init__):
+    folding a live chunk replaces the record two or three times."""
+    new = object.__new__(NodeRecord)
+    new.__dict__.update(record.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def apply_inventory(record: NodeRecord | None, inventory: Inventory) -> NodeRecord:
@@ -573,51 +626,64 @@ def apply_chunk(
         for index in held.gpu_indices:
             holder_of[index] = held
     gpus = dict(record.gpus)
-    usage: dict[str, WindowAggregate] = {}
+    usage: dict[str, list[float]] = {}  # job → the WindowAggregate fields, summed
+    last_seen = record.last_seen
+    timeout_s = config.node_timeout_s
     for uuid, gpu in chunk.gpus.items():
+        last_seen = max(last_seen, gpu.last_ts)
         if gpu.mig is not None:
             continue  # MIG instances have no utilisation in NVML; the board's sample carries health
         previous = gpus.get(uuid)
         if previous is not None and gpu.last_ts <= previous.last_ts:
             continue  # redelivered or out of order: already counted
         holding = holder_of.get(gpu.index)
-        rule = config.rule_for(holding.queue) if holding else config.idle_default
-        below = gpu.util_n > 0 and gpu.util_max < rule.threshold_pct
+        threshold = (config.rule_for(holding.queue) if holding else config.idle_default).threshold_pct
+        below = gpu.util_n > 0 and gpu.util_max < threshold
         was_since = previous.idle_since if previous is not None else None
         if below and holding is not None:
-            since = was_since if was_since is not None else gpu.first_ts
-            util_sum = (previous.idle_util_sum if was_since is not None and previous else 0.0) + gpu.util_sum
-            util_n = (previous.idle_util_n if was_since is not None and previous else 0) + gpu.util_n
+            if was_since is not None and previous is not None:
+                since, util_sum, util_n = was_since, previous.idle_util_sum + gpu.util_sum, \
+                    previous.idle_util_n + gpu.util_n
+            else:
+                since, util_sum, util_n = gpu.first_ts, gpu.util_sum, gpu.util_n
         else:
             since, util_sum, util_n = None, 0.0, 0
-        healthy = _gpu_healthy(gpu) and (previous.healthy if previous is not None else True)
-        gpus[uuid] = GpuLive(gpu.index, gpu.model, gpu.last_ts,
-                             gpu.last_util if gpu.last_util is not None else None,
-                             gpu.memory_total_mib, healthy, since, util_sum, util_n)
+        healthy = (previous.healthy if previous is not None else True) and _gpu_healthy(gpu)
+        gpus[uuid] = GpuLive(gpu.index, gpu.model, gpu.last_ts, gpu.last_util, gpu.memory_total_mib, healthy,
+                             since, util_sum, util_n)
         if holding is not None and previous is not None:
-            seconds = min(gpu.last_ts - previous.last_ts, config.node_timeout_s)
+            seconds = min(gpu.last_ts - previous.last_ts, timeout_s)
             mean = gpu.util_sum / gpu.util_n if gpu.util_n else 0.0
-            share = WindowAggregate(gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max, seconds,
-                                    seconds * mean / 100.0, seconds if below else 0.0)
-            usage[holding.job_id] = usage.get(holding.job_id, WindowAggregate()).merge(share)
-    last_seen = max([record.last_seen] + [g.last_ts for g in chunk.gpus.values()])
-    record = replace(record, gpus=gpus, last_seen=last_seen, stale=False)
-    record, findings = _idle_findings(record, config)
-    usages = [Usage(job_id, record.holdings[job_id].queue, chunk.bucket, aggregate)
-              for job_id, aggregate in sorted(usage.items())]
+            sums = usage.get(holding.job_id)
+            if sums is None:
+                usage[holding.job_id] = [gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max, seconds,
+                                         seconds * mean / 100.0, seconds if below else 0.0]
+            else:
+                sums[0] += gpu.samples
+                sums[1] += gpu.util_n
+                sums[2] += gpu.util_sum
+                sums[3] = max(sums[3], gpu.util_max)
+                sums[4] += seconds
+                sums[5] += seconds * mean / 100.0
+                sums[6] += seconds if below else 0.0
+    record = _evolve(record, gpus=gpus, last_seen=last_seen, stale=False)
+    record, findings = _idle_findings(record, config) if record.holdings else (record, [])
+    usages = [Usage(job_id, record.holdings[job_id].queue, chunk.bucket,
+                    WindowAggregate(int(sums[0]), int(sums[1]), *sums[2:]))
+              for job_id, sums in sorted(usage.items())]
     return record, findings, usages
 
 
 def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRecord, list[IdleFinding]]:
-    by_index = {gpu.index: (uuid, gpu) for uuid, gpu in record.gpus.items()}
-    holdings = dict(record.holdings)
+    by_index = {gpu.gpu_index: (uuid, gpu) for uuid, gpu in record.gpus.items()}
+    changed: dict[str, Holding] = {}
     findings: list[IdleFinding] = []
     for job_id, holding in record.holdings.items():
         members = [by_index.get(index) for index in holding.gpu_indices]
         if not members or any(m is None or m[1].idle_since is None for m in members):
             if holding.reported_since is not None and any(m is not None and m[1].idle_since is None
                                                            for m in members):
-                holdings[job_id] = replace(holding, reported_since=None)  # busy again: a new episode may follow
+                changed[job_id] = replace(holding, reported_since=None)  # busy again: a new episode may follow
             continue
         present = [m for m in members if m is not None]
         since = max(gpu.idle_since for _, gpu in present if gpu.idle_since is not None)
@@ -628,14 +694,16 @@ def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRec
         mean = sum(gpu.idle_util_sum for _, gpu in present) / util_n if util_n else 0.0
         findings.append(IdleFinding(job_id, holding.generation, holding.queue, record.node,
                                     tuple(uuid for uuid, _ in present), mean, since, until))
-        holdings[job_id] = replace(holding, reported_since=since)
-    return replace(record, holdings=holdings), findings
+        changed[job_id] = replace(holding, reported_since=since)
+    if not changed:
+        return record, findings
+    return _evolve(record, holdings={**record.holdings, **changed}), findings
 
 
 def check_stale(record: NodeRecord, now: float, timeout_s: float) -> NodeRecord:
     """A node that has not reported for `timeout_s` is stale (unhealthy) until its next sample."""
     stale = record.last_seen > 0 and now - record.last_seen > timeout_s
-    return record if stale == record.stale else replace(record, stale=stale)
+    return record if stale == record.stale else _evolve(record, stale=stale)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -687,7 +755,7 @@ FREE_GPUS_LABEL = "kumiki.dev/free-gpus"
 def node_view(record: NodeRecord) -> NodeView:
     """The inventory's GPUs (or, without one, the GPUs seen in samples) with live health and holders."""
     holder = {index: h.job_id for h in record.holdings.values() for index in h.gpu_indices}
-    live_by_index = {gpu.index: (uuid, gpu) for uuid, gpu in record.gpus.items()}
+    live_by_index = {gpu.gpu_index: (uuid, gpu) for uuid, gpu in record.gpus.items()}
     gpus: list[GpuView] = []
     if record.inventory is not None:
         for inv in record.inventory.gpus:
@@ -715,7 +783,22 @@ def publish_decision(record: NodeRecord, view: NodeView, now: float, interval_s:
     digest = view.placement_digest()
     if digest == record.published_digest and now - record.published_at < interval_s:
         return None
-    return replace(record, published_digest=digest, published_at=now, version=record.version + 1)
+    return _evolve(record, published_digest=digest, published_at=now, version=record.version + 1)
+
+
+def may_need_publication(before: NodeRecord | None, after: NodeRecord, now: float, interval_s: float) -> bool:
+    """Whether `node_view` and `publish_decision` must run for `after`: False only when nothing the placement
+    digest covers can differ from `before` (whose digest was already decided) and the utilisation interval
+    has not elapsed. Building the view costs more than folding a live chunk, so this is checked first."""
+    if before is None or now - after.published_at >= interval_s or before.published_digest == "":
+        return True
+    if (before.inventory != after.inventory or before.holdings != after.holdings or before.stale != after.stale
+            or (before.last_seen > 0) != (after.last_seen > 0) or before.gpus.keys() != after.gpus.keys()):
+        return True
+    old = before.gpus
+    return any(gpu.healthy != old[uuid].healthy or gpu.gpu_index != old[uuid].gpu_index
+               or (after.inventory is None and gpu.memory_total_mib != old[uuid].memory_total_mib)
+               for uuid, gpu in after.gpus.items())
 
 
 def allocated_vs_used(view: NodeView) -> tuple[int, float]:
@@ -726,3 +809,40 @@ def allocated_vs_used(view: NodeView) -> tuple[int, float]:
 
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Known nodes: a sample from a node nobody registered is rejected
+
+
+class NodeRegistry:
+    """Nodes registered by an inventory (the agent, or the DCGM ingest's synthetic one) or by a cluster.state
+    record, per source topic: a tombstone on one topic removes the node from that topic only."""
+
+    def __init__(self) -> None:
+        self._by_source: dict[str, set[str]] = {}
+        self._known: set[str] = set()
+
+    def record(self, source: str, node: str, present: bool) -> None:
+        nodes = self._by_source.setdefault(source, set())
+        if present:
+            nodes.add(node)
+            self._known.add(node)
+        elif node in nodes:
+            nodes.discard(node)
+            if not any(node in others for others in self._by_source.values()):
+                self._known.discard(node)
+
+    def has(self, source: str, node: str) -> bool:
+        return node in self._by_source.get(source, ())
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._known
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
+def unknown_node_reason(node: str, sources: Sequence[str]) -> str:
+    """The dead-letter reason: names the field, the node and where a registration was looked for."""
+    return f"unknown node: node: {node!r} has no record on {' or '.join(sources)}"

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import faust
 from aiokafka import AIOKafkaConsumer
+from aiokafka.partitioner import murmur2
 
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
@@ -36,11 +37,17 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
+from kumiki.telemetry.adapters.known_nodes import KnownNodes
 from kumiki.telemetry.topics import NODE_INVENTORY
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+Json = dict[str, Any]
+
+# Internal records carry many items (one per node chunk, inventory, usage key) per partition: stage 2's cost
+# is per faust event, and live chunks are small. The cap keeps a record far below the broker's 1 MB limit.
+MAX_ITEMS_PER_RECORD = 100
 
 
 def faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
@@ -84,6 +91,23 @@ def _header_list(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(key), bytes(value) if value is not None else b"") for key, value in items]
 
 
+class Consumed(Protocol):
+    """A consumed record: aiokafka's ConsumerRecord as it is (no copy per sample), or a `Record`."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """A consumed record, whichever client read it."""
@@ -102,6 +126,18 @@ class Record:
                    _header_list(message.headers))
 
 
+@dataclass(frozen=True, slots=True)
+class _At:
+    """What a windowed table reads an item's time from (`_bucket_time`): one record holds many items, each
+    with its own bucket, while the changelog partition still comes from the record being processed."""
+
+    value: Json
+
+
+def _items(data: Json) -> list[Json]:
+    return list(data["items"]) if data.get("kind") == "batch" else [data]
+
+
 def _raw_topic(app: Any, name: str) -> Any:
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -115,8 +151,8 @@ class TelemetryStreams:
         config: core.TelemetryConfig,
         producer: EventProducer,
         *,
-        batch_size: int = 10000,
-        batch_window_s: float = 0.25,
+        batch_size: int | None = None,
+        batch_window_s: float | None = None,
         clock: Clock = time.time,
         front_end: str = "aiokafka",
         name: str = "telemetry-ingest",
@@ -125,8 +161,9 @@ class TelemetryStreams:
         self.config = config
         self.producer = producer
         self.clock = clock
-        self.batch_size = batch_size
-        self.batch_window_s = batch_window_s
+        self.batch_size = batch_size or config.batch_max
+        self.batch_window_s = config.batch_window_s if batch_window_s is None else batch_window_s
+        batch_size = self.batch_size
         self.app_id = f"{settings.topic_prefix}{name}"  # consumer group and changelog topic names
         self.front_end = front_end
         self._front: AIOKafkaConsumer | None = None
@@ -136,6 +173,11 @@ class TelemetryStreams:
         self.published_states = 0
         self.published_idle = 0
         self.samples_applied = 0  # samples folded into node state (stage 2): what "ingested" means end to end
+        self.unknown_rejected = 0
+        self.partitions = settings.default_partitions
+        self._partition_of: dict[str, int] = {}
+        self._gpu_gauges: dict[tuple[str, str], Any] = {}
+        self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
         self.app: Any = cast(Any, faust.App)(
             self.app_id,
             **faust_broker_options(settings),
@@ -199,7 +241,30 @@ class TelemetryStreams:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
+    def partition_for(self, key: str) -> int:
+        """Every record of node-input and usage names its partition: the hash of the node (or usage key), as
+        Kafka's default partitioner would, so a batch of many nodes' items lands where each node's single
+        records do and every table write stays co-partitioned with its key."""
+        partition = self._partition_of.get(key)
+        if partition is None:
+            partition = self._partition_of[key] = (murmur2(key.encode()) & 0x7FFFFFFF) % self.partitions
+        return partition
+
+    async def _send_items(self, topic: Any, items: Sequence[tuple[str, Json]]) -> list[Any]:
+        """Group (key, item) by partition into batch records; returns the send futures."""
+        by_partition: dict[int, list[Json]] = {}
+        for key, item in items:
+            by_partition.setdefault(self.partition_for(key), []).append(item)
+        sent = []
+        for partition, group in by_partition.items():
+            for start in range(0, len(group), MAX_ITEMS_PER_RECORD):
+                part = group[start:start + MAX_ITEMS_PER_RECORD]
+                sent.append(await topic.send(key=str(part[0].get("node") or part[0].get("key")),
+                                             value={"kind": "batch", "items": part}, partition=partition))
+        return sent
+
     async def start(self) -> None:
+        await self.known_nodes.start()
         await self.app.start()
         if self.front_end == "aiokafka":
             self._front = AIOKafkaConsumer(
@@ -219,6 +284,7 @@ class TelemetryStreams:
         if self._front is not None:
             await self._front.stop()
         await self.app.stop()
+        await self.known_nodes.stop()
 
     async def _run_front(self) -> None:
         """The aiokafka front end of stage 1: a batch's offsets are committed once its chunks are acknowledged
@@ -229,7 +295,7 @@ class TelemetryStreams:
         while True:
             # Fill a batch up to batch_size or batch_window_s: bigger batches make bigger node chunks, and
             # stage 2's cost is per chunk.
-            records: list[Record] = []
+            records: list[Consumed] = []
             offsets: dict[Any, int] = {}
             deadline = loop.time() + self.batch_window_s
             while len(records) < self.batch_size:
@@ -239,8 +305,7 @@ class TelemetryStreams:
                 batches = await self._front.getmany(timeout_ms=max(1, int(remaining * 1000)),
                                                     max_records=self.batch_size - len(records))
                 for partition, partition_records in batches.items():
-                    records += [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
-                                for r in partition_records]
+                    records += partition_records
                     offsets[partition] = partition_records[-1].offset + 1
             if not records:
                 continue
@@ -275,8 +340,8 @@ class TelemetryStreams:
 
     # -- stage 1 ----------------------------------------------------------------------------------
 
-    async def dead_letter(self, record: Record, reason: str) -> None:
-        headers = dead_letter_headers(record.headers, reason, record.topic, record.partition, record.offset,
+    async def dead_letter(self, record: Consumed, reason: str) -> None:
+        headers = dead_letter_headers(list(record.headers or ()), reason, record.topic, record.partition, record.offset,
                                       self.app_id)
         await self.producer.send_raw(DEAD_LETTER.full_name(self.settings.topic_prefix), record.key,
                                      record.value, headers)
@@ -285,11 +350,11 @@ class TelemetryStreams:
         log.warning("dead-lettered record", extra={"topic": record.topic, "offset": record.offset,
                                                    "reason": reason})
 
-    async def ingest_batch(self, records: Sequence[Record]) -> list[Any]:
+    async def ingest_batch(self, records: Sequence[Consumed]) -> list[Any]:
         """Stage 1 for one batch: decode, dead-letter, summarise, forward. Returns the send futures: the
         caller commits the batch's offsets only once they are all acknowledged."""
-        readings: list[core.Reading] = []
-        sent: list[Any] = []
+        accepted: list[tuple[Consumed, core.Reading]] = []
+        items: list[tuple[str, Json]] = []
         for record in records:
             try:
                 payload = decode(self.specs[record.topic], record.key, record.value, record.headers).payload
@@ -297,11 +362,13 @@ class TelemetryStreams:
                 await self.dead_letter(record, f"undecodable: {error}")
                 continue
             if isinstance(payload, events_pb2.GpuSample):
-                readings.append(convert.reading_from_sample(payload))
+                accepted.append((record, convert.reading_from_sample(payload)))
             else:
                 assert isinstance(payload, events_pb2.NodeState)
                 inventory = convert.inventory_from_state(payload)
-                sent.append(await self.node_input.send(key=inventory.node, value=inventory.to_json()))
+                self.known_nodes.add(NODE_INVENTORY, inventory.node)
+                items.append((inventory.node, inventory.to_json()))
+        readings = await self._registered(accepted)
         if readings:
             now = self.clock()
             metrics.SAMPLE_LAG.set(max(0.0, now - max(reading.timestamp for reading in readings)))
@@ -309,9 +376,22 @@ class TelemetryStreams:
             metrics.SAMPLES.inc(len(readings))
             CONSUMED.labels(GPU_SAMPLES.name, self.app_id).inc(len(readings))
             self.samples_seen += len(readings)
-            for chunk in core.summarise(readings, self.config.bucket_s):
-                sent.append(await self.node_input.send(key=chunk.node, value=chunk.to_json()))
-        return sent
+            items += [(chunk.node, chunk.to_json()) for chunk in core.summarise(readings, self.config.bucket_s)]
+        return await self._send_items(self.node_input, items)
+
+    async def _registered(self, accepted: list[tuple[Consumed, core.Reading]]) -> list[core.Reading]:
+        """The readings of registered nodes; the others go to the dead-letter topic, original bytes intact."""
+        unknown = {reading.node for _, reading in accepted if reading.node not in self.known_nodes}
+        if not unknown:
+            return [reading for _, reading in accepted]
+        await self.known_nodes.catch_up()  # registrations published before these samples are read now
+        unknown = {node for node in unknown if node not in self.known_nodes}
+        rejected = [(record, reading.node) for record, reading in accepted if reading.node in unknown]
+        sources = self.known_nodes.topic_names
+        await asyncio.gather(*(self.dead_letter(record, core.unknown_node_reason(node, sources))
+                               for record, node in rejected))
+        self.unknown_rejected += len(rejected)
+        return [reading for _, reading in accepted if reading.node not in unknown]
 
     def _decode(self, event: Any) -> Any:
         record = Record.of_faust(event)
@@ -336,31 +416,46 @@ class TelemetryStreams:
             if placement is not None and placement != previous:
                 self.job_placements[transition.job_id] = placement.to_json()
             for change in changes:
-                await self.node_input.send(key=change.node, value=change.to_json())
+                await self.node_input.send(key=change.node, value=change.to_json(),
+                                           partition=self.partition_for(change.node))
 
     # -- stage 2 ----------------------------------------------------------------------------------
 
     async def _nodes(self, stream: Any) -> None:
         async for event in stream.events():
-            data = event.value
+            await self._fold(_items(event.value))
+
+    async def _fold(self, items: Sequence[Json]) -> None:
+        """Stage 2 for one record (a batch of one partition's items): fold each item into its node, then per
+        node decide publication and write the table once; publications are awaited together, before the
+        record counts as processed (at least once)."""
+        before: dict[str, core.NodeRecord | None] = {}
+        current: dict[str, core.NodeRecord] = {}
+        findings: list[core.IdleFinding] = []
+        usage: dict[tuple[str, float], core.WindowAggregate] = {}
+        now = self.clock()
+        for data in items:
             node = str(data["node"])
-            record = core.NodeRecord.stored(self.node_records.get(node))
             kind = data["kind"]
-            findings: list[core.IdleFinding] = []
+            if node in current:
+                record: core.NodeRecord | None = current[node]
+            else:
+                record = before[node] = core.NodeRecord.stored(self.node_records.get(node))
             if kind == "readings":
                 chunk = core.NodeChunk.from_json(data)
-                record, findings, usages = core.apply_chunk(record, chunk, self.config)
-                self.samples_applied += sum(gpu.samples for gpu in chunk.gpus.values())
-                newest = max(gpu.last_ts for gpu in chunk.gpus.values())
-                metrics.STATE_LAG_SECONDS.observe(max(0.0, self.clock() - newest))
-                window = self.node_windows[node].apply(core.merge_node_window, core.node_window(chunk), event)
-                node_mean = core.WindowAggregate.from_json(window.value(event).get("node")).mean_util_pct
+                record, found, usages = core.apply_chunk(record, chunk, self.config)
+                findings += found
+                self._chunk_metrics(chunk, now)
+                window = self.node_windows[node].apply(core.merge_node_window, core.node_window(chunk),
+                                                       _At(data))
+                node_mean = core.WindowAggregate.from_json(window.value(_At(data)).get("node")).mean_util_pct
                 if node_mean is not None:
                     metrics.NODE_UTILISATION.labels(node).set(node_mean)
-                for usage in usages:
-                    metrics.IDLE_GPU_HOURS.labels(usage.queue).inc(usage.aggregate.idle_gpu_s / 3600.0)
-                    for key in (f"job/{usage.job_id}", f"queue/{usage.queue}"):
-                        await self.usage_topic.send(key=key, value={"key": key, **usage.to_json()})
+                for share in usages:
+                    metrics.IDLE_GPU_HOURS.labels(share.queue).inc(share.aggregate.idle_gpu_s / 3600.0)
+                    for key in (f"job/{share.job_id}", f"queue/{share.queue}"):
+                        merged = usage.get((key, share.bucket), core.WindowAggregate()).merge(share.aggregate)
+                        usage[(key, share.bucket)] = merged
             elif kind == "inventory":
                 record = core.apply_inventory(record, core.Inventory.from_json(data))
             elif kind == "allocation":
@@ -372,37 +467,65 @@ class TelemetryStreams:
             else:
                 log.warning("unknown node-input record", extra={"kind": kind})
                 continue
-            for finding in findings:
-                await self.producer.publish(GPU_IDLE, finding.job_id, convert.gpu_idle(finding),
-                                            event_id=finding.event_id)
-                self.published_idle += 1
-                metrics.IDLE_EVENTS.labels(finding.queue).inc()
-            record = await self._maybe_publish(record)
+            current[node] = record
+        states: list[tuple[str, events_pb2.NodeState, str]] = []
+        for node, record in current.items():
+            if core.may_need_publication(before[node], record, now, self.config.publish_interval_s):
+                record = self._maybe_publish(record, now, states)
             self.node_records[node] = record  # serialised by faust's JSON codec (NodeRecord.__json__)
+        if usage:
+            await self._send_items(self.usage_topic, [
+                (key, {"key": key, "bucket": bucket, "aggregate": aggregate.to_json()})
+                for (key, bucket), aggregate in usage.items()])
+        publishing = []
+        if states:
+            publishing.append(self.producer.publish_many(CLUSTER_STATE, states))
+        if findings:
+            publishing.append(self.producer.publish_many(
+                GPU_IDLE, [(finding.job_id, convert.gpu_idle(finding), finding.event_id) for finding in findings]))
+        await asyncio.gather(*publishing)
+        self.published_states += len(states)
+        self.published_idle += len(findings)
+        for finding in findings:
+            metrics.IDLE_EVENTS.labels(finding.queue).inc()
 
-    async def _maybe_publish(self, record: core.NodeRecord) -> core.NodeRecord:
+    def _chunk_metrics(self, chunk: core.NodeChunk, now: float) -> None:
+        newest = 0.0
+        for key, gpu in chunk.gpus.items():
+            newest = max(newest, gpu.last_ts)
+            self.samples_applied += gpu.samples
+            if gpu.mig is None and gpu.last_util is not None:
+                self._gpu_gauge(chunk.node, key).set(gpu.last_util)
+        metrics.STATE_LAG_SECONDS.observe(max(0.0, now - newest))
+
+    def _gpu_gauge(self, node: str, uuid: str) -> Any:
+        """prometheus_client's labels() lookup costs more than the rest of a live chunk's metrics."""
+        gauge = self._gpu_gauges.get((node, uuid))
+        if gauge is None:
+            gauge = self._gpu_gauges[(node, uuid)] = metrics.GPU_UTILISATION.labels(node, uuid)
+        return gauge
+
+    def _maybe_publish(self, record: core.NodeRecord, now: float,
+                       states: list[tuple[str, events_pb2.NodeState, str]]) -> core.NodeRecord:
         view = core.node_view(record)
         self._node_gauges(view)
         if view.last_seen <= 0 and record.inventory is None:
             return record  # nothing to say about a node known only from an allocation
-        now = self.clock()
         decided = core.publish_decision(record, view, now, self.config.publish_interval_s)
         if decided is None:
             return record
-        await self.producer.publish(CLUSTER_STATE, record.node, convert.node_state(view, decided.version, now),
-                                    event_id=f"node-state/{record.node}/{decided.version}")
-        self.published_states += 1
+        states.append((record.node, convert.node_state(view, decided.version, now),
+                       f"node-state/{record.node}/{decided.version}"))
         return decided
 
-    @staticmethod
-    def _node_gauges(view: core.NodeView) -> None:
+    def _node_gauges(self, view: core.NodeView) -> None:
         allocated, used = core.allocated_vs_used(view)
         metrics.NODE_ALLOCATED.labels(view.node).set(allocated)
         metrics.NODE_USED.labels(view.node).set(used)
         metrics.NODE_FREE.labels(view.node).set(len(view.free_gpus))
         metrics.NODE_HEALTHY.labels(view.node).set(1 if view.healthy else 0)
         for gpu in view.gpus:
-            metrics.GPU_UTILISATION.labels(view.node, gpu.uuid).set(gpu.utilization_pct)
+            self._gpu_gauge(view.node, gpu.uuid).set(gpu.utilization_pct)
 
     async def _check_stale_nodes(self) -> None:
         now = self.clock()
@@ -410,22 +533,26 @@ class TelemetryStreams:
             record = core.NodeRecord.stored(stored)
             timeout_s = self.config.node_timeout_s
             if record is not None and not record.stale and core.check_stale(record, now, timeout_s).stale:
-                await self.node_input.send(key=node, value={"kind": "check", "node": node, "now": now})
+                await self.node_input.send(key=node, value={"kind": "check", "node": node, "now": now},
+                                           partition=self.partition_for(node))
 
     # -- stage 3 ----------------------------------------------------------------------------------
 
     async def _usage(self, stream: Any) -> None:
         async for event in stream.events():
-            data = event.value
-            key = str(data["key"])
-            aggregate = data["aggregate"]
-            if key.startswith("job/"):
-                self.job_windows[key[4:]].apply(core.merge_json, aggregate, event)
-                continue
-            queue = key[6:]
-            window = core.WindowAggregate.from_json(
-                self.queue_windows[queue].apply(core.merge_json, aggregate, event).value(event))
-            if window.mean_util_pct is not None:
-                metrics.QUEUE_UTILISATION.labels(queue).set(window.mean_util_pct)
-            metrics.QUEUE_GAP.labels(queue).set(
-                (window.allocated_gpu_s - window.used_gpu_s) / self.config.usage_window_s)
+            for data in _items(event.value):
+                self._fold_usage(data)
+
+    def _fold_usage(self, data: Json) -> None:
+        key = str(data["key"])
+        aggregate = data["aggregate"]
+        if key.startswith("job/"):
+            self.job_windows[key[4:]].apply(core.merge_json, aggregate, _At(data))
+            return
+        queue = key[6:]
+        window = core.WindowAggregate.from_json(
+            self.queue_windows[queue].apply(core.merge_json, aggregate, _At(data)).value(_At(data)))
+        if window.mean_util_pct is not None:
+            metrics.QUEUE_UTILISATION.labels(queue).set(window.mean_util_pct)
+        metrics.QUEUE_GAP.labels(queue).set(
+            (window.allocated_gpu_s - window.used_gpu_s) / self.config.usage_window_s)
