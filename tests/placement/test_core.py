@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kumiki.placement.core import BindCommand, BindConflict, PlacementBook, Topology
+from kumiki.placement.core import BindCommand, BindConflict, PlacementBook
 from kumiki.sched.cluster import NodeSpec, PodPlacement
 from kumiki.sched.jobs import GangRequest, PodRequest
 
@@ -13,8 +13,10 @@ def node(name: str, gpus: int = 8, rack: str = "r0", islands: tuple[tuple[int, .
     return NodeSpec(name=name, gpus=gpus, gpu_model="A100-80GB", gpu_memory_gb=80.0, rack=rack, nvlink_islands=islands)
 
 
-def gang(job: str, *gpus: int, generation: int = 1, tier: int = 0, **options: object) -> BindCommand:
-    request = GangRequest(job, tuple(PodRequest(gpus=count) for count in gpus))
+def gang(
+    job: str, *gpus: int, generation: int = 1, tier: int = 0, topology: str = "", **options: object
+) -> BindCommand:
+    request = GangRequest(job, tuple(PodRequest(gpus=count) for count in gpus), required_topology=topology)
     return BindCommand(job_id=job, generation=generation, queue="q", request=request, priority_tier=tier, **options)  # type: ignore[arg-type]
 
 
@@ -88,10 +90,16 @@ def test_required_rack_is_never_broken() -> None:
     book = book_with(node("a", rack="r0"), node("b", rack="r1"))
     filler(book, "fa", "a", (0, 1, 2, 3))
     filler(book, "fb", "b", (0, 1, 2, 3))
-    across = book.bind(gang("one-rack", 4, 4, topology=Topology.RACK, topology_required=True))
+    across = book.bind(gang("one-rack", 4, 4, topology="rack"))
     assert not across.bound and across.reason is not None
     assert across.reason.resource == "topology:rack" and "several racks" in across.reason.constraint
-    preferred = book.bind(gang("prefer-rack", 4, 4, topology=Topology.RACK, topology_required=False))
+    preferred = book.bind(
+        gang(
+            "prefer-rack",
+            4,
+            4,
+        )
+    )
     assert preferred.bound and set(preferred.job.node_names) == {"a", "b"}  # type: ignore[union-attr]
 
 
@@ -99,19 +107,19 @@ def test_required_node_is_never_broken() -> None:
     book = book_with(node("a"), node("b"))
     filler(book, "fa", "a", (0, 1, 2, 3))
     filler(book, "fb", "b", (0, 1, 2, 3))
-    split = book.bind(gang("one-node", 3, 3, topology=Topology.NODE, topology_required=True))
+    split = book.bind(gang("one-node", 3, 3, topology="node"))
     assert not split.bound and split.reason is not None and split.reason.resource == "topology:node"
-    fits = book.bind(gang("fits-one-node", 2, 2, topology=Topology.NODE, topology_required=True))
+    fits = book.bind(gang("fits-one-node", 2, 2, topology="node"))
     assert fits.bound and len(set(fits.job.node_names)) == 1  # type: ignore[union-attr]
 
 
 def test_required_nvlink_island_is_never_broken() -> None:
     book = book_with(node("a", islands=((0, 1, 2, 3), (4, 5, 6, 7))))
     filler(book, "fa", "a", (0, 1, 4, 5))  # free: 2, 3 in island 0 and 6, 7 in island 1
-    spans = book.bind(gang("three", 3, topology=Topology.NVLINK_ISLAND, topology_required=True))
+    spans = book.bind(gang("three", 3, topology="nvlink_island"))
     assert not spans.bound and spans.reason is not None
     assert spans.reason.resource == "topology:nvlink_island" and "span islands" in spans.reason.constraint
-    pair = book.bind(gang("pair", 2, topology=Topology.NVLINK_ISLAND, topology_required=True))
+    pair = book.bind(gang("pair", 2, topology="nvlink_island"))
     assert pair.bound
     assert set(pair.job.placement.pods[0].gpus) in ({2, 3}, {6, 7})  # type: ignore[union-attr]
 

@@ -254,3 +254,37 @@ def test_nodes_alike_in_gpus_but_not_in_cpu_are_not_interchangeable():
     for strategy in ("kumiki", "best-fit", "first-fit"):
         placed = place_gang(state, GangRequest("j", (PodRequest(gpus=1, cpu_milli=4000),)), strategy)
         assert isinstance(placed, Placement) and placed.nodes == (1,), strategy  # node 0 lacks the CPU
+
+
+def test_required_node_tries_every_node_not_only_the_fullest():
+    """The three fullest nodes that have the GPUs lack the CPU; only the fifth can hold the gang on one node."""
+    node = NodeSpec("n", 8, cpu_milli=16000, memory_mib=64000)
+    state = ClusterState.empty(ClusterSpec(tuple(replace(node, name=f"n{i}", rack="r0") for i in range(5))))
+    for index in range(4):  # nodes 0-3: 4 GPUs free but only 2 cores
+        state.allocate(Placement(f"busy-{index}", (PodPlacement(0, index, (0, 1, 2, 3), cpu_milli=14000),)))
+    pods = tuple(PodRequest(gpus=2, cpu_milli=3000) for _ in range(2))
+    placed = place_gang(state, GangRequest("g", pods, required_topology="node"), "kumiki")
+    assert isinstance(placed, Placement) and placed.nodes == (4,)
+    # two half-free nodes: the gang fits only by spreading, which a required node forbids, and says so
+    spread_out = ClusterState.empty(uniform_cluster(2, 8))
+    occupy(spread_out, "a", 0, (0, 1, 2, 3))
+    occupy(spread_out, "b", 1, (0, 1, 2, 3))
+    request = GangRequest("w", (PodRequest(gpus=4), PodRequest(gpus=4)), required_topology="node")
+    blocked = place_gang(spread_out, request, "kumiki")
+    assert isinstance(blocked, PendingReason) and blocked.resource == "topology:node"
+    assert isinstance(place_gang(spread_out, replace(request, required_topology=""), "kumiki"), Placement)
+
+
+def test_required_nvlink_island_keeps_every_pod_in_one_island():
+    spec = uniform_cluster(1, 8, island_size=4)
+    state = ClusterState.empty(spec)
+    occupy(state, "a", 0, (0, 1, 4, 5))  # two free GPUs in each island
+    gang3 = GangRequest("g", (PodRequest(gpus=3),), required_topology="nvlink_island")
+    reason = place_gang(state, gang3, "kumiki")
+    assert isinstance(reason, PendingReason) and reason.resource == "topology:nvlink_island"
+    pair = place_gang(
+        state, GangRequest("p", (PodRequest(gpus=1), PodRequest(gpus=1)), required_topology="nvlink_island"), "best-fit"
+    )
+    assert isinstance(pair, Placement)
+    gpus = {gpu for pod in pair.pods for gpu in pod.gpus}
+    assert gpus <= {2, 3} or gpus <= {6, 7}

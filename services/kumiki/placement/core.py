@@ -10,18 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
 from kumiki.sched.jobs import GangRequest
 from kumiki.sched.placement import PendingReason, place_gang
-
-
-class Topology(Enum):
-    NONE = "none"
-    NVLINK_ISLAND = "nvlink_island"
-    NODE = "node"
-    RACK = "rack"
 
 
 class BindConflict(ValueError):
@@ -40,8 +32,6 @@ class BindCommand:
     preemptible: bool = False
     user: str = ""
     name: str = ""
-    topology: Topology = Topology.NONE
-    topology_required: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,30 +172,9 @@ class PlacementBook:
     def _place(self, command: BindCommand, *, explain: bool) -> Placement | PendingReason:
         if not self.nodes:
             return PendingReason(command.job_id, "nodes", "the cluster has no nodes yet", "any node")
-        found = place_gang(
+        return place_gang(
             self.state, command.request, self.strategy, excluded_nodes=self.excluded_nodes(), explain=explain
         )
-        if isinstance(found, PendingReason) or not command.topology_required:
-            return found
-        broken = self._topology_broken(command.topology, found)
-        if broken:
-            return PendingReason(
-                command.job_id, f"topology:{command.topology.value}", broken, command.request.pods[0].shape()
-            )
-        return found
-
-    def _topology_broken(self, level: Topology, placement: Placement) -> str:
-        nodes = placement.nodes
-        if level is Topology.RACK and len({self.nodes[node].rack for node in nodes}) > 1:
-            return "required one rack, the free GPUs that fit are in several racks"
-        if level in (Topology.NODE, Topology.NVLINK_ISLAND) and len(nodes) > 1:
-            return "required one node, no single node has the GPUs free"
-        if level is Topology.NVLINK_ISLAND:
-            node = self.nodes[nodes[0]]
-            gpus = {gpu for pod in placement.pods for gpu in pod.gpus}
-            if not any(gpus <= set(island) for island in node.islands()):
-                return "required one NVLink island, the free GPUs span islands"
-        return ""
 
     def _allocate(self, command: BindCommand, placement: Placement) -> BoundJob:
         self.state.allocate(placement)  # re-checks every GPU, slice and cap

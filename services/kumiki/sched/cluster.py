@@ -164,7 +164,7 @@ class Placement:
 class OccupancyClass:
     """A node's shape and occupancy, hashed once: placement looks classes up on every call."""
 
-    __slots__ = ("content", "_hash")
+    __slots__ = ("_hash", "content")
 
     def __init__(self, content: tuple[Hashable, ...]) -> None:
         self.content = content

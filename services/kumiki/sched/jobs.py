@@ -59,6 +59,9 @@ class PodRequest:
         return f"{gpu}{model}{extra}"
 
 
+TOPOLOGY_LEVELS = ("", "nvlink_island", "node", "rack")
+
+
 @dataclass(frozen=True, slots=True)
 class GangRequest:
     """A gang: all of `pods` or, if `min_members` is lower, at least that many; never a partial hold."""
@@ -66,10 +69,14 @@ class GangRequest:
     job_id: str
     pods: tuple[PodRequest, ...]
     min_members: int = 0
+    # a topology the placement must not break: "" (none), "nvlink_island", "node" or "rack"
+    required_topology: str = ""
 
     def __post_init__(self) -> None:
         if not self.job_id:
             raise RequestError("job_id must not be empty")
+        if self.required_topology not in TOPOLOGY_LEVELS:
+            raise RequestError(f"required_topology must be one of {TOPOLOGY_LEVELS}, got {self.required_topology!r}")
         if not self.pods:
             raise RequestError("a gang needs at least one pod")
         if not 0 <= self.min_members <= len(self.pods):

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar, cast
 
@@ -454,23 +454,54 @@ class _Placer:
 
 
 def _domains(state: ClusterState, request: GangRequest, strategy: str) -> list[frozenset[int] | None]:
-    """Topology domains to try in order: one node, then one rack (fullest that could fit), then all."""
-    if strategy != "kumiki" or len(request.pods) < 2:
+    """Topology domains to try in order: one node, then one rack (fullest that could fit), then all.
+
+    A required topology keeps only the domains that honour it, all of them, fullest first."""
+    required = request.required_topology
+    whole = sum(pod.gpus for pod in request.pods)
+    if required in ("node", "nvlink_island"):
+        return [
+            frozenset((node,))
+            for level in range(min(whole, state.max_gpus + 1), state.max_gpus + 1)
+            for node in sorted(state.by_free[level])
+        ]
+    if required != "rack" and (strategy != "kumiki" or len(request.pods) < 2):
         return [None]
     domains: list[frozenset[int] | None] = []
-    whole = sum(pod.gpus for pod in request.pods)
-    if whole and whole <= state.max_gpus:
+    if required != "rack" and whole and whole <= state.max_gpus:
         fullest = sorted((level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level])
         domains.extend(frozenset((node,)) for _, node in fullest[:3])
-    if len(state.racks) > 1:
+    if len(state.racks) > 1 or required == "rack":
         racks = []
         for nodes in state.racks.values():
             free = sum(state.free_count(node) for node in nodes)
             if free >= whole:
                 racks.append((free, nodes[0], frozenset(nodes)))
         domains.extend(nodes for _, _, nodes in sorted(racks, key=lambda item: (item[0], item[1])))
-    domains.append(None)
+    if not required:
+        domains.append(None)
     return domains
+
+
+def _within_one_island(state: ClusterState, placement: Placement) -> bool:
+    """Every GPU of the placement (whole, share or MIG) sits in one NVLink island of one node."""
+    if len(placement.nodes) != 1:
+        return False
+    gpus: set[int] = set()
+    for pod in placement.pods:
+        gpus.update(pod.gpus)
+        if pod.share is not None:
+            gpus.add(pod.share.gpu)
+        if pod.mig is not None:
+            gpus.add(pod.mig.gpu)
+    return any(gpus <= set(island) for island in state.spec.nodes[placement.nodes[0]].islands())
+
+
+TOPOLOGY_UNMET = {
+    "nvlink_island": "required one NVLink island, the free GPUs span islands",
+    "node": "required one node, no single node has the GPUs free",
+    "rack": "required one rack, the free GPUs that fit are in several racks",
+}
 
 
 def place_gang(
@@ -499,9 +530,22 @@ def place_gang(
                 placed.append(pod)
         if len(placed) >= request.required:
             # an elastic gang (min_members < pods) keeps every member that fits
-            return Placement(request.job_id, tuple(sorted(placed, key=lambda pod: pod.pod)))
+            placement = Placement(request.job_id, tuple(sorted(placed, key=lambda pod: pod.pod)))
+            if request.required_topology != "nvlink_island" or _within_one_island(state, placement):
+                return placement
     if not explain:  # hot path of a scheduling pass: the caller only needs "no"
         return PendingReason(request.job_id, "gpu", "does not fit now", request.pods[0].shape())
+    wider = replace(request, required_topology="")
+    if request.required_topology and isinstance(
+        place_gang(state, wider, strategy, mix=mix, excluded_nodes=excluded_nodes, explain=False), Placement
+    ):
+        return PendingReason(
+            request.job_id,
+            f"topology:{request.required_topology}",
+            TOPOLOGY_UNMET[request.required_topology],
+            request.pods[0].shape(),
+            "the gang fits the cluster only by spreading wider",
+        )
     return _explain(state, request, strategy, mix, excluded_nodes)
 
 

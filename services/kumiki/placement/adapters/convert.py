@@ -7,20 +7,21 @@ import math
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest, timestamp
-from kumiki.placement.core import BindCommand, BoundJob, Topology
+from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
 from kumiki.sched.jobs import GangRequest, PodRequest, RequestError
 from kumiki.sched.placement import PendingReason
 
 MIB_PER_GB = 1024.0
 MAX_PODS = 4096
+# wire level -> the scheduling core's GangRequest.required_topology (a preferred topology needs no field:
+# the `kumiki` strategy always prefers one NVLink island, then one node, then one rack)
 TOPOLOGY_FROM_WIRE = {
-    common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED: Topology.NONE,
-    common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND: Topology.NVLINK_ISLAND,
-    common_pb2.TOPOLOGY_LEVEL_NODE: Topology.NODE,
-    common_pb2.TOPOLOGY_LEVEL_RACK: Topology.RACK,
+    common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED: "",
+    common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND: "nvlink_island",
+    common_pb2.TOPOLOGY_LEVEL_NODE: "node",
+    common_pb2.TOPOLOGY_LEVEL_RACK: "rack",
 }
-TOPOLOGY_TO_WIRE = {level: wire for wire, level in TOPOLOGY_FROM_WIRE.items()}
 
 
 class InvalidNodeState(ValueError):
@@ -75,13 +76,16 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
         job_id=request.job.job_id,
         generation=request.job.generation,
         queue=request.queue,
-        request=GangRequest(request.job.job_id, pods, request.min_members),
+        request=GangRequest(
+            request.job.job_id,
+            pods,
+            request.min_members,
+            required_topology=TOPOLOGY_FROM_WIRE[request.topology.level] if request.topology.required else "",
+        ),
         priority_tier=request.priority_tier,
         preemptible=request.preemptible,
         user=request.user,
         name=request.name,
-        topology=TOPOLOGY_FROM_WIRE[request.topology.level],
-        topology_required=request.topology.required,
     )
 
 
