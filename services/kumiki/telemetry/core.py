@@ -135,9 +135,8 @@ def parse_idle_rules(text: str, variable: str) -> tuple[IdleRule, dict[str, Idle
 # Readings and chunks
 
 
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """One validated sample, as much of it as ingest uses."""
+class Reading(NamedTuple):
+    """One validated sample, as much of it as ingest uses (a tuple: one is built per sample)."""
 
     node: str
     gpu_uuid: str
@@ -193,12 +192,15 @@ class GpuChunk:
             self.ecc_uncorrected = max(self.ecc_uncorrected or 0, reading.ecc_uncorrected)
         self.xids.extend(reading.xid_errors)
 
-    def to_json(self) -> Json:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def to_json(self) -> list[Any]:
+        """An array in field order: the internal topic carries one per GPU per chunk, names would double it."""
+        return [self.index, self.mig, self.model, self.samples, self.util_n, self.util_sum, self.util_max,
+                self.first_ts, self.last_ts, self.last_util, self.memory_used_mib, self.memory_total_mib,
+                self.ecc_uncorrected, self.xids]
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GpuChunk:
-        return cls(**data)
+    def from_json(cls, data: Mapping[str, Any] | Sequence[Any]) -> GpuChunk:
+        return cls(**data) if isinstance(data, Mapping) else cls(*data)
 
 
 @dataclass(slots=True)

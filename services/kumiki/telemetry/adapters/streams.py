@@ -176,7 +176,7 @@ class TelemetryStreams:
         self.unknown_rejected = 0
         self.partitions = settings.default_partitions
         self._partition_of: dict[str, int] = {}
-        self._gpu_gauges: dict[tuple[str, str], Any] = {}
+        self._gauges: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
         self.app: Any = cast(Any, faust.App)(
             self.app_id,
@@ -450,7 +450,7 @@ class TelemetryStreams:
                                                        _At(data))
                 node_mean = core.WindowAggregate.from_json(window.value(_At(data)).get("node")).mean_util_pct
                 if node_mean is not None:
-                    metrics.NODE_UTILISATION.labels(node).set(node_mean)
+                    self._gauge(metrics.NODE_UTILISATION, node).set(node_mean)
                 for share in usages:
                     metrics.IDLE_GPU_HOURS.labels(share.queue).inc(share.aggregate.idle_gpu_s / 3600.0)
                     for key in (f"job/{share.job_id}", f"queue/{share.queue}"):
@@ -491,18 +491,17 @@ class TelemetryStreams:
 
     def _chunk_metrics(self, chunk: core.NodeChunk, now: float) -> None:
         newest = 0.0
-        for key, gpu in chunk.gpus.items():
+        for gpu in chunk.gpus.values():
             newest = max(newest, gpu.last_ts)
             self.samples_applied += gpu.samples
-            if gpu.mig is None and gpu.last_util is not None:
-                self._gpu_gauge(chunk.node, key).set(gpu.last_util)
         metrics.STATE_LAG_SECONDS.observe(max(0.0, now - newest))
 
-    def _gpu_gauge(self, node: str, uuid: str) -> Any:
-        """prometheus_client's labels() lookup costs more than the rest of a live chunk's metrics."""
-        gauge = self._gpu_gauges.get((node, uuid))
+    def _gauge(self, family: Any, *labels: str) -> Any:
+        """prometheus_client's labels() lookup costs more than folding a live chunk's numbers: children are
+        kept per label values."""
+        gauge = self._gauges.get((family, labels))
         if gauge is None:
-            gauge = self._gpu_gauges[(node, uuid)] = metrics.GPU_UTILISATION.labels(node, uuid)
+            gauge = self._gauges[(family, labels)] = family.labels(*labels)
         return gauge
 
     def _maybe_publish(self, record: core.NodeRecord, now: float,
@@ -519,13 +518,15 @@ class TelemetryStreams:
         return decided
 
     def _node_gauges(self, view: core.NodeView) -> None:
+        """Set whenever the node's view is built: at every placement-relevant change and at least every
+        publish interval (per-GPU utilisation is as fresh as cluster.state)."""
         allocated, used = core.allocated_vs_used(view)
-        metrics.NODE_ALLOCATED.labels(view.node).set(allocated)
-        metrics.NODE_USED.labels(view.node).set(used)
-        metrics.NODE_FREE.labels(view.node).set(len(view.free_gpus))
-        metrics.NODE_HEALTHY.labels(view.node).set(1 if view.healthy else 0)
+        self._gauge(metrics.NODE_ALLOCATED, view.node).set(allocated)
+        self._gauge(metrics.NODE_USED, view.node).set(used)
+        self._gauge(metrics.NODE_FREE, view.node).set(len(view.free_gpus))
+        self._gauge(metrics.NODE_HEALTHY, view.node).set(1 if view.healthy else 0)
         for gpu in view.gpus:
-            self._gpu_gauge(view.node, gpu.uuid).set(gpu.utilization_pct)
+            self._gauge(metrics.GPU_UTILISATION, view.node, gpu.uuid).set(gpu.utilization_pct)
 
     async def _check_stale_nodes(self) -> None:
         now = self.clock()
