@@ -276,3 +276,48 @@ def test_nvml_that_will_not_start_exits_1_with_the_reason(fake_nvml: FakeNvml, t
     assert done.returncode == 1
     assert "NVML could not be initialised" in done.stderr
     assert done.stdout == ""
+
+
+# -- dcgm-exporter ingest registers the node before its first sample -------------------------------
+
+
+async def test_dcgm_ingest_publishes_its_synthetic_inventory_before_any_sample() -> None:
+    """Telemetry rejects samples of unregistered nodes and relies on this order (docs/telemetry.md)."""
+    from aiohttp import web
+
+    from kumiki.agent.app import AgentConfig, _run_live
+
+    page = (Path(__file__).parent / "fixtures" / "dcgm_exporter_a100_mig.prom").read_text(encoding="utf-8")
+    app = web.Application()
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/plain")
+
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    calls: list[tuple[str, str]] = []
+
+    class OrderSink(ListSink):
+        async def publish(self, samples: Sequence[GpuSample]) -> None:
+            calls.extend(("sample", sample.node) for sample in samples)
+
+        async def publish_inventory(self, inventory: GpuInventory) -> None:
+            calls.append(("inventory", inventory.node))
+            self.inventories.append(inventory)
+
+    sink = OrderSink()
+    config = AgentConfig(node="gpu-node-7", source="dcgm", interval_s=0.05, duration_s=0.2, output=None,
+                         record_dir=None, replay_dir=None, dcgm_url=f"http://127.0.0.1:{port}/metrics",
+                         speed=1.0, keep_timestamps=False, log_level="WARNING")
+    try:
+        stats = await _run_live(config, sink, None)
+    finally:
+        await runner.cleanup()
+    assert stats is not None and stats.samples > 0
+    assert calls[0] == ("inventory", "gpu-node-7")
+    assert set(calls[1:]) == {("sample", "gpu-node-7")}
+    assert [gpu.uuid[-2:] for gpu in sink.inventories[0].gpus] == ["50", "51", "52"]

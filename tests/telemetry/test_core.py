@@ -230,6 +230,69 @@ def test_a_node_record_survives_its_json_round_trip() -> None:
     assert NodeRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
 
+def test_a_node_record_written_before_the_compact_form_is_still_restored() -> None:
+    record, _, _ = feed(core.apply_inventory(None, inventory("n1", 1)), [reading("n1", 0, 1000.0, 42.0)])
+    data = json.loads(json.dumps(record.to_json()))
+    (uuid, gpu), = data["gpus"].items()
+    names = ["index", "model", "last_ts", "utilization_pct", "memory_total_mib", "healthy", "idle_since",
+             "idle_util_sum", "idle_util_n"]
+    data["gpus"][uuid] = dict(zip(names, gpu, strict=True))  # the object form of the previous changelog
+    assert NodeRecord.from_json(data) == record
+
+
+def test_node_windows_merge_chunks_and_windows_stored_as_objects() -> None:
+    (first,) = core.summarise([reading("n1", 0, 100.0, 20.0), reading("n1", 1, 100.0, 60.0)], 60.0)
+    (second,) = core.summarise([reading("n1", 0, 110.0, 40.0)], 60.0)
+    merged = core.merge_node_window(core.merge_node_window(None, core.node_window(first)), core.node_window(second))
+    node = core.WindowAggregate.from_json(merged["node"])
+    assert (node.samples, node.mean_util_pct, node.util_max) == (3, 40.0, 60.0)
+    assert core.WindowAggregate.from_json(merged["gpus"]["GPU-n1-0"]).mean_util_pct == 30.0
+    old_form = {"node": core.WindowAggregate(1, 1, 10.0, 10.0).to_json(),
+                "gpus": {"GPU-n1-0": core.WindowAggregate(1, 1, 10.0, 10.0).to_json()}}
+    again = core.merge_node_window(old_form, core.node_window(second))
+    assert core.WindowAggregate.from_json(again["gpus"]["GPU-n1-0"]).mean_util_pct == 25.0
+
+
+def test_the_view_is_rebuilt_only_when_placement_could_change_or_the_interval_ran_out() -> None:
+    record, _, _ = feed(core.apply_inventory(None, inventory("n1", 2)),
+                        [reading("n1", 0, 1000.0, 10.0), reading("n1", 1, 1000.0, 10.0)])
+    published = core.publish_decision(record, core.node_view(record), 1000.0, 10.0)
+    assert published is not None
+    busier, _, _ = feed(published, [reading("n1", 0, 1001.0, 90.0), reading("n1", 1, 1001.0, 90.0)])
+    assert not core.may_need_publication(published, busier, 1001.0, 10.0)
+    assert core.may_need_publication(published, busier, 1010.0, 10.0)
+    broken, _, _ = feed(published, [reading("n1", 0, 1001.0, 90.0, xids=(79,))])
+    assert core.may_need_publication(published, broken, 1001.0, 10.0)
+    assert core.may_need_publication(published, hold(busier, "n1", "job", (0,)), 1001.0, 10.0)
+    assert core.may_need_publication(published, core.check_stale(busier, 1100.0, 30.0), 1001.0, 10.0)
+    assert core.may_need_publication(None, busier, 1001.0, 10.0)
+    # Whenever it is False, building the view would not have published either.
+    assert core.publish_decision(busier, core.node_view(busier), 1001.0, 10.0) is None
+
+
+# -- known nodes ----------------------------------------------------------------------------------------
+
+
+def test_a_node_is_known_from_any_registration_until_every_source_drops_it() -> None:
+    registry = core.NodeRegistry()
+    assert "n1" not in registry
+    registry.record("node.inventory", "n1", True)
+    registry.record("cluster.state", "n1", True)
+    registry.record("cluster.state", "n2", True)
+    assert "n1" in registry and "n2" in registry and len(registry) == 2
+    registry.record("node.inventory", "n1", False)  # a tombstone on one topic
+    assert "n1" in registry
+    registry.record("cluster.state", "n1", False)
+    assert "n1" not in registry and len(registry) == 1
+    registry.record("node.inventory", "n3", False)  # a tombstone for a node never seen changes nothing
+    assert "n3" not in registry and len(registry) == 1
+
+
+def test_the_unknown_node_reason_names_the_field_the_node_and_where_it_was_looked_for() -> None:
+    reason = core.unknown_node_reason("gpu-node-9", ["p.node.inventory", "p.cluster.state"])
+    assert reason == "unknown node: node: 'gpu-node-9' has no record on p.node.inventory or p.cluster.state"
+
+
 # -- configuration --------------------------------------------------------------------------------------
 
 
@@ -245,6 +308,8 @@ def test_config_from_env_and_errors_name_the_variable() -> None:
                       ({"KUMIKI_TELEMETRY_IDLE": "research"}, "KUMIKI_TELEMETRY_IDLE"),
                       ({"KUMIKI_TELEMETRY_USAGE_STEP_S": "900"}, "KUMIKI_TELEMETRY_USAGE_STEP_S"),
                       ({"KUMIKI_TELEMETRY_GPU_WINDOW_S": "1.5"}, "KUMIKI_TELEMETRY_GPU_WINDOW_S"),
-                      ({"KUMIKI_TELEMETRY_NODE_TIMEOUT_S": "-1"}, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S")]:
+                      ({"KUMIKI_TELEMETRY_NODE_TIMEOUT_S": "-1"}, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S"),
+                      ({"KUMIKI_TELEMETRY_BATCH_WINDOW_S": "0"}, "KUMIKI_TELEMETRY_BATCH_WINDOW_S"),
+                      ({"KUMIKI_TELEMETRY_BATCH_MAX": "many"}, "KUMIKI_TELEMETRY_BATCH_MAX")]:
         with pytest.raises(ConfigError, match=f"^{name}: "):
             TelemetryConfig.from_env(env)

@@ -71,6 +71,7 @@ class Topics:
         self.states: list[events_pb2.NodeState] = []
         self.idle: list[events_pb2.GpuIdle] = []
         self.dead: list[dict[str, bytes]] = []
+        self.dead_values: list[bytes | None] = []
         self._names = dict(zip(names, ("states", "idle", "dead"), strict=True))
         self._consumer = AIOKafkaConsumer(*names, bootstrap_servers=settings.bootstrap,
                                           auto_offset_reset="earliest", group_id=None)
@@ -86,6 +87,7 @@ class Topics:
                     self.idle.append(events_pb2.GpuIdle.FromString(record.value))
                 else:
                     self.dead.append(dict(record.headers))
+                    self.dead_values.append(record.value)
 
     def latest(self, node: str) -> events_pb2.NodeState | None:
         matching = [state for state in self.states if state.node == node]
@@ -228,6 +230,33 @@ async def test_agents_to_cluster_state_and_gpu_idle(
         assert headers["kumiki_dlq_reason"] == b"undecodable: gpu_utilization_pct: must be within 0..100, got 150"
         assert headers["kumiki_dlq_topic"] == GPU_SAMPLES.full_name(kafka_settings.topic_prefix).encode()
         assert headers["ce_type"] == b"dev.kumiki.v1.GpuSample"
+
+        # A sample from a node nobody registered (no inventory, no cluster.state) is dead-lettered with the
+        # original bytes; a node registered only by a cluster.state record (a simulated or externally
+        # managed node, no agent) is accepted.
+        stray = events_pb2.GpuSample(node="node-z", gpu_uuid="GPU-z0", gpu_utilization_pct=10.0)
+        stray.sampled_at.GetCurrentTime()
+        await producer.publish(GPU_SAMPLES, "node-z/GPU-z0", stray)
+        await producer.publish(CLUSTER_STATE, "node-y", events_pb2.NodeState(node="node-y"))
+        known = events_pb2.GpuSample(node="node-y", gpu_uuid="GPU-y0", gpu_utilization_pct=30.0,
+                                     memory_total_mib=24576)
+        known.sampled_at.GetCurrentTime()
+        await producer.publish(GPU_SAMPLES, "node-y/GPU-y0", known)
+
+        async def stray_rejected_and_node_y_folded() -> bool:
+            await topics.poll()
+            node_y = topics.latest("node-y")
+            return len(topics.dead) == 2 and node_y is not None and len(node_y.gpus) == 1
+        await wait_until(stray_rejected_and_node_y_folded, timeout_s=30, what="unknown node rejected, node-y state")
+        prefix = kafka_settings.topic_prefix
+        assert topics.dead[1]["kumiki_dlq_reason"] == (
+            f"unknown node: node: 'node-z' has no record on {prefix}node.inventory or {prefix}cluster.state"
+        ).encode()
+        assert topics.dead[1]["ce_type"] == b"dev.kumiki.v1.GpuSample"
+        assert topics.dead_values[1] == stray.SerializeToString()
+        node_y = topics.latest("node-y")
+        assert node_y is not None and node_y.healthy and node_y.gpus[0].uuid == "GPU-y0"
+        assert topics.latest("node-z") is None
 
         # A node that stops reporting becomes unhealthy.
         processes.stop("node-b")
