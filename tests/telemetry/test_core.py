@@ -230,6 +230,18 @@ def test_a_node_record_survives_its_json_round_trip() -> None:
     assert NodeRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
 
+def test_faust_codecs_write_the_same_node_record_json_with_orjson_or_json() -> None:
+    from faust.utils import json as faust_json
+
+    orjson = pytest.importorskip("orjson")
+    record = hold(core.apply_inventory(None, inventory("n1", 2)), "n1", "job", (0, 1))
+    record, _, _ = feed(record, [reading("n1", 0, 1000.0, 1.0), reading("n1", 1, 1000.0, 1.0)])
+    native = orjson.loads(orjson.dumps(record, default=faust_json.on_default))  # faust's orjson path
+    standard = json.loads(json.dumps(record, default=lambda value: value.__json__()))  # its json path
+    assert native == standard == json.loads(json.dumps(record.to_json()))
+    assert NodeRecord.from_json(native) == record
+
+
 def test_a_node_record_written_before_the_compact_form_is_still_restored() -> None:
     record, _, _ = feed(core.apply_inventory(None, inventory("n1", 1)), [reading("n1", 0, 1000.0, 42.0)])
     data = json.loads(json.dumps(record.to_json()))
