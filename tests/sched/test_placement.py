@@ -288,3 +288,25 @@ def test_required_nvlink_island_keeps_every_pod_in_one_island():
     assert isinstance(pair, Placement)
     gpus = {gpu for pod in pair.pods for gpu in pod.gpus}
     assert gpus <= {2, 3} or gpus <= {6, 7}
+
+
+def test_cordoned_nodes_receive_no_work_of_any_kind():
+    spec = ClusterSpec(
+        (
+            NodeSpec("a", 8, sharing=True),
+            NodeSpec("b", 8, sharing=True),
+            NodeSpec("m", 4, "A100-80GB", 80.0, mig_gpus=frozenset({0, 1, 2, 3}), sharing=False),
+        )
+    )
+    state = ClusterState.empty(spec)
+    state.cordoned = frozenset({0, 2})
+    for request in (
+        GangRequest("whole", (PodRequest(gpus=2),)),
+        GangRequest("share", (PodRequest(gpu_fraction=0.5, gpu_memory_gb=4),)),
+        GangRequest("cpu", (PodRequest(cpu_milli=0),)),
+    ):
+        placed = place_gang(state, request, "kumiki")
+        assert isinstance(placed, Placement) and placed.nodes == (1,), request.job_id
+    assert isinstance(
+        place_gang(state, GangRequest("mig", (PodRequest(mig_profile="1g.10gb"),)), "kumiki"), PendingReason
+    )

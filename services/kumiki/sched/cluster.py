@@ -208,6 +208,8 @@ class ClusterState:
     classes: list[dict[OccupancyClass, list[int]]] = field(default_factory=list)
     class_of: list[tuple[int, OccupancyClass] | None] = field(default_factory=list)
     capacity_keys: list[tuple[Hashable, ...]] = field(default_factory=list)
+    # nodes that receive no new work (unhealthy, gone); their allocations stay until released
+    cordoned: frozenset[int] = frozenset()
     # placement's remembered answers, keyed by what they depend on (occupancy classes, pure inputs): never stale
     memo: dict[Hashable, dict[Hashable, object]] = field(default_factory=dict)
 

@@ -145,7 +145,7 @@ class _Placer:
         self.state = state
         self.strategy = strategy
         self.mix = mix
-        self.excluded = excluded
+        self.excluded = excluded | state.cordoned if state.cordoned else excluded
         self.domain = domain
         self.by_class = by_class
         self.scratch = _Scratch()
