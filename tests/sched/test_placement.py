@@ -6,7 +6,14 @@ from hypothesis import strategies as st
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState, GpuShare, NodeSpec, Placement, PodPlacement, uniform_cluster
 from kumiki.sched.jobs import GangRequest, PodRequest, consolidated_gang
-from kumiki.sched.placement import DemandType, PendingReason, RequestMix, node_fragmentation, place_gang
+from kumiki.sched.placement import (
+    DemandType,
+    PendingReason,
+    RequestMix,
+    could_host,
+    node_fragmentation,
+    place_gang,
+)
 
 
 def occupy(state: ClusterState, job: str, node: int, gpus: tuple[int, ...]) -> None:
@@ -310,3 +317,30 @@ def test_cordoned_nodes_receive_no_work_of_any_kind():
     assert isinstance(
         place_gang(state, GangRequest("mig", (PodRequest(mig_profile="1g.10gb"),)), "kumiki"), PendingReason
     )
+
+
+def test_could_host_agrees_with_placing_on_an_empty_node():
+    """could_host is the capacity-only question: on an empty one-node cluster it must match place_gang."""
+    shapes = (
+        NodeSpec("v", 8, "V100-32GB", 32.0, cpu_milli=8000, memory_mib=64000, sharing=True),
+        NodeSpec(
+            "m", 4, "A100-80GB", 80.0, cpu_milli=8000, memory_mib=64000, mig_gpus=frozenset({0, 1}), sharing=False
+        ),
+        NodeSpec("h", 4, "H100-80GB", 80.0, cpu_milli=4000, memory_mib=32000, sharing=False),
+    )
+    pods = (
+        PodRequest(gpus=2),
+        PodRequest(gpus=4, cpu_milli=6000),
+        PodRequest(gpus=8),
+        PodRequest(gpu_fraction=0.5, gpu_memory_gb=16),
+        PodRequest(gpu_fraction=0.5, gpu_memory_gb=48),
+        PodRequest(mig_profile="3g.40gb"),
+        PodRequest(mig_profile="1g.5gb"),
+        PodRequest(gpus=1, gpu_model="H100-80GB"),
+        PodRequest(cpu_milli=5000),
+    )
+    for spec in shapes:
+        for pod in pods:
+            empty = ClusterState.empty(ClusterSpec((spec,)))
+            fits = isinstance(place_gang(empty, GangRequest("j", (pod,)), "best-fit"), Placement)
+            assert could_host(spec, pod) == fits, (spec.name, pod)

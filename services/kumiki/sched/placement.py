@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar, cast
 
-from kumiki.sched.cluster import EPSILON, ClusterState, GpuShare, MigSlice, Placement, PodPlacement
+from kumiki.sched.cluster import EPSILON, ClusterState, GpuShare, MigSlice, NodeSpec, Placement, PodPlacement
 from kumiki.sched.jobs import GangRequest, PodRequest
 from kumiki.sched.mig import MIG_PROFILES, MigError, MigProfile, free_starts, profile_for, usable_capacity
 
@@ -607,3 +607,23 @@ def _explain(
         f"no shareable GPU has {pod.gpu_fraction:g} compute and {pod.gpu_memory_gb:g} GB free",
         pod.shape(),
     )
+
+
+def could_host(spec: NodeSpec, pod: PodRequest) -> bool:
+    """Whether the node could take the pod were it empty: a reservation on any other node is wasted."""
+    if pod.gpu_model and pod.gpu_model != spec.gpu_model:
+        return False
+    if pod.cpu_milli > spec.cpu_milli or pod.memory_mib > spec.memory_mib:
+        return False
+    whole = spec.gpus - len(spec.mig_gpus)
+    if pod.gpus:
+        return pod.gpus <= whole
+    if pod.gpu_fraction:
+        return spec.sharing and whole > 0 and pod.gpu_memory_gb <= spec.gpu_memory_gb + EPSILON
+    if pod.mig_profile:
+        try:
+            profile_for(spec.gpu_model, pod.mig_profile)
+        except MigError:
+            return False
+        return bool(spec.mig_gpus)
+    return True
