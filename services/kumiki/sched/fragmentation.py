@@ -5,10 +5,15 @@
 pod costs O(types x candidates) instead of O(types x nodes x GPUs^2). Both implement the same
 definition, and a test checks that they choose the same GPUs.
 
-Definition, for a node with free GPU shares f and a request type t (share d_t, CPU c_t, memory m_t):
-the node's fragmentation for t is all its free GPU capacity if it cannot host t at all, else the
-capacity of the cards too full to take t (share < d_t; for whole-GPU types, any partly used card).
-A node's fragmentation is the popularity-weighted sum over the expected request mix.
+Definition, for a node with free GPU shares f and a request type t (share d_t, CPU c_t, memory m_t),
+the mean of two counts of the free GPU capacity that t could not use:
+- now (FGD's own measure): all of it if the node cannot host t at all, else the cards too full to
+  take t (share < d_t; for whole-GPU types, any partly used card);
+- when filled: what is left after packing as many copies of t as the cards (floor(f_g / d_t) per
+  card, or floor(whole cards / d_t)), the CPU (floor(cpu / c_t)) and the memory allow.
+A node's fragmentation is the popularity-weighted sum over the expected request mix. The second
+count is Kumiki's addition: FGD's one-step view calls a node with 3 free GPUs and CPU for one more
+pod unfragmented, so CPU-hungry pods drain the CPU of GPU-dense nodes and strand whole GPUs later.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class FragmentationIndex:
         self.argmax = np.zeros(nodes, dtype=np.int64)
         self.partial_max = np.zeros(nodes)
         self.below = np.zeros((self.types, nodes))
+        # copies of each fractional type the cards could take (floor(f / d) summed over cards)
+        self.slots = np.zeros((self.types, nodes))
+        self._divisor = np.where(mix.fractional, mix.gpu, 1.0)
+        self._per_card = np.where(mix.fractional, np.floor(1.0 / self._divisor + EPS), 0.0)
         self.frag = np.zeros(nodes)
         self._refresh(np.arange(nodes))
 
@@ -80,12 +89,14 @@ class FragmentationIndex:
         used = free >= 0
         under = used[None, :, :] & (free[None, :, :] < self.mix.gpu[:, None, None] - EPS)
         self.below[:, rows] = np.where(under, clipped[None, :, :], 0.0).sum(axis=2)
+        self.slots[:, rows] = np.floor(clipped[None, :, :] / self._divisor[:, None, None] + EPS).sum(axis=2)
         self.frag[rows] = self._score(
             self.sum[rows],
             self.full[rows],
             self.partial_sum[rows],
             self.max1[rows],
             self.below[:, rows],
+            self.slots[:, rows],
             self.cpu[rows],
             self.memory[rows],
         )
@@ -97,6 +108,7 @@ class FragmentationIndex:
         partial_sum: FloatArray,
         max_free: FloatArray,
         below: FloatArray,
+        slots: FloatArray,
         cpu: FloatArray,
         memory: FloatArray,
     ) -> FloatArray:
@@ -106,9 +118,17 @@ class FragmentationIndex:
         fits = np.where(
             fractional, max_free[None, :] >= mix.gpu[:, None] - EPS, full[None, :] >= mix.gpu[:, None] - EPS
         )
-        usable = np.where(fractional, below, partial_sum[None, :])
-        per_type = np.where(host & fits, usable, total[None, :])
-        result: FloatArray = mix.weight @ per_type
+        stranded = np.where(fractional, below, partial_sum[None, :])
+        now = np.where(host & fits, stranded, total[None, :])
+        copies = np.where(fractional, slots, np.floor(full[None, :] / mix.gpu[:, None] + EPS))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            by_cpu = np.where(mix.cpu[:, None] > 0, np.floor(cpu[None, :] / mix.cpu[:, None] + EPS), np.inf)
+            by_memory = np.where(
+                mix.memory[:, None] > 0, np.floor(memory[None, :] / mix.memory[:, None] + EPS), np.inf
+            )
+        copies = np.maximum(np.minimum(copies, np.minimum(by_cpu, by_memory)), 0.0)
+        filled = total[None, :] - copies * mix.gpu[:, None]
+        result: FloatArray = mix.weight @ ((now + filled) / 2)
         return result
 
     # ---- candidate deltas ----------------------------------------------------------------------
@@ -124,8 +144,14 @@ class FragmentationIndex:
         threshold = self.mix.gpu[:, None] - EPS
         below = self.below[:, nodes] - np.where(old[None, :] < threshold, old[None, :], 0.0)
         below = below + np.where(new[None, :] < threshold, np.maximum(new, 0.0)[None, :], 0.0)
+        divisor = self._divisor[:, None]
+        slots = (
+            self.slots[:, nodes]
+            - np.floor(old[None, :] / divisor + EPS)
+            + np.floor(np.maximum(new, 0.0)[None, :] / divisor + EPS)
+        )
         after = self._score(
-            total, full, partial_sum, max_free, below, self.cpu[nodes] - cpu, self.memory[nodes] - memory
+            total, full, partial_sum, max_free, below, slots, self.cpu[nodes] - cpu, self.memory[nodes] - memory
         )
         result: FloatArray = after - self.frag[nodes]
         return result
@@ -140,6 +166,7 @@ class FragmentationIndex:
             self.partial_sum[nodes],
             max_free,
             self.below[:, nodes],
+            self.slots[:, nodes] - count * self._per_card[:, None],
             self.cpu[nodes] - cpu,
             self.memory[nodes] - memory,
         )
@@ -154,6 +181,7 @@ class FragmentationIndex:
             self.partial_sum[nodes],
             self.max1[nodes],
             self.below[:, nodes],
+            self.slots[:, nodes],
             self.cpu[nodes] - cpu,
             self.memory[nodes] - memory,
         )
