@@ -123,9 +123,7 @@ class FragmentationIndex:
         copies = np.where(fractional, slots, np.floor(full[None, :] / mix.gpu[:, None] + EPS))
         with np.errstate(divide="ignore", invalid="ignore"):
             by_cpu = np.where(mix.cpu[:, None] > 0, np.floor(cpu[None, :] / mix.cpu[:, None] + EPS), np.inf)
-            by_memory = np.where(
-                mix.memory[:, None] > 0, np.floor(memory[None, :] / mix.memory[:, None] + EPS), np.inf
-            )
+            by_memory = np.where(mix.memory[:, None] > 0, np.floor(memory[None, :] / mix.memory[:, None] + EPS), np.inf)
         copies = np.maximum(np.minimum(copies, np.minimum(by_cpu, by_memory)), 0.0)
         filled = total[None, :] - copies * mix.gpu[:, None]
         result: FloatArray = mix.weight @ ((now + filled) / 2)

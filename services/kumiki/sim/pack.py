@@ -18,7 +18,6 @@ import numpy as np
 from kumiki.sched.fragmentation import EPS, FragmentationIndex, MixArrays
 from kumiki.sim.trace import TraceJob, TraceNode
 
-
 MIX_COVERAGE = 0.8
 
 
@@ -73,13 +72,8 @@ def prepare(pods: Sequence[TraceJob], nodes: Sequence[TraceNode]) -> PackProblem
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     # the most popular shapes covering MIX_COVERAGE of GPU pods (FGD keeps "typical" pods the same
     # way): the long tail of rare shapes adds scoring time and, on openb, no less fragmentation
-    total_all = sum(counts.values())
-    covered = 0
-    for cut, (_, count) in enumerate(ranked, start=1):
-        covered += count
-        if covered >= MIX_COVERAGE * total_all:
-            break
-    ranked = ranked[:cut]
+    covered = np.cumsum([count for _, count in ranked]) / sum(counts.values())
+    ranked = ranked[: int(np.searchsorted(covered, MIX_COVERAGE - EPS)) + 1]
     total = sum(count for _, count in ranked)
     mix = MixArrays(
         gpu=np.array([key[0] for key, _ in ranked], dtype=np.float64),
