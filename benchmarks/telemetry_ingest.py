@@ -164,6 +164,16 @@ def live_producer(
     asyncio.run(run())
 
 
+def run_queue_wait_s() -> float:
+    """Seconds this process was runnable but waiting for a CPU (Linux schedstat): on a shared machine, what
+    separates "too slow" from "not given the CPU"."""
+    try:
+        with open("/proc/self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 class MeasuredStreams(TelemetryStreams):
     """The worker as it is, plus the age of every sample when its chunk is folded into node state (the
     metric keeps each chunk's newest only, in histogram buckets): samples of a GPU in one chunk are taken as
@@ -209,6 +219,7 @@ async def live_phase(
             while streams.known_nodes.registry.__len__() < len(nodes):
                 await streams.known_nodes.catch_up()
             cpu_started = time.process_time()
+            wait_started = run_queue_wait_s()
             go.set()
             while any(process.is_alive() for process in processes):
                 await asyncio.sleep(0.1)
@@ -221,11 +232,13 @@ async def live_phase(
                 await asyncio.sleep(0.02)
             drained_s = time.perf_counter() - stopped
             cpu_s = time.process_time() - cpu_started
+            queue_wait_s = run_queue_wait_s() - wait_started
         finally:
             await streams.stop()
     ages = sorted(streams.ages)
     return {"sent": float(total), "backlog_at_stop": float(backlog_at_stop), "drain_s": drained_s,
             "rate": total / seconds, "offered": float(len(nodes) * gpus), "cpu_s": cpu_s,
+            "queue_wait_s": queue_wait_s, "flow_waits": float(streams.flow_waits),
             "p50": percentile(ages, 50), "p99": percentile(ages, 99), "max": ages[-1] if ages else float("nan")}
 
 
@@ -313,12 +326,14 @@ async def main() -> None:
     if lives:
         table = Table(title=f"live: {args.producers} producer process(es), nodes of {args.gpus} GPUs at 1 Hz, "
                             f"{args.live_s:g}s each, stage-1 window {args.batch_window_s:g}s")
-        for column in ("offered/s", "sent/s", "worker CPU", "age in node state p50 / p99 / max",
+        for column in ("offered/s", "sent/s", "worker CPU", "worker waiting for a CPU",
+                       "age in node state p50 / p99 / max",
                        "not in state at stop", "drained after", "kept up"):
             table.add_column(column, justify="right")
         for live in lives:
             table.add_row(f"{live['offered']:,.0f}", f"{live['rate']:,.0f}",
                           f"{live['cpu_s'] / (args.live_s + live['drain_s']):.0%} of a core",
+                          f"{live['queue_wait_s'] / (args.live_s + live['drain_s']):.0%} of the time",
                           f"{live['p50']:.2f} / {live['p99']:.2f} / {live['max']:.2f} s",
                           f"{live['backlog_at_stop']:,.0f}", f"{live['drain_s']:.2f} s",
                           "yes" if sustained(live) else "NO")

@@ -54,7 +54,7 @@ class TelemetryConfig:
     session_timeout_s: float = 30.0  # how long the group waits for a crashed worker before rebalancing
     # Stage 1 fills a batch for this long (or up to batch_max records). Stage 2's cost is per node chunk, and
     # a chunk holds one node's samples of one batch: a longer window (or a backlog) makes chunks bigger.
-    batch_window_s: float = 0.5
+    batch_window_s: float = 0.25
     batch_max: int = 50000
     idle_default: IdleRule = IdleRule(5.0, 600.0)
     idle_by_queue: Mapping[str, IdleRule] = field(default_factory=dict)

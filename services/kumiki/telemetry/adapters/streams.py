@@ -18,6 +18,8 @@ changelog). Internal records are JSON; public ones stay protobuf with CloudEvent
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -177,6 +179,10 @@ class TelemetryStreams:
         self.partitions = settings.default_partitions
         self._partition_of: dict[str, int] = {}
         self._gauges: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        # Flow control: the newest node-input offset stage 2 has folded, per partition this worker holds.
+        self._folded: dict[int, int] = {}
+        self._folded_changed = asyncio.Event()
+        self.flow_waits = 0
         self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
         self.app: Any = cast(Any, faust.App)(
             self.app_id,
@@ -265,6 +271,7 @@ class TelemetryStreams:
 
     async def start(self) -> None:
         await self.known_nodes.start()
+        self.app.on_partitions_revoked.connect(self._forget_folded)
         await self.app.start()
         if self.front_end == "aiokafka":
             self._front = AIOKafkaConsumer(
@@ -286,13 +293,44 @@ class TelemetryStreams:
         await self.app.stop()
         await self.known_nodes.stop()
 
+    async def _forget_folded(self, *args: Any, **kwargs: Any) -> None:
+        """After a rebalance this worker may not hold the partitions it waited on: learn them again."""
+        self._folded.clear()
+        self._folded_changed.set()
+
+    async def _wait_folded(self, sent: Sequence[Any]) -> None:
+        """Flow control: wait until this worker's stage 2 has folded what `sent` put on the partitions it
+        holds (others' are another worker's). Meanwhile samples queue up in gpu.samples, so the next batch is
+        bigger, its chunks hold more ticks per node, and stage 2 costs less per sample: a worker that falls
+        behind catches up instead of spending its time on one-tick chunks."""
+        targets: dict[int, int] = {}
+        for metadata in await asyncio.gather(*sent):
+            targets[metadata.partition] = max(targets.get(metadata.partition, -1), metadata.offset)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(5.0, 10 * self.batch_window_s)  # never stall on a partition moved away
+        waited = False
+        while True:
+            behind = [p for p, offset in targets.items() if self._folded.get(p, offset) < offset]
+            remaining = deadline - loop.time()
+            if not behind or remaining <= 0:
+                break
+            waited = True
+            self._folded_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._folded_changed.wait(), remaining)
+        self.flow_waits += waited
+
     async def _run_front(self) -> None:
         """The aiokafka front end of stage 1: a batch's offsets are committed once its chunks are acknowledged
-        (at least once; stage 2 skips a chunk it has already folded in)."""
+        (at least once; stage 2 skips a chunk it has already folded in). At most two batches are in stage 2
+        at a time (`_wait_folded`)."""
         assert self._front is not None
         loop = asyncio.get_running_loop()
         previous: asyncio.Task[None] | None = None
+        in_stage_2: collections.deque[list[Any]] = collections.deque()
         while True:
+            while len(in_stage_2) >= 2:
+                await self._wait_folded(in_stage_2.popleft())
             # Fill a batch up to batch_size or batch_window_s: bigger batches make bigger node chunks, and
             # stage 2's cost is per chunk.
             records: list[Consumed] = []
@@ -310,6 +348,7 @@ class TelemetryStreams:
             if not records:
                 continue
             sent = await self.ingest_batch(records)
+            in_stage_2.append(sent)
             # Fetch the next batch while this one's chunks are acknowledged; commits stay in batch order.
             if previous is not None and previous.done():
                 previous.result()  # a failed commit stops the front end (and readiness)
@@ -424,6 +463,8 @@ class TelemetryStreams:
     async def _nodes(self, stream: Any) -> None:
         async for event in stream.events():
             await self._fold(_items(event.value))
+            self._folded[event.message.partition] = event.message.offset
+            self._folded_changed.set()
 
     async def _fold(self, items: Sequence[Json]) -> None:
         """Stage 2 for one record (a batch of one partition's items): fold each item into its node, then per
