@@ -109,3 +109,88 @@ def test_prepare_names_bad_fields():
         prepare([TraceJob("p", 0.0, 1.0, None, 1.0, None, "", "", "", "")], [TraceNode("a", 1, 1, 1, "")])
     with pytest.raises(PackError, match="whole"):
         prepare([TraceJob("p", 0.0, 1.5, 1.0, 1.0, None, "", "", "", "")], [TraceNode("a", 1, 1, 1, "")])
+
+
+def test_kumiki_keeps_cpu_for_the_gpus_that_best_fit_strands():
+    """A tiny cluster where the CPU-aware score provably strands less than best-fit (and than FGD alone).
+
+    Nodes A (3 GPUs, 20 cores) and B (3 GPUs, 60 cores); pods in this order: one 1-GPU pod with 10
+    cores, then five 1-GPU pods with 6 cores (6 GPUs requested = capacity). The mix is the 6-core shape
+    (5 of 6 pods, the 80% cut drops the rarer one), weight 1.
+    - best-fit: the 10-core pod ties on free GPUs and goes to A (lowest index): A has 2 GPUs, 10 cores;
+      the next 6-core pod goes to the fuller A (1 GPU, 4 cores left): A's last GPU can never take a
+      6-core pod. B takes three, the sixth pod is dropped: 1 of 6 GPUs unallocated.
+    - kumiki: the 10-core pod on A leaves 2 GPUs and CPU for floor(10/6) = 1 pod: the when-filled count
+      strands 2 - 1 = 1 GPU, FGD's count 0 (one pod still fits), so A scores (0 + 1) / 2 = 0.5; on B it
+      leaves 2 GPUs and 50 cores (8 pods): 0. It goes to B; every 6-core pod then scores 0 everywhere
+      and best-fit ties fill B, then A's 20 cores take the last three: nothing unallocated.
+      FGD's count alone scores both nodes 0 for the first pod, ties to A and strands like best-fit.
+    """
+    pods = [TraceJob("big", 0.0, 1.0, 10.0, 1.0, None, "", "", "", "")]
+    pods += [TraceJob(f"p{i}", 0.0, 1.0, 6.0, 1.0, None, "", "", "", "") for i in range(5)]
+    nodes = [TraceNode("a", 20000, 10**6, 3, ""), TraceNode("b", 60000, 10**6, 3, "")]
+    prob = prepare(pods, nodes)
+    assert list(prob.mix.cpu) == [6000.0] and list(prob.mix.weight) == [1.0]
+    best_fit = run_pack(prob, "best-fit", 0)
+    kumiki = run_pack(prob, "kumiki", 0)
+    assert best_fit.arrivals == kumiki.arrivals == 6
+    assert best_fit.failed == 1 and best_fit.unallocated_share == pytest.approx(1 / 6)
+    assert kumiki.failed == 0 and kumiki.unallocated_share == pytest.approx(0.0)
+    index = FragmentationIndex(prob.gpus, prob.cpu_milli, prob.memory_mib, prob.mix)
+    assert choose(index, prob, prob.pods[0], "kumiki") == (1, [0])
+    assert choose(index, prob, prob.pods[0], "best-fit") == (0, [0])
+
+
+def test_node_fragmentation_counts_gpus_the_cpu_cannot_feed():
+    from kumiki.sched.placement import node_fragmentation
+
+    # 3 free GPUs and CPU for one 6-core pod: FGD's count is 0 (one fits), the when-filled count is
+    # 3 - 1 = 2 stranded GPUs; the score is their mean, 1.0. With 18 cores all three can be fed: 0.
+    mix = RequestMix((DemandType(1.0, 1.0, cpu_milli=6000),))
+    assert node_fragmentation([1.0, 1.0, 1.0], 10000, 10**6, "", mix) == pytest.approx(1.0)
+    assert node_fragmentation([1.0, 1.0, 1.0], 18000, 10**6, "", mix) == pytest.approx(0.0)
+    # shares: cards 0.6 and 0.3 for 0.25-GPU pods with 1 GiB each and 2 GiB free: 3 copies fit the
+    # cards (2 + 1), memory allows 2, so 0.9 - 0.5 = 0.4 is stranded when filled; FGD's count is 0
+    shares = RequestMix((DemandType(0.25, 1.0, memory_mib=1024),))
+    assert node_fragmentation([0.6, 0.3], 0, 2048, "", shares) == pytest.approx(0.2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gpus=st.integers(1, 4),
+    takes=st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from(SHARES + [1.0]), st.sampled_from([0, 1000, 3000])),
+        max_size=8,
+    ),
+)
+def test_fragmentation_index_agrees_with_the_scalar_score_under_cpu_and_memory_limits(gpus, takes):
+    from kumiki.sched.placement import node_fragmentation
+
+    mix = MixArrays(
+        gpu=np.array([0.5, 0.25, 1.0, 2.0]),
+        cpu=np.array([2000.0, 1000.0, 4000.0, 0.0]),
+        memory=np.array([1024.0, 0.0, 2048.0, 4096.0]),
+        weight=np.array([0.4, 0.3, 0.2, 0.1]),
+    )
+    index = FragmentationIndex(np.array([gpus]), np.array([9000.0]), np.array([6144.0]), mix)
+    for card, share, cpu in takes:
+        if card < gpus and index.free[0, card] >= share - 1e-9 and index.cpu[0] >= cpu:
+            index.take(0, [card], share, float(cpu), 1024.0 if index.memory[0] >= 1024 else 0.0)
+    scalar_mix = RequestMix(
+        tuple(
+            DemandType(float(g), float(w), int(c), int(m))
+            for g, w, c, m in zip(mix.gpu, mix.weight, mix.cpu, mix.memory, strict=True)
+        )
+    )
+    free = [max(0.0, float(share)) for share in index.free[0, :gpus]]
+    expected = node_fragmentation(free, int(index.cpu[0]), int(index.memory[0]), "", scalar_mix)
+    assert index.frag[0] == pytest.approx(expected)
+
+
+def test_mix_keeps_the_popular_shapes_covering_most_gpu_pods():
+    shapes = [(1.0, 6.0)] * 6 + [(0.5, 2.0)] * 3 + [(0.25, 1.0)]
+    pods = [TraceJob(f"p{i}", 0.0, g, c, 1.0, None, "", "", "", "") for i, (g, c) in enumerate(shapes)]
+    prob = prepare(pods, [TraceNode("a", 64000, 10**6, 8, "")])
+    # 6 + 3 of 10 pods reach 80%; the 1-in-10 shape is left out and the weights renormalised
+    assert list(prob.mix.gpu) == [1.0, 0.5]
+    assert list(prob.mix.weight) == pytest.approx([6 / 9, 3 / 9])
