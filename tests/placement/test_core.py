@@ -38,8 +38,8 @@ def held_gpus(book: PlacementBook) -> list[tuple[str, int]]:
 
 def test_same_job_and_generation_gets_the_same_answer() -> None:
     book = book_with(node("a"), node("b"))
-    first = book.bind(gang("j", 4))
-    again = book.bind(gang("j", 4))
+    first = book.bind(gang("j", 4), 0.0)
+    again = book.bind(gang("j", 4), 0.0)
     assert first.bound and again.replayed
     assert again.job == first.job
     assert len(held_gpus(book)) == 4
@@ -47,35 +47,35 @@ def test_same_job_and_generation_gets_the_same_answer() -> None:
 
 def test_generations_are_ordered() -> None:
     book = book_with(node("a"))
-    book.bind(gang("j", 2, generation=2))
+    book.bind(gang("j", 2, generation=2), 0.0)
     with pytest.raises(BindConflict, match="older than the bound generation 2"):
-        book.bind(gang("j", 2, generation=1))
+        book.bind(gang("j", 2, generation=1), 0.0)
     with pytest.raises(BindConflict, match="release it first"):
-        book.bind(gang("j", 2, generation=3))
+        book.bind(gang("j", 2, generation=3), 0.0)
     assert book.release("j", 2) is not None
-    assert book.bind(gang("j", 2, generation=3)).bound
+    assert book.bind(gang("j", 2, generation=3), 0.0).bound
 
 
 def test_two_large_gangs_one_runs_one_waits_nothing_half_placed() -> None:
     """volcano-sh/volcano#3373: two gangs that each need most of the cluster, submitted together."""
     book = book_with(node("a"), node("b"), node("c"))
-    first = book.bind(gang("big-1", 8, 8))
-    second = book.bind(gang("big-2", 8, 8))
+    first = book.bind(gang("big-1", 8, 8), 0.0)
+    second = book.bind(gang("big-2", 8, 8), 0.0)
     assert first.bound and not second.bound
     assert set(book.bound) == {"big-1"} and set(book.pending) == {"big-2"}
     assert len(held_gpus(book)) == 16, "the waiting gang holds nothing"
     assert second.reason is not None and "gang all-or-nothing: only 1 of 2 pods fit" in second.reason.constraint
     book.release("big-1", 1)
-    assert book.try_pending("big-2") is not None
+    assert [job.command.job_id for job in book.cycle(1.0)] == ["big-2"]
     assert set(book.bound) == {"big-2"} and not book.pending
 
 
 def test_unhealthy_and_removed_nodes_get_no_work() -> None:
     book = book_with(node("a"), node("b"))
     book.upsert_node(node("a"), healthy=False)
-    assert book.bind(gang("j1", 8)).job.node_names == ("b",)  # type: ignore[union-attr]
+    assert book.bind(gang("j1", 8), 0.0).job.node_names == ("b",)  # type: ignore[union-attr]
     book.remove_node("b")
-    outcome = book.bind(gang("j2", 1))
+    outcome = book.bind(gang("j2", 1), 0.0)
     assert not outcome.bound
     assert "j1" in book.bound, "a job on a node that left keeps its record until it is released"
 
@@ -90,15 +90,17 @@ def test_required_rack_is_never_broken() -> None:
     book = book_with(node("a", rack="r0"), node("b", rack="r1"))
     filler(book, "fa", "a", (0, 1, 2, 3))
     filler(book, "fb", "b", (0, 1, 2, 3))
-    across = book.bind(gang("one-rack", 4, 4, topology="rack"))
+    across = book.bind(gang("one-rack", 4, 4, topology="rack"), 0.0)
     assert not across.bound and across.reason is not None
     assert across.reason.resource == "topology:rack" and "several racks" in across.reason.constraint
+    book.withdraw("one-rack")  # else fifo-backfill keeps its reservation and the next gang waits behind it
     preferred = book.bind(
         gang(
             "prefer-rack",
             4,
             4,
-        )
+        ),
+        0.0,
     )
     assert preferred.bound and set(preferred.job.node_names) == {"a", "b"}  # type: ignore[union-attr]
 
@@ -107,19 +109,21 @@ def test_required_node_is_never_broken() -> None:
     book = book_with(node("a"), node("b"))
     filler(book, "fa", "a", (0, 1, 2, 3))
     filler(book, "fb", "b", (0, 1, 2, 3))
-    split = book.bind(gang("one-node", 3, 3, topology="node"))
+    split = book.bind(gang("one-node", 3, 3, topology="node"), 0.0)
     assert not split.bound and split.reason is not None and split.reason.resource == "topology:node"
-    fits = book.bind(gang("fits-one-node", 2, 2, topology="node"))
+    book.withdraw("one-node")
+    fits = book.bind(gang("fits-one-node", 2, 2, topology="node"), 0.0)
     assert fits.bound and len(set(fits.job.node_names)) == 1  # type: ignore[union-attr]
 
 
 def test_required_nvlink_island_is_never_broken() -> None:
     book = book_with(node("a", islands=((0, 1, 2, 3), (4, 5, 6, 7))))
     filler(book, "fa", "a", (0, 1, 4, 5))  # free: 2, 3 in island 0 and 6, 7 in island 1
-    spans = book.bind(gang("three", 3, topology="nvlink_island"))
+    spans = book.bind(gang("three", 3, topology="nvlink_island"), 0.0)
     assert not spans.bound and spans.reason is not None
     assert spans.reason.resource == "topology:nvlink_island" and "span islands" in spans.reason.constraint
-    pair = book.bind(gang("pair", 2, topology="nvlink_island"))
+    book.withdraw("three")
+    pair = book.bind(gang("pair", 2, topology="nvlink_island"), 0.0)
     assert pair.bound
     assert set(pair.job.placement.pods[0].gpus) in ({2, 3}, {6, 7})  # type: ignore[union-attr]
 
@@ -127,7 +131,7 @@ def test_required_nvlink_island_is_never_broken() -> None:
 def test_rebuild_from_the_log_reproduces_the_table() -> None:
     book = book_with(node("a"), node("b"))
     for index, size in enumerate((3, 5, 2, 6)):
-        book.bind(gang(f"j{index}", size))
+        book.bind(gang(f"j{index}", size), 0.0)
     book.release("j1", 1)
     log = [(job.command, list(zip(job.node_names, job.placement.pods, strict=True))) for job in book.bound.values()]
     rebuilt = book_with(node("a"), node("b"))
@@ -135,25 +139,25 @@ def test_rebuild_from_the_log_reproduces_the_table() -> None:
         rebuilt.restore(command, pods)
     assert sorted(held_gpus(rebuilt)) == sorted(held_gpus(book))
     assert rebuilt.audit() == []
-    assert rebuilt.bind(gang("j2", 2)).replayed
+    assert rebuilt.bind(gang("j2", 2), 0.0).replayed
 
 
 def test_binds_recorded_before_their_node_arrive_are_adopted() -> None:
     source = book_with(node("late"))
-    job = source.bind(gang("early", 4)).job
+    job = source.bind(gang("early", 4), 0.0).job
     assert job is not None
     book = PlacementBook()
     book.restore(job.command, list(zip(job.node_names, job.placement.pods, strict=True)))
     assert "early" not in book.bound and "early" in book.orphans
     book.upsert_node(node("late"), healthy=True)
     assert "early" in book.bound and book.audit() == []
-    assert not book.bind(gang("other", 8)).bound, "the adopted job's GPUs are taken"
+    assert not book.bind(gang("other", 8), 0.0).bound, "the adopted job's GPUs are taken"
 
 
 def test_shrunk_node_displaces_jobs_that_no_longer_fit() -> None:
     book = book_with(node("a"))
-    book.bind(gang("small", 2))
-    book.bind(gang("large", 6))
+    book.bind(gang("small", 2), 0.0)
+    book.bind(gang("large", 6), 0.0)
     displaced = book.upsert_node(node("a", gpus=4), healthy=True)
     assert [job.command.job_id for job in displaced] == ["large"]
     assert set(book.bound) == {"small"} and book.audit() == []
@@ -161,9 +165,9 @@ def test_shrunk_node_displaces_jobs_that_no_longer_fit() -> None:
 
 def test_explain_names_resource_node_shape_and_queue_position() -> None:
     book = book_with(node("a"), node("b"))
-    book.bind(gang("running", 8))
-    book.bind(gang("wait-1", 8, 8))
-    book.bind(gang("wait-2", 4, 4, 4))
+    book.bind(gang("running", 8), 0.0)
+    book.bind(gang("wait-1", 8, 8), 0.0)
+    book.bind(gang("wait-2", 4, 4, 4), 0.0)
     explanation = book.explain("wait-2")
     assert explanation.status == "pending" and explanation.queue_position == 2
     reason = explanation.reasons[0]
@@ -175,7 +179,37 @@ def test_explain_names_resource_node_shape_and_queue_position() -> None:
 
 def test_priority_tiers_order_pending_jobs() -> None:
     book = book_with(node("a"))
-    book.bind(gang("running", 8))
-    book.bind(gang("low", 8, tier=0))
-    book.bind(gang("high", 8, tier=5))
-    assert [job.command.job_id for job in book.pending_in_order()] == ["high", "low"]
+    book.bind(gang("running", 8), 0.0)
+    book.bind(gang("low", 8, tier=0), 1.0)
+    book.bind(gang("high", 8, tier=5), 2.0)
+    assert book.explain("high").queue_position == 1 and book.explain("low").queue_position == 2
+    book.release("running", 1)
+    assert [job.command.job_id for job in book.cycle(3.0)] == ["high"], "the higher tier goes first, though later"
+
+
+def test_a_blocked_large_gang_holds_a_reservation_small_jobs_cannot_take() -> None:
+    """The core's fifo-backfill, live: without the reservation, 2-GPU jobs would keep the gang waiting forever."""
+    book = book_with(node("a"), node("b"))
+    book.bind(gang("running", 4), 0.0)  # a: 4 free, b: 8 free
+    assert not book.bind(gang("big", 8, 8), 1.0).bound
+    small = book.bind(gang("small", 2), 2.0)
+    assert not small.bound and small.reason is not None
+    assert small.reason.resource in ("reservation", "order"), small.reason
+    book.release("running", 1)
+    assert [job.command.job_id for job in book.cycle(3.0)] == ["big"]
+    assert book.explain("small").status == "pending" and book.audit() == []
+
+
+def test_strict_fifo_blocks_behind_its_head_and_backfill_does_not() -> None:
+    for policy, small_runs in (("fifo", False), ("fifo-backfill", True)):
+        book = PlacementBook(policy=policy)
+        for spec in (node("a"), node("b"), node("c", gpus=2)):
+            book.upsert_node(spec, healthy=True)
+        book.bind(gang("running", 8), 0.0)
+        assert not book.bind(gang("big", 8, 8), 1.0).bound  # needs a and b
+        assert book.bind(gang("small", 2), 2.0).bound is small_runs, policy  # c is never reserved for 8-GPU pods
+
+
+def test_unknown_live_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot run live"):
+        PlacementBook(policy="srtf-oracle")

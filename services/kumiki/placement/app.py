@@ -15,7 +15,7 @@ from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.placement.adapters.admission import Admission, AllowAllAdmission, QuotaServiceAdmission
 from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, rebuild
 from kumiki.placement.adapters.grpc import PlacementServicer
-from kumiki.placement.core import PlacementBook
+from kumiki.placement.core import LIVE_POLICIES, PlacementBook
 from kumiki.sched.placement import STRATEGIES
 
 log = logging.getLogger(__name__)
@@ -32,9 +32,10 @@ def admission_from_env() -> Admission:
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     strategy = env_choice(os.environ, "KUMIKI_PLACEMENT_STRATEGY", "kumiki", STRATEGIES)
+    policy = env_choice(os.environ, "KUMIKI_PLACEMENT_POLICY", "fifo-backfill", LIVE_POLICIES)
     period_s = env_float(os.environ, "KUMIKI_PLACEMENT_CYCLE_S", 1.0, minimum=0.05, maximum=3600)
-    book = PlacementBook(strategy=strategy)
-    publisher = DecisionPublisher(runtime.producer, policy=strategy)
+    book = PlacementBook(strategy=strategy, policy=policy)
+    publisher = DecisionPublisher(runtime.producer, policy=f"{policy}/{strategy}")
     servicer = PlacementServicer(book, publisher, admission_from_env())
     nodes, _ = await rebuild(runtime.settings.kafka, book, servicer.wake)
     nodes.handle = NodeTable(book, servicer.wake, publisher)  # live node changes may displace jobs: publish that

@@ -1,9 +1,11 @@
 """Placement's pure core: the allocation book of the live cluster.
 
-It wraps the scheduling core (`kumiki.sched`: the simulator's very placement code) with what a live
-service needs and a simulator does not: nodes that come, change, turn unhealthy and go; binds that are
-idempotent per (job, generation); a table that can be rebuilt from the events it published; pending
-jobs that are retried when capacity frees up; and Explain. No I/O: adapters publish and persist.
+It drives the scheduling core (`kumiki.sched`: the simulator's very `Scheduler` and placement code) with what
+a live service needs and a simulator does not: nodes that come, change, turn unhealthy and go; binds that are
+idempotent per (job, generation); jobs held back by quota; a table that can be rebuilt from the events it
+published; and Explain. Every arrival, release and node change is a scheduling pass of the core's queue
+policy (ordering, reservation for the blocked head, backfill). No I/O and no clock: adapters pass the time,
+publish and persist.
 """
 
 from __future__ import annotations
@@ -12,8 +14,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
-from kumiki.sched.jobs import GangRequest
-from kumiki.sched.placement import PendingReason, place_gang
+from kumiki.sched.forecasting import JobFeatures
+from kumiki.sched.jobs import GangRequest, JobView
+from kumiki.sched.placement import PendingReason
+from kumiki.sched.policies import POLICIES
+from kumiki.sched.scheduler import Scheduler
+
+# Queue policies the live service can run: the non-preemptive ones that need no forecast. Preemptive policies
+# need the checkpoint flow wired to placement, forecast-driven ones need job.forecast in the book (not yet).
+LIVE_POLICIES = ("fifo", "fifo-backfill")
 
 
 class BindConflict(ValueError):
@@ -45,16 +54,20 @@ class BoundJob:
 class PendingJob:
     command: BindCommand
     reason: PendingReason
-    sequence: int  # arrival order within the book, for FIFO inside a priority tier
+    submitted_s: float  # when it first arrived: the queue order of FIFO policies
+    held: bool = False  # held back by quota admission: not in the scheduler's queue
 
 
 @dataclass(frozen=True, slots=True)
 class BindOutcome:
-    """Bound (placement set, `replayed` when this answers a repeated request) or pending (reason set)."""
+    """Bound (`job` set, `replayed` when this answers a repeated request) or pending (`reason` set).
+
+    `started`: other waiting jobs the same scheduling pass started; the caller publishes them too."""
 
     job: BoundJob | None = None
     reason: PendingReason | None = None
     replayed: bool = False
+    started: tuple[BoundJob, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -70,74 +83,100 @@ class Explanation:
     job: BoundJob | None = None
 
 
+def job_view(command: BindCommand, submitted_s: float) -> JobView:
+    """What the queue policy sees of a live job: its submit-time features (no run time: none is known)."""
+    gpus = command.request.gpu_demand
+    features = JobFeatures(command.job_id, command.queue, command.user, gpus, command.name, submitted_s)
+    return JobView(
+        features,
+        gpus=round(gpus),
+        queue=command.queue,
+        submit_s=submitted_s,
+        priority=command.priority_tier,
+        preemptible=command.preemptible,
+    )
+
+
 @dataclass
 class PlacementBook:
     """Nodes, allocations and pending jobs. Mutated only through its methods, on one thread."""
 
     strategy: str = "kumiki"
+    policy: str = "fifo-backfill"
     nodes: list[NodeSpec] = field(default_factory=list)
     healthy: list[bool] = field(default_factory=list)
     index_of: dict[str, int] = field(default_factory=dict)
-    _state: ClusterState = field(default_factory=lambda: ClusterState.empty(ClusterSpec(())))
-    _stale: bool = False  # nodes were added since _state was built: rebuild on next use
     bound: dict[str, BoundJob] = field(default_factory=dict)
     pending: dict[str, PendingJob] = field(default_factory=dict)
     orphans: dict[str, BoundJob] = field(default_factory=dict)  # bound on nodes not (yet) known
-    _sequence: int = 0
-    _excluded: frozenset[int] | None = None  # unhealthy node indices, recomputed after a health change
+    _scheduler: Scheduler | None = None  # over the current ClusterState; rebuilt when the node list changes
+    _stale: bool = True  # nodes were added since the scheduler was built: rebuild on next use
+
+    def __post_init__(self) -> None:
+        if self.policy not in LIVE_POLICIES:
+            raise ValueError(f"policy {self.policy!r} cannot run live (live policies: {', '.join(LIVE_POLICIES)})")
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The core's scheduler; adding nodes only marks it stale, so replaying 1,000 nodes is one rebuild."""
+        if self._stale or self._scheduler is None:
+            self._stale = False
+            displaced = self._rebuild()
+            assert not displaced, "adding nodes cannot displace allocations"
+        assert self._scheduler is not None
+        return self._scheduler
 
     @property
     def state(self) -> ClusterState:
-        """The allocation state; adding nodes only marks it stale, so replaying 1,000 nodes is one rebuild."""
-        if self._stale:
-            self._stale = False
-            displaced = self._rebuild_state()
-            assert not displaced, "adding nodes cannot displace allocations"
-        return self._state
+        return self.scheduler.state
 
     # ---- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, spec: NodeSpec, healthy: bool) -> list[BoundJob]:
         """Add or update a node; returns jobs whose allocation no longer fits the changed node (released)."""
         index = self.index_of.get(spec.name)
-        displaced: list[BoundJob] = []
         if index is None:
             self.index_of[spec.name] = len(self.nodes)
             self.nodes.append(spec)
             self.healthy.append(healthy)
-            self._excluded = None
             self._stale = True
             if self.orphans:
                 self._adopt_orphans()
-        else:
-            self.healthy[index] = healthy
-            self._excluded = None
-            if self.nodes[index] != spec:
-                self.nodes[index] = spec
-                self._stale = False
-                displaced = self._rebuild_state()
-        return displaced
+            return []
+        self.healthy[index] = healthy
+        if self.nodes[index] != spec:
+            self.nodes[index] = spec
+            return self._rebuild()
+        if self._scheduler is not None and not self._stale:
+            self._scheduler.state.cordoned = self._cordoned()
+        return []
 
     def remove_node(self, name: str) -> None:
         """A node that left: it keeps its index (allocations name it) but never receives work again."""
         index = self.index_of.get(name)
         if index is not None:
             self.healthy[index] = False
-            self._excluded = None
+            if self._scheduler is not None and not self._stale:
+                self._scheduler.state.cordoned = self._cordoned()
 
-    def excluded_nodes(self) -> frozenset[int]:
-        if self._excluded is None:
-            self._excluded = frozenset(index for index, healthy in enumerate(self.healthy) if not healthy)
-        return self._excluded
+    def _cordoned(self) -> frozenset[int]:
+        return frozenset(index for index, healthy in enumerate(self.healthy) if not healthy)
 
-    def _rebuild_state(self) -> list[BoundJob]:
-        self._state = ClusterState.empty(ClusterSpec(tuple(self.nodes)))
+    def _rebuild(self) -> list[BoundJob]:
+        """A fresh state and scheduler over the current nodes: bound jobs re-applied, waiting jobs re-queued."""
+        state = ClusterState.empty(ClusterSpec(tuple(self.nodes)))
+        state.cordoned = self._cordoned()
+        scheduler = Scheduler(POLICIES[self.policy], state, self.strategy)
         displaced = []
         for job_id, job in list(self.bound.items()):
             try:
-                self._state.allocate(job.placement)
+                scheduler.adopt(job_view(job.command, 0.0), job.command.request, job.placement, 0.0)
             except AllocationError:
                 del self.bound[job_id]
                 displaced.append(job)
+        for pending in sorted(self.pending.values(), key=lambda item: item.submitted_s):
+            if not pending.held:
+                scheduler.submit(job_view(pending.command, pending.submitted_s), pending.command.request)
+        self._scheduler = scheduler
         return displaced
 
     def _adopt_orphans(self) -> None:
@@ -149,8 +188,9 @@ class PlacementBook:
                 )
 
     # ---- binds ---------------------------------------------------------------------------------
-    def bind(self, command: BindCommand) -> BindOutcome:
-        """Place a gang whole or not at all; a repeated (job, generation) gets the same answer."""
+    def bind(self, command: BindCommand, now: float) -> BindOutcome:
+        """Queue a gang and run a scheduling pass: bound whole, or pending with the reason; a repeated
+        (job, generation) gets the same answer."""
         current = self.bound.get(command.job_id)
         if current is not None:
             if current.command.generation == command.generation:
@@ -163,92 +203,135 @@ class PlacementBook:
             raise BindConflict(
                 f"job.generation: generation {current.command.generation} still holds an allocation; release it first"
             )
-        found = self._place(command, explain=True)
-        if isinstance(found, PendingReason):
-            self._remember_pending(command, found)
-            return BindOutcome(reason=found)
-        return BindOutcome(job=self._allocate(command, found))
-
-    def _place(self, command: BindCommand, *, explain: bool) -> Placement | PendingReason:
         if not self.nodes:
-            return PendingReason(command.job_id, "nodes", "the cluster has no nodes yet", "any node")
-        return place_gang(
-            self.state, command.request, self.strategy, excluded_nodes=self.excluded_nodes(), explain=explain
-        )
+            reason = PendingReason(command.job_id, "nodes", "the cluster has no nodes yet", "any node")
+            self._queue(command, reason, now)
+            return BindOutcome(reason=reason)
+        self._queue(command, PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape()), now)
+        started = self.cycle(now)
+        job = self.bound.get(command.job_id)
+        if job is not None:
+            return BindOutcome(job=job, started=tuple(other for other in started if other is not job))
+        reason = self._why_waiting(command.job_id)
+        self.pending[command.job_id] = replace(self.pending[command.job_id], reason=reason)
+        return BindOutcome(reason=reason, started=tuple(started))
 
-    def _allocate(self, command: BindCommand, placement: Placement) -> BoundJob:
-        self.state.allocate(placement)  # re-checks every GPU, slice and cap
-        job = BoundJob(command, placement, tuple(self.nodes[pod.node].name for pod in placement.pods))
-        self.bound[command.job_id] = job
-        self.pending.pop(command.job_id, None)
-        return job
-
-    def hold(self, command: BindCommand, reason: PendingReason) -> None:
-        """Keep a job pending for a reason found outside the book (quota admission)."""
-        self._remember_pending(command, reason)
-
-    def _remember_pending(self, command: BindCommand, reason: PendingReason) -> None:
+    def _queue(self, command: BindCommand, reason: PendingReason, now: float) -> None:
+        """Put a job in the scheduler's queue (a retry of a waiting job keeps its place)."""
         previous = self.pending.get(command.job_id)
-        if previous is None:
-            self._sequence += 1
-        sequence = previous.sequence if previous else self._sequence
-        self.pending[command.job_id] = PendingJob(command, reason, sequence)
+        if previous is not None and not previous.held and previous.command == command:
+            return
+        scheduler = self.scheduler if self.nodes else None  # rebuilt first, so the job is queued once
+        if previous is not None:
+            self.withdraw(command.job_id)
+        submitted = previous.submitted_s if previous is not None else now
+        self.pending[command.job_id] = PendingJob(command, reason, submitted)
+        if scheduler is not None:
+            scheduler.submit(job_view(command, submitted), command.request)
 
-    def unbind(self, job_id: str) -> BoundJob:
-        """Undo an allocation that could not be made durable (its event was not acknowledged)."""
+    def cycle(self, now: float) -> list[BoundJob]:
+        """A scheduling pass of the core's policy; returns the jobs it started (the caller publishes them)."""
+        if not self.nodes:
+            return []
+        started = []
+        for start in self.scheduler.schedule(now).starts:
+            pending = self.pending.pop(start.job_id)
+            job = BoundJob(
+                pending.command, start.placement, tuple(self.nodes[pod.node].name for pod in start.placement.pods)
+            )
+            self.bound[start.job_id] = job
+            started.append(job)
+        return started
+
+    def hold(self, command: BindCommand, reason: PendingReason, now: float) -> None:
+        """Keep a job out of the queue for a reason found outside the book (quota admission)."""
+        previous = self.pending.get(command.job_id)
+        if previous is not None and not previous.held:
+            self.scheduler.withdraw(command.job_id)
+        submitted = previous.submitted_s if previous is not None else now
+        self.pending[command.job_id] = PendingJob(command, reason, submitted, held=True)
+
+    def admit(self, job_id: str, now: float) -> None:
+        """A held job that quota now admits joins the queue, keeping its arrival time."""
+        pending = self.pending[job_id]
+        if pending.held:
+            scheduler = self.scheduler if self.nodes else None  # rebuilt first, so the job is queued once
+            self.pending[job_id] = replace(pending, held=False)
+            if scheduler is not None:
+                scheduler.submit(job_view(pending.command, pending.submitted_s), pending.command.request)
+
+    def held_jobs(self) -> list[PendingJob]:
+        """Jobs quota held back, in arrival order (the cycle asks quota again for each)."""
+        return sorted((job for job in self.pending.values() if job.held), key=lambda job: job.submitted_s)
+
+    def unbind(self, job_id: str, *, requeue: bool = False, now: float = 0.0) -> BoundJob:
+        """Undo an allocation that could not be made durable (its event was not acknowledged).
+
+        `requeue`: the job waits again (a cycle's start); otherwise its caller was told no."""
         job = self.bound.pop(job_id)
-        self.state.release(job_id)
+        self.scheduler.finished(job_id)
+        if requeue:
+            self._queue(job.command, PendingReason(job_id, "order", "queued", job.command.request.pods[0].shape()), now)
         return job
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:
         """Free a job's allocation; None when it holds none for that generation (releasing twice is fine)."""
-        self.pending.pop(job_id, None)
+        self.withdraw(job_id)
         job = self.bound.get(job_id)
         if job is None or (generation and job.command.generation != generation):
             return None
         del self.bound[job_id]
-        self.state.release(job_id)
+        self.scheduler.finished(job_id)
         return job
 
     def withdraw(self, job_id: str) -> bool:
         """Forget a pending job (cancelled before it was bound)."""
-        return self.pending.pop(job_id, None) is not None
+        pending = self.pending.pop(job_id, None)
+        if pending is None:
+            return False
+        if not pending.held and self._scheduler is not None and not self._stale:
+            self._scheduler.withdraw(job_id)
+        return True
 
     def restore(self, command: BindCommand, pods: Iterable[tuple[str, PodPlacement]]) -> BoundJob | None:
         """Re-apply a bind from the event log (node given by name); None if it is already in the book."""
         if command.job_id in self.bound:
             return None
         named = list(pods)
-        if not all(name in self.index_of for name, _ in named):
-            names = tuple(name for name, _ in named)
+        names = tuple(name for name, _ in named)
+        if not all(name in self.index_of for name in names):
             placement = Placement(command.job_id, tuple(pod for _, pod in named))
             self.orphans[command.job_id] = BoundJob(command, placement, names)
             return None
         placement = Placement(command.job_id, tuple(replace(pod, node=self.index_of[name]) for name, pod in named))
-        return self._allocate(command, placement)
+        self.withdraw(command.job_id)
+        self.scheduler.adopt(job_view(command, 0.0), command.request, placement, 0.0)  # re-checks every GPU
+        job = BoundJob(command, placement, names)
+        self.bound[command.job_id] = job
+        return job
 
     def forget(self, job_id: str) -> None:
         """Drop a job from the book during a rebuild (it was released)."""
         self.orphans.pop(job_id, None)
-        self.pending.pop(job_id, None)
+        self.withdraw(job_id)
         if job_id in self.bound:
             del self.bound[job_id]
-            self.state.release(job_id)
-
-    # ---- scheduling cycle ---------------------------------------------------------------------
-    def pending_in_order(self) -> list[PendingJob]:
-        """Higher priority tiers first, then arrival order (FIFO within a tier)."""
-        return sorted(self.pending.values(), key=lambda job: (-job.command.priority_tier, job.sequence))
-
-    def try_pending(self, job_id: str) -> BoundJob | None:
-        """Bind a pending job if it fits now (the scheduling cycle's step; no reason is computed)."""
-        pending = self.pending.get(job_id)
-        if pending is None:
-            return None
-        found = self._place(pending.command, explain=False)
-        return self._allocate(pending.command, found) if isinstance(found, Placement) else None
+            self.scheduler.finished(job_id)
 
     # ---- explain -----------------------------------------------------------------------------------
+    def _why_waiting(self, job_id: str) -> PendingReason:
+        reason = self.scheduler.explain(job_id)
+        if reason is not None and reason.resource != "order":
+            return reason
+        # the pass did not start it although it fits: a job ahead of it or a reservation holds the room
+        pending = self.pending[job_id]
+        return PendingReason(
+            job_id,
+            "order",
+            "waits behind jobs earlier in the queue policy's order",
+            pending.command.request.pods[0].shape(),
+        )
+
     def explain(self, job_id: str) -> Explanation:
         job = self.bound.get(job_id)
         if job is not None:
@@ -256,14 +339,24 @@ class PlacementBook:
         pending = self.pending.get(job_id)
         if pending is None:
             return Explanation("unknown")
-        fresh = self._place(pending.command, explain=True)
-        reasons = (fresh,) if isinstance(fresh, PendingReason) else (pending.reason,)
-        same_queue = [item for item in self.pending_in_order() if item.command.queue == pending.command.queue]
+        reasons = (pending.reason,) if pending.held or not self.nodes else (self._why_waiting(job_id),)
+        same_queue = sorted(
+            (item for item in self.pending.values() if item.command.queue == pending.command.queue),
+            key=lambda item: self._order_key(item),
+        )
         position = 1 + next(index for index, item in enumerate(same_queue) if item.command.job_id == job_id)
         return Explanation("pending", pending.command.queue, reasons, position)
+
+    def _order_key(self, pending: PendingJob) -> tuple[int, float, str]:
+        return (-pending.command.priority_tier, pending.submitted_s, pending.command.job_id)
 
     def audit(self) -> list[str]:
         problems = self.state.audit()
         if set(self.bound) != set(self.state.allocations):
             problems.append("bound jobs and cluster allocations differ")
+        if set(self.bound) != set(self.scheduler.running):
+            problems.append("bound jobs and the scheduler's running jobs differ")
+        waiting = {job_id for job_id, job in self.pending.items() if not job.held}
+        if waiting != set(self.scheduler.waiting):
+            problems.append("pending jobs and the scheduler's queue differ")
         return problems

@@ -566,6 +566,15 @@ def place_gang(
 def _explain(
     state: ClusterState, request: GangRequest, strategy: str, mix: RequestMix, excluded: frozenset[int]
 ) -> PendingReason:
+    if excluded:  # the reservation is the reason only when nothing else is in the way
+        if isinstance(place_gang(state, request, strategy, mix=mix, explain=False), Placement):
+            return PendingReason(
+                request.job_id,
+                "reservation",
+                f"fits only on {len(excluded)} node(s) reserved for another job",
+                max(request.pods, key=lambda pod: pod.gpu_demand).shape(),
+            )
+        excluded = frozenset()
     biggest = max(request.pods, key=lambda pod: pod.gpu_demand)
     shapes = {node.shape() for node in dict.fromkeys(state.spec.nodes)}
     fitting = 0
@@ -586,13 +595,6 @@ def _explain(
     models = {node.gpu_model for node in state.spec.nodes}
     if pod.gpu_model and pod.gpu_model not in models:
         return PendingReason(request.job_id, "gpu_model", f"no node has GPU model {pod.gpu_model}", pod.shape())
-    if excluded and _Placer(state, strategy, mix, frozenset(), None).place_pod(0, pod) is not None:
-        return PendingReason(
-            request.job_id,
-            "reservation",
-            f"fits only on {len(excluded)} node(s) reserved for another job",
-            pod.shape(),
-        )
     hosts = [node for node in range(len(state.spec.nodes)) if alone.host_ok(node, pod)]
     if not hosts:
         resource = "cpu" if all(state.cpu_free(n) < pod.cpu_milli for n in range(len(state.spec.nodes))) else "memory"

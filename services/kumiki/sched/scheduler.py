@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import ClusterState, Placement
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
-from kumiki.sched.placement import PendingReason, place_gang
+from kumiki.sched.placement import PendingReason, could_host, place_gang
 from kumiki.sched.policies import LEVEL_SPAN_S, QueuePolicy, estimate_remaining, running_rank, waiting_key
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
@@ -64,6 +64,16 @@ class _Waiting:
     lane: str
     shape: tuple[int, ...]
 
+    @property
+    def order(self) -> _Order:
+        """Place in its list: a higher priority tier is always ahead, then the policy's key."""
+        return (-self.view.priority, self.key)
+
+
+# a waiting list's sort key, and a list head in a pass: (tier, lane priority, order, job, position, list)
+_Order = tuple[int, tuple[float, float, int]]
+_Head = tuple[int, float, _Order, str, int, tuple[str, tuple[int, ...]]]
+
 
 @dataclass(slots=True)
 class _Running:
@@ -95,7 +105,7 @@ class Scheduler:
         self.shares = dict(queue_shares or {})
         self.waiting: dict[str, _Waiting] = {}
         self.running: dict[str, _Running] = {}
-        self.lists: dict[tuple[str, tuple[int, ...]], list[tuple[tuple[float, float, int], str]]] = {}
+        self.lists: dict[tuple[str, tuple[int, ...]], list[tuple[_Order, str]]] = {}
         self.by_submit: dict[tuple[int, ...], list[tuple[float, int, str]]] = {}
         self.lane_usage: dict[str, float] = {}
         self.on_node: list[set[str]] = [set() for _ in state.spec.nodes]
@@ -115,13 +125,13 @@ class Scheduler:
         shape = tuple(sorted((pod.gpus for pod in request.pods), reverse=True))
         entry = _Waiting(view, request, key, self.lane_of(view), shape)
         self.waiting[view.job_id] = entry
-        bisect.insort(self.lists.setdefault((entry.lane, shape), []), (key, view.job_id))
+        bisect.insort(self.lists.setdefault((entry.lane, shape), []), (entry.order, view.job_id))
         heapq.heappush(self.by_submit.setdefault(shape, []), (view.submit_s, self.sequence, view.job_id))
 
     def _unqueue(self, job_id: str) -> _Waiting:
         entry = self.waiting.pop(job_id)
         items = self.lists[(entry.lane, entry.shape)]
-        index = bisect.bisect_left(items, (entry.key, job_id))
+        index = bisect.bisect_left(items, (entry.order, job_id))
         del items[index]
         return entry
 
@@ -196,6 +206,9 @@ class Scheduler:
         # only a starving job may take over one made for an ordinary blocked head
         if starving is not None and (self.reservation is None or not self.reservation.starving):
             self._reserve(self.waiting[starving], now, starving=True)
+        # a higher priority tier outranks any reservation: the pass below reserves for it if it is blocked
+        if self.reservation is not None and self._tier_above(self.waiting[self.reservation.job_id].view.priority):
+            self.reservation = None
         # the reserved job goes first: it may sit deep in a list whose head cannot start
         if self.reservation is not None:
             target = self.waiting[self.reservation.job_id]
@@ -240,15 +253,17 @@ class Scheduler:
                     self._preempt_for(self.waiting[job_id], now, decisions)
         return decisions
 
-    def _heads(
-        self,
-    ) -> list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]]:
-        heads: list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]] = []
+    def _heads(self) -> list[_Head]:
+        heads: list[_Head] = []
         for list_key, items in self.lists.items():
             if items:
                 heads.append(self._head(list_key, 0))
         heapq.heapify(heads)
         return heads
+
+    def _tier_above(self, priority: int) -> bool:
+        """Whether a job of a higher priority tier than `priority` is waiting."""
+        return any(items and -items[0][0][0] > priority for items in self.lists.values())
 
     def _lane_priority(self, lane: str) -> float:
         if not self.shares:
@@ -258,16 +273,14 @@ class Scheduler:
         # queues under their guarantee first (deficit), then by usage relative to guarantee
         return used / share if share > 0 else float("inf")
 
-    def _head(
-        self, list_key: tuple[str, tuple[int, ...]], position: int
-    ) -> tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]:
-        key, job_id = self.lists[list_key][position]
+    def _head(self, list_key: tuple[str, tuple[int, ...]], position: int) -> _Head:
+        order, job_id = self.lists[list_key][position]
         lane = list_key[0]
-        return (self._lane_priority(lane), 0, key, job_id, position, list_key)
+        return (order[0], self._lane_priority(lane), order, job_id, position, list_key)
 
     def _push_head(
         self,
-        heads: list[tuple[float, int, tuple[float, float, int], str, int, tuple[str, tuple[int, ...]]]],
+        heads: list[_Head],
         list_key: tuple[str, tuple[int, ...]],
         position: int,
     ) -> None:
@@ -356,8 +369,10 @@ class Scheduler:
         need = entry.shape[0]
         count = len(entry.shape)
         candidates = []
+        biggest = max(entry.request.pods, key=lambda pod: pod.gpu_demand)
         for node, spec in enumerate(self.state.spec.nodes):
-            if spec.gpus < need:
+            # nodes that could never take it (too small, another GPU model, no MIG or sharing, cordoned): useless
+            if spec.gpus < need or node in self.state.cordoned or not could_host(spec, biggest):
                 continue
             ready = self._ready_at(node, need, now) if self.policy.backfill_on_reserved else float("inf")
             candidates.append((ready, -self.state.free_count(node), node))
@@ -460,3 +475,25 @@ class Scheduler:
         placed = place_gang(self.state, entry.request, self.strategy, explain=False)
         if not isinstance(placed, PendingReason):
             self._start(entry, placed, now, decisions, "")
+
+    # ---- live use: the placement service drives the same scheduler over a real cluster ------------
+    def adopt(self, view: JobView, request: GangRequest, placement: Placement, now: float) -> None:
+        """Take in a job that already runs (rebuilt from the event log); its allocation is re-checked."""
+        if view.job_id in self.waiting or view.job_id in self.running:
+            raise ValueError(f"job {view.job_id} is already queued or running")
+        self.state.allocate(placement)
+        nodes = placement.nodes
+        self.running[view.job_id] = _Running(view, request, placement, now, placement.whole_gpus, "", nodes)
+        for node in nodes:
+            self.on_node[node].add(view.job_id)
+        lane = self.lane_of(view)
+        self.lane_usage[lane] = self.lane_usage.get(lane, 0.0) + placement.whole_gpus
+
+    def withdraw(self, job_id: str) -> bool:
+        """Take a waiting job out of the queue (cancelled before it started); False if it was not waiting."""
+        if job_id not in self.waiting:
+            return False
+        self._unqueue(job_id)
+        if self.reservation is not None and self.reservation.job_id == job_id:
+            self.reservation = None
+        return True

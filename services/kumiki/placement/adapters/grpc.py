@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from opentelemetry import context as otel_context
@@ -176,13 +176,15 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             denied = await self.admission.admit(command)
             if denied is not None:
                 reason = PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
-                self.book.hold(command, reason)
+                self.book.hold(command, reason, time.time())
                 return await self._pending(command, reason)
         try:
-            outcome = self.book.bind(command)
+            outcome = self.book.bind(command, time.time())
         except BindConflict as error:
             BINDS.labels("conflict").inc()
             raise BindRefused(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from None
+        if outcome.started:  # the pass this arrival ran also started jobs that were waiting
+            await self._publish_started(outcome.started)
         if outcome.job is not None and outcome.replayed:
             BINDS.labels("replayed").inc()
             return self._bound_response(outcome.job)
@@ -223,7 +225,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         if job is None:
             return placement_pb2.ReleaseResponse(released=withdrawn, gpus_freed=0.0)
         await self.publisher.released(job, request.reason or "released")
-        self.wake.set()
+        self.wake.set()  # the freed capacity goes to the queue on the next pass, right away
         return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
     async def Explain(
@@ -252,24 +254,32 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             await self.cycle()
 
     async def cycle(self) -> int:
-        bound = 0
-        for pending in self.book.pending_in_order():
-            command = pending.command
+        """Quota's held jobs are asked again, then one pass of the core's queue policy; its starts are published."""
+        now = time.time()
+        for held in self.book.held_jobs():
+            command = held.command
             if (command.job_id, command.generation) in self._inflight or command.job_id not in self.book.pending:
                 continue
-            if await self.admission.admit(command) is not None:
-                continue
-            job = self.book.try_pending(command.job_id)
-            if job is None:
-                continue
-            try:
-                await self.publisher.bound(job, events_pb2.DECISION_KIND_BACKFILL)
-            except BaseException:  # cancelled at shutdown too: an unpublished bind must not stay granted
-                self.book.unbind(command.job_id)
-                self.book.hold(command, pending.reason)
-                raise
-            bound += 1
-            CYCLE_BINDS.inc()
+            if await self.admission.admit(command) is None and command.job_id in self.book.pending:
+                self.book.admit(command.job_id, now)
+        started = self.book.cycle(now)
+        await self._publish_started(started)
         PENDING.set(len(self.book.pending))
         ALLOCATED.set(self.book.state.allocated_gpus())  # O(GPUs): once a cycle, not once a bind
-        return bound
+        return len(started)
+
+    async def _publish_started(self, started: Sequence[BoundJob]) -> None:
+        """Publish jobs a pass started from the queue; one that cannot be published waits again."""
+        for job in started:
+            try:
+                await self.publisher.bound(job, events_pb2.DECISION_KIND_BACKFILL)
+            except BaseException as error:  # cancelled at shutdown too: an unpublished bind must not stay granted
+                if self.book.bound.get(job.command.job_id) is job:
+                    self.book.unbind(job.command.job_id, requeue=True, now=time.time())
+                if not isinstance(error, Exception):
+                    raise
+                log.error(
+                    "started job not published; it waits again", extra={"job": job.command.job_id, "error": repr(error)}
+                )
+                continue
+            CYCLE_BINDS.inc()
