@@ -154,7 +154,7 @@ def decision_only(nodes: int, reqs: list[placement_pb2.BindRequest]) -> dict[str
     commands = [bind_command(request) for request in reqs]
     for command in commands:
         started = time.perf_counter()
-        book.bind(command)
+        book.bind(command, 0.0)
         times["kumiki"].append(time.perf_counter() - started)
     for request in reqs:
         started = time.perf_counter()
