@@ -1,12 +1,21 @@
+import dataclasses
+import math
+
 import pytest
 
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sched.jobs import JobView, OracleJobView
 from kumiki.sched.policies import (
+    GITTINS_TAIL_SIGMA,
+    GITTINS_TAIL_WEIGHT,
     NO_FORECAST_FLOOR_S,
+    NO_FORECAST_P50_S,
+    NO_FORECAST_P90_S,
     POLICIES,
     estimate_remaining,
+    gittins_rank,
     policy_named,
+    running_rank,
     tiresias_level,
     waiting_key,
 )
@@ -69,3 +78,87 @@ def test_keys():
     assert waiting_key(POLICIES["srtf-oracle"], oracle) == 70.0
     assert waiting_key(POLICIES["fifo"], view()) == 5.0
     assert tiresias_level(0.0) == 0 and tiresias_level(3600.0) == 1 and tiresias_level(1e9) == 3
+
+
+def survival(t: float, p50: float, sigma: float, tail_weight: float, tail_sigma: float) -> float:
+    """P(S > t) for the forecast mixture, written out independently of the policy's table."""
+    z = math.log(t / p50)
+    upper = 0.5 * math.erfc(z / sigma / math.sqrt(2.0))
+    wide = 0.5 * math.erfc(z / tail_sigma / math.sqrt(2.0))
+    return (1.0 - tail_weight) * upper + tail_weight * wide
+
+
+def brute_force_rank(p50: float, p90: float, attained: float, tail_weight: float, tail_sigma: float) -> float:
+    """1 / sup_b P(a < S <= b | S > a) / E[min(S, b) - a | S > a], by direct integration on a log grid."""
+    sigma = math.log(p90 / p50) / 1.2815515655446004
+    start = max(attained, p50 * 1e-6)
+    points = [start * math.exp(step * 0.002) for step in range(1, 12_000)]
+    base = survival(start, p50, sigma, tail_weight, tail_sigma)
+    best, work, previous, previous_survival = 0.0, 0.0, start, base
+    for t in points:
+        current = survival(t, p50, sigma, tail_weight, tail_sigma)
+        work += 0.5 * (current + previous_survival) * (t - previous)
+        best = max(best, (base - current) / work)
+        previous, previous_survival = t, current
+    return 1.0 / best
+
+
+@pytest.mark.parametrize(
+    ("p50", "p90", "attained"),
+    [
+        (100.0, 200.0, 0.0),
+        (100.0, 200.0, 150.0),
+        (3600.0, 36_000.0, 0.0),
+        (3600.0, 36_000.0, 50_000.0),
+        (60.0, 65.0, 30.0),
+    ],
+)
+def test_gittins_rank_matches_a_direct_computation(p50, p90, attained):
+    expected = brute_force_rank(p50, p90, attained, GITTINS_TAIL_WEIGHT, GITTINS_TAIL_SIGMA)
+    assert gittins_rank(p50, p90, attained) == pytest.approx(expected, rel=0.03)
+
+
+def test_gittins_rank_is_srpt_for_a_point_forecast():
+    # no tail and p90 == p50: the run time is known, so the rank is the remaining time
+    for attained in (0.0, 100.0, 500.0, 900.0):
+        assert gittins_rank(1000.0, 1000.0, attained, tail_weight=0.0) == pytest.approx(1000.0 - attained, rel=0.02)
+    jobs = [(500.0, 0.0), (2000.0, 1800.0), (800.0, 100.0), (3000.0, 0.0)]
+    ranks = [gittins_rank(size, size, done, tail_weight=0.0) for size, done in jobs]
+    remaining = [size - done for size, done in jobs]
+    assert sorted(range(4), key=ranks.__getitem__) == sorted(range(4), key=remaining.__getitem__)
+
+
+def test_gittins_rank_scales_with_the_forecast():
+    for attained in (0.0, 50.0, 500.0):
+        assert gittins_rank(1000.0, 3000.0, attained * 10) == pytest.approx(10 * gittins_rank(100.0, 300.0, attained))
+
+
+def test_gittins_rank_falls_towards_the_median_then_grows_like_las_in_the_tail():
+    # a tight forecast: the closer to the median, the sooner the job is expected to finish (SRPT-like)
+    near = [gittins_rank(1000.0, 1100.0, attained) for attained in (0.0, 300.0, 600.0, 900.0)]
+    assert near == sorted(near, reverse=True)
+    # far past its forecast the wide tail rules: the longer it has run, the lower its priority (LAS-like)
+    tail = [gittins_rank(1000.0, 1100.0, attained) for attained in (5_000.0, 20_000.0, 100_000.0, 1e6)]
+    assert tail == sorted(tail) and tail[-1] > 10 * tail[0]
+
+
+def test_kumiki_keys_use_forecast_and_gpus_and_the_oracle_uses_the_truth():
+    features = JobFeatures("j", "q", "", 4.0, "", 0.0)
+    forecast = RuntimeForecast(p50_s=1000.0, p90_s=3000.0, model="m", model_version=1)
+    job = JobView(features=features, gpus=4, queue="q", submit_s=0.0, forecast=forecast)
+    assert waiting_key(POLICIES["kumiki"], job) == pytest.approx(4 * gittins_rank(1000.0, 3000.0, 0.0))
+    truth = OracleJobView(features=features, gpus=4, queue="q", submit_s=0.0, executed_s=10.0, remaining_s=90.0)
+    assert waiting_key(POLICIES["kumiki-oracle"], truth) == pytest.approx(4 * 90.0)
+    # the oracle's running rank is SRPT on the truth, counted down as it runs
+    assert running_rank(POLICIES["kumiki-oracle"], truth, 40.0, 0.0) == pytest.approx(4 * 60.0)
+    # no forecast: the same index on one wide prior for every job
+    blind = JobView(features=features, gpus=4, queue="q", submit_s=0.0, forecast=forecast)
+    assert waiting_key(POLICIES["kumiki-noforecast"], blind) == pytest.approx(
+        4 * gittins_rank(NO_FORECAST_P50_S, NO_FORECAST_P90_S, 0.0)
+    )
+
+
+def test_kumiki_variants_differ_only_in_what_they_know():
+    kumiki = POLICIES["kumiki"]
+    oracle = POLICIES["kumiki-oracle"]
+    assert dataclasses.replace(oracle, name="kumiki", oracle=False, uses_forecast=True) == kumiki

@@ -1,8 +1,15 @@
+import dataclasses
+import math
+
 from kumiki.sched.cluster import ClusterState, uniform_cluster
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sched.jobs import JobView, OracleJobView, consolidated_gang
-from kumiki.sched.policies import POLICIES
+from kumiki.sched.policies import KUMIKI_PROTECT_AFTER_S, POLICIES, QueuePolicy, policy_named
 from kumiki.sched.scheduler import Scheduler
+
+# kumiki's forecast backfill onto reserved nodes (it reserves for starving jobs), exercised here with
+# a reservation for every blocked head so the situations are small
+RESERVING_KUMIKI = dataclasses.replace(POLICIES["kumiki"], reserve=True)
 
 
 def view(job_id: str, gpus: int, submit: float = 0.0, p90: float | None = None, queue: str = "q") -> JobView:
@@ -14,12 +21,15 @@ def started(decisions) -> list[str]:
     return [start.job_id for start in decisions.starts]
 
 
-def two_busy_nodes(policy: str) -> Scheduler:
+def two_busy_nodes(policy: str | QueuePolicy) -> Scheduler:
     """Node 0 runs A (3 of 4 GPUs), node 1 runs D (2 of 4); then B (4 GPUs) queues first."""
-    scheduler = Scheduler(POLICIES[policy], ClusterState.empty(uniform_cluster(2, 4)), "best-fit")
+    chosen = policy_named(policy) if isinstance(policy, str) else policy
+    scheduler = Scheduler(chosen, ClusterState.empty(uniform_cluster(2, 4)), "best-fit")
     scheduler.submit(view("A", 3, 0.0, p90=1000.0), consolidated_gang("A", 3, 4))
+    assert started(scheduler.schedule(0.0)) == ["A"]
     scheduler.submit(view("D", 2, 0.0, p90=1000.0), consolidated_gang("D", 2, 4))
-    assert started(scheduler.schedule(0.0)) == ["A", "D"]
+    assert started(scheduler.schedule(0.0)) == ["D"]
+    assert scheduler.running["A"].nodes == (0,) and scheduler.running["D"].nodes == (1,)
     scheduler.submit(view("B", 4, 1.0, p90=100.0), consolidated_gang("B", 4, 4))
     return scheduler
 
@@ -44,7 +54,7 @@ def test_fifo_backfill_never_uses_the_reserved_node():
 
 
 def test_forecast_backfill_only_when_it_ends_before_the_reservation():
-    scheduler = two_busy_nodes("kumiki")
+    scheduler = two_busy_nodes(RESERVING_KUMIKI)
     scheduler.submit(view("long", 2, 2.0, p90=5000.0), consolidated_gang("long", 2, 4))
     scheduler.submit(view("short", 2, 3.0, p90=500.0), consolidated_gang("short", 2, 4))
     decisions = scheduler.schedule(3.0)
@@ -56,7 +66,7 @@ def test_forecast_backfill_only_when_it_ends_before_the_reservation():
 
 
 def test_reservation_deadline_evicts_an_overstaying_borrower():
-    scheduler = two_busy_nodes("kumiki")
+    scheduler = two_busy_nodes(RESERVING_KUMIKI)
     scheduler.submit(view("short", 2, 3.0, p90=500.0), consolidated_gang("short", 2, 4))
     scheduler.schedule(3.0)
     scheduler.finished("D")  # D leaves at its forecast; the borrower did not
@@ -116,3 +126,63 @@ def test_fair_share_serves_the_queue_below_its_guarantee():
         plain.submit(view(f"a{index}", 1, float(index), queue="a"), consolidated_gang(f"a{index}", 1, 4))
     plain.submit(view("b0", 1, 10.0, queue="b"), consolidated_gang("b0", 1, 4))
     assert sorted(started(plain.schedule(20.0))) == ["a0", "a1", "a2", "a3"]
+
+
+def forecast_view(job_id: str, gpus: int, submit: float, p50: float, p90: float, executed: float = 0.0) -> JobView:
+    features = JobFeatures(job_id, "q", "", float(gpus), "", submit)
+    forecast = RuntimeForecast(p50, p90, "test", 0)
+    return JobView(features, gpus, "q", submit, executed_s=executed, forecast=forecast)
+
+
+def test_kumiki_lets_a_blocked_job_in_when_a_running_job_ages_past_it():
+    """Ranks of running jobs move; a recheck of the aged job (its node only) lets the waiting job preempt."""
+    scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 2)), "best-fit")
+    scheduler.submit(forecast_view("old", 1, 0.0, 1000.0, 2000.0), consolidated_gang("old", 1, 2))
+    scheduler.schedule(0.0)
+    scheduler.submit(forecast_view("new", 2, 700.0, 400.0, 800.0), consolidated_gang("new", 2, 2), now=700.0)
+    # at 700 s "old" is expected to end soon (its forecast median is 1000 s): no preemption
+    assert scheduler.schedule(700.0, consider_preemption=True).preemptions == []
+    # long past its forecast it ranks far below "new"; a pass without a reason to look changes nothing
+    assert scheduler.schedule(30_000.0).preemptions == []
+    decisions = scheduler.schedule(30_000.0, recheck=["old"])
+    assert [p.job_id for p in decisions.preemptions] == ["old"] and started(decisions) == ["new"]
+
+
+def test_kumiki_protects_full_node_jobs_after_their_first_intervals():
+    scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(2, 8)), "best-fit")
+    full = consolidated_gang("full", 8, 8)
+    single = consolidated_gang("single", 1, 8)
+    pair = consolidated_gang("pair", 16, 8)
+    assert scheduler.checkpoint_until(full, forecast_view("full", 8, 0.0, 10.0, 20.0)) == KUMIKI_PROTECT_AFTER_S
+    assert scheduler.checkpoint_until(single, forecast_view("single", 1, 0.0, 10.0, 20.0)) == math.inf
+    assert scheduler.checkpoint_until(pair, forecast_view("pair", 16, 0.0, 10.0, 20.0)) == 0.0
+    fifo = Scheduler(POLICIES["fifo"], ClusterState.empty(uniform_cluster(2, 8)), "best-fit")
+    assert fifo.checkpoint_until(single, forecast_view("single", 1, 0.0, 10.0, 20.0)) == 0.0
+
+
+def test_kumiki_full_node_job_yields_early_but_not_once_protected():
+    def blocked_at(now: float) -> Scheduler:
+        scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
+        scheduler.submit(forecast_view("big", 8, 0.0, 100.0, 200.0), consolidated_gang("big", 8, 8))
+        scheduler.schedule(0.0)
+        scheduler.submit(forecast_view("small", 1, now, 100.0, 200.0), consolidated_gang("small", 1, 8), now=now)
+        return scheduler
+
+    early = blocked_at(KUMIKI_PROTECT_AFTER_S - 100.0)
+    decisions = early.schedule(KUMIKI_PROTECT_AFTER_S - 100.0, consider_preemption=True)
+    assert [p.job_id for p in decisions.preemptions] == ["big"]
+    late = blocked_at(KUMIKI_PROTECT_AFTER_S + 100.0)
+    assert late.schedule(KUMIKI_PROTECT_AFTER_S + 100.0, consider_preemption=True).preemptions == []
+
+
+def test_kumiki_starving_job_evicts_even_a_higher_ranked_one():
+    scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 4)), "best-fit")
+    scheduler.submit(forecast_view("short", 3, 0.0, 100.0, 200.0), consolidated_gang("short", 3, 4))
+    scheduler.schedule(0.0)
+    scheduler.submit(forecast_view("long", 2, 10.0, 1e6, 2e6), consolidated_gang("long", 2, 4), now=10.0)
+    # "long" ranks far below the running job: no preemption for it on its own merit
+    assert scheduler.schedule(1000.0, consider_preemption=True).preemptions == []
+    starving_at = 10.0 + POLICIES["kumiki"].starvation_s
+    assert scheduler.schedule(starving_at - 1.0).preemptions == []
+    decisions = scheduler.schedule(starving_at)
+    assert [p.job_id for p in decisions.preemptions] == ["short"] and started(decisions) == ["long"]

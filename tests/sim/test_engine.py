@@ -1,4 +1,5 @@
 import dataclasses
+import math
 import random
 
 import pytest
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.jobs import JobView, OracleJobView
-from kumiki.sched.policies import POLICIES
+from kumiki.sched.policies import KUMIKI_PROTECT_AFTER_S, POLICIES
 from kumiki.sched.scheduler import Scheduler
 from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
 from kumiki.sim.report import summarize
@@ -45,9 +46,9 @@ def test_non_oracle_policies_receive_no_duration():
     captured: list[JobView] = []
     original = Scheduler.submit
 
-    def spy(self, view, request):
+    def spy(self, view, request, **kwargs):
         captured.append(view)
-        return original(self, view, request)
+        return original(self, view, request, **kwargs)
 
     jobs = [SimJobSpec(f"j{i}", float(i * 50), 1 + i % 2, 1000.0 + i) for i in range(12)]
     Scheduler.submit = spy  # type: ignore[method-assign]
@@ -120,3 +121,36 @@ def test_same_input_same_report_and_never_over_capacity(specs, policy, nodes, gp
     assert all(0 <= sample.allocated_gpus <= nodes * gpus for sample in first.samples)
     busy = sum(job.run_wall_s * job.gpus for job in first.jobs)
     assert busy == pytest.approx(first.busy_gpu_s)
+
+
+def test_kumiki_full_node_jobs_checkpoint_only_while_they_may_yield():
+    interval = 1800.0
+    # an 8-GPU job checkpoints only below KUMIKI_PROTECT_AFTER_S; a 1-GPU job all its run
+    (full,) = run([SimJobSpec("full", 0.0, 8, 20_000.0)], "kumiki", nodes=1, gpus=8).jobs
+    checkpoints = math.ceil(KUMIKI_PROTECT_AFTER_S / interval) - 1
+    assert full.jct_s == pytest.approx(20_000.0 + checkpoints * 60.0)
+    assert full.checkpoint_gpu_s == pytest.approx(checkpoints * 60.0 * 8)
+    (single,) = run([SimJobSpec("single", 0.0, 1, 20_000.0)], "kumiki", nodes=1, gpus=8).jobs
+    assert single.jct_s == pytest.approx(20_000.0 + math.floor(20_000.0 / interval) * 60.0)
+    (plain,) = run([SimJobSpec("full", 0.0, 8, 20_000.0)], "fifo", nodes=1, gpus=8).jobs
+    assert plain.jct_s == 20_000.0
+
+
+def test_limited_checkpointing_wall_and_progress_are_inverse():
+    simulator = Simulator(uniform_cluster(1, 8), [], SimConfig(POLICIES["kumiki-oracle"]))
+    for start in (0.0, 900.0, 1800.0, 5000.0):
+        for end in (start + 10.0, 3600.0 + start, 9000.0, 20_000.0):
+            for until in (0.0, 3600.0, 9000.0, math.inf):
+                if end <= start:
+                    continue
+                wall = simulator._run_wall(start, end, until)
+                assert wall >= end - start
+                assert simulator._progress_after(start, wall, until) == pytest.approx(end)
+
+
+def test_kumiki_preempted_full_node_job_keeps_its_last_checkpoint():
+    simulator = Simulator(uniform_cluster(1, 8), [], SimConfig(POLICIES["kumiki-oracle"]))
+    # checkpoints only strictly below `until`: past it, the last one is the one before it
+    assert simulator._last_checkpoint(8000.0, 9000.0) == 7200.0
+    assert simulator._last_checkpoint(50_000.0, 9000.0) == 7200.0
+    assert simulator._last_checkpoint(4000.0, math.inf) == 3600.0

@@ -7,7 +7,11 @@ work from `JobView`, which has no duration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from kumiki.sched.jobs import JobView, OracleJobView
 
@@ -17,15 +21,27 @@ TIRESIAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)
 # With no forecast a job's expected remaining time is taken as what it has already run (heavy tails),
 # but never below this floor, so a fresh job is not treated as already finished.
 NO_FORECAST_FLOOR_S = 600.0
-# A job waiting longer than this gets the reservation (large gangs first), so no job starves.
+# Without a forecast, `gittins` believes every job is drawn from one wide prior: median half an hour,
+# p90 e^2 (~7x) above it (the forecaster's own cold-start prior).
+NO_FORECAST_P50_S = 1800.0
+NO_FORECAST_P90_S = 1800.0 * math.exp(2.0)
+# A job waiting longer than this (since it was last queued) starves: it gets the reservation (large
+# gangs first) and, where the policy says so, evicts what is cheapest to stop.
 STARVATION_S = 24 * 3600.0
+# `kumiki`: a full-node job may be preempted (so it checkpoints) only during its first five checkpoint
+# intervals; past that it holds its node, so the longest gangs pay at most five checkpoints.
+KUMIKI_PROTECT_AFTER_S = 9000.0
+# `gittins`: weight and width (sigma of log run time) of the wide log-normal mixed into every forecast,
+# for the forecasts that are simply wrong (the Philly slice's longest job was forecast at 264 s)
+GITTINS_TAIL_WEIGHT = 0.1
+GITTINS_TAIL_SIGMA = 2.5
 # `las-forecast` keys: the attained-service level dominates, the forecast orders jobs inside a level.
 LEVEL_SPAN_S = 1e9
 
 
 @dataclass(frozen=True, slots=True)
 class QueuePolicy:
-    """How a policy behaves. `order`: submit | duration | remaining | las | forecast."""
+    """How a policy behaves. `order`: submit | duration | remaining | las | las-forecast | forecast | gittins."""
 
     name: str
     order: str
@@ -40,7 +56,38 @@ class QueuePolicy:
     # never preempt jobs that fill a node or more (reservations protect them instead), so they need
     # no periodic checkpoints
     protect_full_nodes: bool = False
+    # protected full-node jobs checkpoint (and may be preempted) during their first this many seconds of
+    # progress, then never again; 0: never checkpoint, and yield only within the first interval (losing it)
+    protect_after_s: float = 0.0
+    # a job starving (waiting `starvation_s` since it was queued) evicts whatever is cheapest to stop on
+    # one node, whatever its shape (without this: full-node gangs only, others get a reservation)
+    starvation_preempts: bool = False
+    # `gittins` order: weight and width of the wide log-normal mixed into each forecast
+    tail_weight: float = GITTINS_TAIL_WEIGHT
+    tail_sigma: float = GITTINS_TAIL_SIGMA
+    # `gittins` order: sigma of log run time around the forecast median; 0: from the forecast's p90
+    forecast_sigma: float = 0.0
+    # `gittins` order: rank x GPUs^gpu_exponent (0: per job, 1: GPU-seconds as in 2D-LAS)
+    gpu_exponent: float = 0.0
 
+
+# Kumiki: Gittins-index order on the forecast distribution, per GPU-second; preemption with a 4x hysteresis
+# re-examined as running jobs age; full-node jobs preemptible (and checkpointing) only during their first
+# 2.5 h; a job waiting 24 h evicts what is cheapest to stop. Measured choices: docs/simulator.md.
+KUMIKI = QueuePolicy(
+    "kumiki",
+    "gittins",
+    reserve=False,
+    backfill_on_reserved=True,
+    preemptive=True,
+    uses_forecast=True,
+    starvation_s=STARVATION_S,
+    preempt_ratio=4.0,
+    protect_full_nodes=True,
+    protect_after_s=KUMIKI_PROTECT_AFTER_S,
+    starvation_preempts=True,
+    gpu_exponent=1.0,
+)
 
 POLICIES: dict[str, QueuePolicy] = {
     "fifo": QueuePolicy("fifo", "submit", strict=True),
@@ -48,34 +95,10 @@ POLICIES: dict[str, QueuePolicy] = {
     "sjf-oracle": QueuePolicy("sjf-oracle", "duration", oracle=True),
     "srtf-oracle": QueuePolicy("srtf-oracle", "remaining", preemptive=True, oracle=True, preempt_ratio=1.0),
     "tiresias": QueuePolicy("tiresias", "las", preemptive=True),
-    "kumiki": QueuePolicy(
-        "kumiki",
-        "forecast",
-        reserve=True,
-        backfill_on_reserved=True,
-        preemptive=True,
-        uses_forecast=True,
-        starvation_s=STARVATION_S,
-        protect_full_nodes=True,
-    ),
-    "kumiki-oracle": QueuePolicy(
-        "kumiki-oracle",
-        "forecast",
-        reserve=True,
-        backfill_on_reserved=True,
-        preemptive=True,
-        oracle=True,
-        starvation_s=STARVATION_S,
-        protect_full_nodes=True,
-    ),
-    "kumiki-noforecast": QueuePolicy(
-        "kumiki-noforecast",
-        "forecast",
-        reserve=True,
-        preemptive=True,
-        starvation_s=STARVATION_S,
-        protect_full_nodes=True,
-    ),
+    "kumiki": KUMIKI,
+    "kumiki-oracle": replace(KUMIKI, name="kumiki-oracle", oracle=True, uses_forecast=False),
+    # without forecasts there is nothing to backfill with: starving jobs' reserved nodes stay theirs
+    "kumiki-noforecast": replace(KUMIKI, name="kumiki-noforecast", uses_forecast=False, backfill_on_reserved=False),
 }
 
 
@@ -126,7 +149,25 @@ def waiting_key(policy: QueuePolicy, view: JobView) -> float:
         return LEVEL_SPAN_S * tiresias_level(view.attained_gpu_s) + min(
             estimate_remaining(policy, view, view.executed_s), LEVEL_SPAN_S - 1.0
         )
+    if policy.order == "gittins":
+        return gittins_key(policy, view, view.executed_s)
     return estimate_remaining(policy, view, view.executed_s)
+
+
+def gittins_key(policy: QueuePolicy, view: JobView, executed_s: float) -> float:
+    """Rank by the Gittins index of the forecast distribution (oracles: the true remaining time, i.e. SRPT)."""
+    if policy.oracle:
+        remaining = estimate_remaining(policy, view, executed_s)
+        return remaining * view.gpus**policy.gpu_exponent if policy.gpu_exponent else remaining
+    forecast = view.forecast if policy.uses_forecast else None
+    if forecast is None:
+        p50, p90 = NO_FORECAST_P50_S, NO_FORECAST_P90_S
+    else:
+        p50, p90 = forecast.p50_s, forecast.p90_s
+        if policy.forecast_sigma:
+            p90 = p50 * math.exp(Z90 * policy.forecast_sigma)
+    rank = gittins_rank(p50, p90, executed_s, tail_weight=policy.tail_weight, tail_sigma=policy.tail_sigma)
+    return rank * view.gpus**policy.gpu_exponent if policy.gpu_exponent else rank
 
 
 def running_rank(policy: QueuePolicy, view: JobView, executed_s: float, attained_gpu_s: float) -> float:
@@ -137,6 +178,97 @@ def running_rank(policy: QueuePolicy, view: JobView, executed_s: float, attained
         return LEVEL_SPAN_S * tiresias_level(attained_gpu_s) + min(
             estimate_remaining(policy, view, executed_s), LEVEL_SPAN_S - 1.0
         )
+    if policy.order == "gittins":
+        return gittins_key(policy, view, executed_s)
     if policy.order in ("remaining", "forecast"):
         return estimate_remaining(policy, view, executed_s)
     return view.submit_s
+
+
+# ---- Gittins index ------------------------------------------------------------------------------
+# A job's run time S, as the policy believes it, is log-normal around its forecast (median p50, the
+# p90 fixing sigma), mixed with a wide log-normal of weight GITTINS_TAIL_WEIGHT for the forecasts
+# that are simply wrong. Having run `a`, its Gittins index is
+#   G(a) = sup_{b > a} P(S <= b | S > a) / E[min(S, b) - a | S > a]
+# (Gittins; Aalto, Ayesta & Righter 2009): serving the highest index minimises mean response time for
+# sizes drawn from a known distribution. Its inverse, the rank, is in seconds: with a point mass it
+# is exactly the remaining time (SRPT); past the forecast the wide tail takes over and the rank grows
+# with attained service, as in least-attained-service. Log-normals are scale families, so the rank
+# is p50 * R(sigma, log(a / p50)) with R tabulated once per tail setting.
+Z90 = 1.2815515655446004
+_SIGMAS = np.geomspace(0.02, 4.0, 41)
+_LOG_SIGMAS = np.log(_SIGMAS)
+_U_MIN, _U_MAX, _U_STEP = -12.0, 10.0, 0.05
+_V_MAX = 18.0  # run times up to e^18 (6.6e7) p50s: "forever" for the sup over b
+_FINE = 10  # integration points per table step
+
+
+def _normal_survival(z: np.ndarray) -> np.ndarray:
+    return np.asarray(0.5 * np.vectorize(math.erfc)(z / math.sqrt(2.0)), dtype=float)
+
+
+def _rank_row(sigma: float, tail_weight: float, tail_sigma: float) -> np.ndarray:
+    """log R(sigma, u) on the u grid: log of (1 / Gittins index) in units of p50."""
+    step = _U_STEP / _FINE
+    v = np.arange(_U_MIN - 4.0, _V_MAX + step / 2, step)
+    survival = (1.0 - tail_weight) * _normal_survival(v / sigma)
+    if tail_weight > 0:
+        survival += tail_weight * _normal_survival(v / tail_sigma)
+    x = np.exp(v)
+    # C(x) = integral_0^x P(S > t) dt; below the grid S > t almost surely, so C(x_0) = x_0
+    cumulative = np.concatenate(([x[0]], x[0] + np.cumsum(0.5 * (survival[1:] + survival[:-1]) * np.diff(x))))
+    coarse = slice(None, None, _FINE)
+    done, work = 1.0 - survival[coarse], cumulative[coarse]
+    u_count = round((_U_MAX - _U_MIN) / _U_STEP) + 1
+    first = round(4.0 / _U_STEP)
+    rows = np.empty(u_count)
+    for index in range(u_count):
+        here = first + index
+        gained = done[here + 1 :] - done[here]
+        spent = work[here + 1 :] - work[here]
+        ratio = np.divide(gained, spent, out=np.zeros_like(gained), where=spent > 0)
+        rows[index] = -math.log(max(float(ratio.max()), 1e-300))
+    return rows
+
+
+@functools.lru_cache(maxsize=8)
+def gittins_table(tail_weight: float, tail_sigma: float) -> tuple[tuple[float, ...], ...]:
+    """log R over (sigma grid) x (u grid); built once per tail setting (~0.2 s). Plain tuples: scalar lookups
+    in the scheduling hot path are several times faster than numpy indexing."""
+    return tuple(tuple(float(value) for value in _rank_row(float(sigma), tail_weight, tail_sigma)) for sigma in _SIGMAS)
+
+
+_LOG_SIGMA_MIN = float(_LOG_SIGMAS[0])
+_LOG_SIGMA_MAX = float(_LOG_SIGMAS[-1])
+_LOG_SIGMA_STEP = float(_LOG_SIGMAS[1] - _LOG_SIGMAS[0])
+_U_LAST = round((_U_MAX - _U_MIN) / _U_STEP) - 1
+_S_LAST = len(_SIGMAS) - 2
+
+
+def gittins_rank(
+    p50_s: float,
+    p90_s: float,
+    attained_s: float,
+    *,
+    tail_weight: float = GITTINS_TAIL_WEIGHT,
+    tail_sigma: float = GITTINS_TAIL_SIGMA,
+) -> float:
+    """1 / Gittins index in seconds for a job believed to run ~LogNormal(p50, p90), having run `attained_s`."""
+    p50 = max(p50_s, 1e-3)
+    table = gittins_table(tail_weight, tail_sigma)
+    ratio = p90_s / p50
+    log_sigma = math.log(math.log(ratio) / Z90) if ratio > 1.0 + 1e-9 else _LOG_SIGMA_MIN
+    log_sigma = min(max(log_sigma, _LOG_SIGMA_MIN), _LOG_SIGMA_MAX)
+    u = math.log(attained_s / p50) if attained_s > 0 else _U_MIN
+    scale = 1.0
+    if u > _U_MAX:  # beyond the table the rank grows in proportion to attained service (a heavy tail)
+        scale, u = math.exp(u - _U_MAX), _U_MAX
+    u_pos = (max(u, _U_MIN) - _U_MIN) / _U_STEP
+    s_pos = (log_sigma - _LOG_SIGMA_MIN) / _LOG_SIGMA_STEP
+    s_index = min(int(s_pos), _S_LAST)
+    u_index = min(int(u_pos), _U_LAST)
+    s_frac, u_frac = s_pos - s_index, u_pos - u_index
+    row, next_row = table[s_index], table[s_index + 1]
+    low = row[u_index] + (row[u_index + 1] - row[u_index]) * u_frac
+    high = next_row[u_index] + (next_row[u_index + 1] - next_row[u_index]) * u_frac
+    return p50 * scale * math.exp(low + (high - low) * s_frac)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import ClusterState, Placement
@@ -106,7 +108,8 @@ class Scheduler:
         self.waiting: dict[str, _Waiting] = {}
         self.running: dict[str, _Running] = {}
         self.lists: dict[tuple[str, tuple[int, ...]], list[tuple[_Order, str]]] = {}
-        self.by_submit: dict[tuple[int, ...], list[tuple[float, int, str]]] = {}
+        # per shape: (when the job joined the queue, arrival order, job): the longest waiting first
+        self.by_queued: dict[tuple[int, ...], list[tuple[float, int, str]]] = {}
         self.lane_usage: dict[str, float] = {}
         self.on_node: list[set[str]] = [set() for _ in state.spec.nodes]
         self.reservation: Reservation | None = None
@@ -116,8 +119,11 @@ class Scheduler:
     def lane_of(self, view: JobView) -> str:
         return view.queue if self.shares else ""
 
-    def submit(self, view: JobView, request: GangRequest) -> None:
-        """Queue a job (new or requeued after preemption); `view` must not carry more than the policy may see."""
+    def submit(self, view: JobView, request: GangRequest, *, now: float | None = None) -> None:
+        """Queue a job (new or requeued after preemption); `view` must not carry more than the policy may see.
+
+        `now`: when it joins the queue (default: its submit time); starvation counts from then.
+        """
         if view.job_id in self.waiting or view.job_id in self.running:
             raise ValueError(f"job {view.job_id} is already queued or running")
         self.sequence += 1
@@ -126,7 +132,8 @@ class Scheduler:
         entry = _Waiting(view, request, key, self.lane_of(view), shape)
         self.waiting[view.job_id] = entry
         bisect.insort(self.lists.setdefault((entry.lane, shape), []), (entry.order, view.job_id))
-        heapq.heappush(self.by_submit.setdefault(shape, []), (view.submit_s, self.sequence, view.job_id))
+        queued_s = view.submit_s if now is None else now
+        heapq.heappush(self.by_queued.setdefault(shape, []), (queued_s, self.sequence, view.job_id))
 
     def _unqueue(self, job_id: str) -> _Waiting:
         entry = self.waiting.pop(job_id)
@@ -166,17 +173,28 @@ class Scheduler:
 
     def may_preempt(self, request: GangRequest, view: JobView) -> bool:
         """Whether this policy could ever preempt the job (only then does it need periodic checkpoints)."""
+        return self.checkpoint_until(request, view) > 0.0
+
+    def checkpoint_until(self, request: GangRequest, view: JobView) -> float:
+        """Progress (s) up to which the job checkpoints, because until then this policy may preempt it.
+
+        0: never (non-preemptive policies, multi-node gangs); inf: always. A protected full-node job
+        checkpoints only during its first `protect_after_s` (then it is never preempted again).
+        """
         if not self.policy.preemptive or not view.preemptible or len(request.pods) > 1:
-            return False
-        return not (self.policy.protect_full_nodes and request.pods[0].gpus >= self.state.max_gpus)
+            return 0.0
+        if self.policy.protect_full_nodes and request.pods[0].gpus >= self.state.max_gpus:
+            return self.policy.protect_after_s
+        return math.inf
 
     def _young_full_node(self, running: _Running, executed: float) -> bool:
-        """A protected full-node job may still yield before its first checkpoint would be due.
+        """A protected full-node job that takes no checkpoints may still yield before its first would be due.
 
         It never writes a checkpoint, so yielding then loses all its progress, at most one interval.
         """
         return (
             self.policy.protect_full_nodes
+            and not self.policy.protect_after_s
             and running.view.preemptible
             and len(running.nodes) == 1
             and executed < self.checkpoint.interval_s
@@ -195,7 +213,9 @@ class Scheduler:
         count = sum(len(by_free[level]) for level in range(need, self.state.max_gpus + 1))
         return count >= len(shape)
 
-    def schedule(self, now: float, *, consider_preemption: bool = False) -> Decisions:
+    def schedule(self, now: float, *, consider_preemption: bool = False, recheck: Collection[str] = ()) -> Decisions:
+        """One scheduling pass. `consider_preemption`: blocked jobs may evict lower-ranked ones anywhere;
+        `recheck`: running jobs whose rank has moved, so a blocked job may evict them (their nodes only)."""
         decisions = Decisions()
         if not self.waiting:
             self.reservation = None
@@ -216,7 +236,11 @@ class Scheduler:
             if not isinstance(placed, PendingReason):
                 self._start(target, placed, now, decisions, "")
                 self.reservation = None
-            elif self.reservation.starving and self.policy.preemptive and target.shape[0] >= self.state.max_gpus:
+            elif (
+                self.reservation.starving
+                and self.policy.preemptive
+                and (target.shape[0] >= self.state.max_gpus or self.policy.starvation_preempts)
+            ):
                 # a starving full-node gang stops waiting: preempt what is cheapest to stop, rank aside
                 self._preempt_for(target, now, decisions, force=True)
                 if target.view.job_id not in self.waiting:
@@ -247,10 +271,11 @@ class Scheduler:
             # fits, but only on reserved nodes and this job is too long: look a little further down
             if position + 1 < min(len(self.lists[list_key]), BACKFILL_LOOKAHEAD):
                 self._push_head(heads, list_key, position + 1)
-        if self.policy.preemptive and consider_preemption:
+        if self.policy.preemptive and (consider_preemption or recheck):
+            nodes = None if consider_preemption else self._nodes_of(recheck)
             for job_id in unfit:
                 if job_id in self.waiting:
-                    self._preempt_for(self.waiting[job_id], now, decisions)
+                    self._preempt_for(self.waiting[job_id], now, decisions, nodes=nodes)
         return decisions
 
     def _heads(self) -> list[_Head]:
@@ -330,7 +355,7 @@ class Scheduler:
             return None
         # the starving job whose wait holds the most GPU capacity back: large gangs first
         best: tuple[float, str] | None = None
-        for shape, heap in self.by_submit.items():
+        for shape, heap in self.by_queued.items():
             while heap and heap[0][2] not in self.waiting:
                 heapq.heappop(heap)
             if heap and now - heap[0][0] >= self.policy.starvation_s:
@@ -413,8 +438,20 @@ class Scheduler:
         self._release(job_id, entry)
         decisions.preemptions.append(Preemption(job_id, for_job, reason))
 
-    def _preempt_for(self, entry: _Waiting, now: float, decisions: Decisions, *, force: bool = False) -> None:
-        """Free one node for a single-node job from lower-ranked jobs, losing the least work."""
+    def _nodes_of(self, job_ids: Collection[str]) -> list[int]:
+        running = self.running
+        return sorted({node for job_id in job_ids if job_id in running for node in running[job_id].nodes})
+
+    def _preempt_for(
+        self,
+        entry: _Waiting,
+        now: float,
+        decisions: Decisions,
+        *,
+        force: bool = False,
+        nodes: Sequence[int] | None = None,
+    ) -> None:
+        """Free one node for a single-node job from lower-ranked jobs, losing the least work (only `nodes` if given)."""
         if len(entry.shape) > 1:
             return  # multi-node gangs get reservations, not preemption cascades
         rank = entry.key[0]
@@ -428,8 +465,9 @@ class Scheduler:
         running_jobs = self.running
         started_before = now - MIN_RUN_BEFORE_PREEMPT_S
         best: tuple[float, int, list[str]] | None = None
-        for node, spec in enumerate(self.state.spec.nodes):
-            if spec.gpus < need or node in reserved:
+        specs = self.state.spec.nodes
+        for node in range(len(specs)) if nodes is None else nodes:
+            if specs[node].gpus < need or node in reserved:
                 continue
             free = self.state.free_count(node)
             victims: list[tuple[float, float, str, int]] = []
@@ -438,7 +476,9 @@ class Scheduler:
                 if running.start_s > started_before:
                     continue
                 executed = running.view.executed_s + (now - running.start_s)
-                if not self.may_preempt(running.request, running.view) and not self._young_full_node(running, executed):
+                if executed >= self.checkpoint_until(running.request, running.view) and not self._young_full_node(
+                    running, executed
+                ):
                     continue
                 attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
                 victim_rank = running_rank(policy, running.view, executed, attained)
@@ -451,7 +491,8 @@ class Scheduler:
                     # preempt only across levels, as Tiresias: the forecast orders jobs, it does not evict
                     worse = victim_rank // LEVEL_SPAN_S > rank // LEVEL_SPAN_S
                 else:
-                    worse = victim_rank > policy.preempt_ratio * rank + lost
+                    weight = running.gpus**policy.gpu_exponent if policy.gpu_exponent else 1.0
+                    worse = victim_rank > policy.preempt_ratio * rank + lost * weight
                 if worse:
                     victims.append((lost * running.gpus, -victim_rank, job_id, running.gpus))
             if free + sum(victim[3] for victim in victims) < need:

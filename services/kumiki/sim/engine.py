@@ -20,6 +20,8 @@ from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
 from kumiki.sched.scheduler import Decisions, Scheduler
 
 ARRIVAL, FINISH, RECHECK = 0, 1, 2
+# `gittins` order: a running job is looked at again when its progress reaches 1,800 s, 3,600 s, 7,200 s, ...
+RANK_CHECK_FIRST_S = 1800.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ class _SimJob:
     finish_s: float = -1.0
     running: bool = False
     checkpointing: bool = False
+    checkpoint_until_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -180,6 +183,7 @@ class Simulator:
             self._sample_until(now)
             preempt_check = False
             changed = False
+            rechecked: list[str] = []
             while events and events[0][0] == now:
                 _, kind, _, job_id, generation = heapq.heappop(events)
                 self.events_done += 1
@@ -192,10 +196,14 @@ class Simulator:
                     self._finish(job, now)
                     changed = True
                 elif kind == RECHECK and job.running and job.generation == generation:
-                    preempt_check = True
                     changed = True
+                    if self.policy.order == "gittins":
+                        rechecked.append(job_id)
+                        self._schedule_rank_check(job, now)
+                    else:
+                        preempt_check = True
             if changed:
-                decisions = self.scheduler.schedule(now, consider_preemption=preempt_check)
+                decisions = self.scheduler.schedule(now, consider_preemption=preempt_check, recheck=rechecked)
                 self._apply(decisions, now)
                 if self.config.audit:
                     problems = self.state.audit()
@@ -214,17 +222,40 @@ class Simulator:
     def _arrive(self, job: _SimJob, now: float) -> None:
         if self.forecaster is not None:
             job.forecast = self.forecaster.predict(job.features)
-        self.scheduler.submit(self.view(job), job.request)
+        self.scheduler.submit(self.view(job), job.request, now=now)
         if self.progress is not None:
             self.progress(1)
 
-    def _checkpoints(self, job: _SimJob) -> bool:
-        return self.scheduler.may_preempt(job.request, self.view(job))
-
     def _wall_to_finish(self, job: _SimJob) -> float:
-        if job.checkpointing:
-            return job.overhead_s + self.config.checkpoint.wall_time(job.progress_s, job.duration_s)
-        return job.overhead_s + job.duration_s - job.progress_s
+        return job.overhead_s + self._run_wall(job.progress_s, job.duration_s, job.checkpoint_until_s)
+
+    def _run_wall(self, start_s: float, end_s: float, until_s: float) -> float:
+        """Wall seconds from one progress point to another, checkpointing only below `until_s`."""
+        checkpoint = self.config.checkpoint
+        if until_s <= start_s:
+            return end_s - start_s
+        if end_s <= until_s:
+            return checkpoint.wall_time(start_s, end_s)
+        return checkpoint.wall_time(start_s, until_s) + (end_s - until_s)
+
+    def _progress_after(self, start_s: float, wall_s: float, until_s: float) -> float:
+        """Inverse of `_run_wall`: progress reached after `wall_s` of running."""
+        checkpoint = self.config.checkpoint
+        if until_s <= start_s:
+            return start_s + wall_s
+        if until_s == math.inf:
+            return checkpoint.progress_after(start_s, wall_s)
+        to_until = checkpoint.wall_time(start_s, until_s)
+        if wall_s <= to_until:
+            return min(checkpoint.progress_after(start_s, wall_s), until_s)
+        return until_s + (wall_s - to_until)
+
+    def _last_checkpoint(self, progress_s: float, until_s: float) -> float:
+        """The last checkpoint written at or below `progress_s` (checkpoints only strictly below `until_s`)."""
+        interval = self.config.checkpoint.interval_s
+        if progress_s >= until_s:
+            return max(0.0, (math.ceil(until_s / interval) - 1) * interval)
+        return self.config.checkpoint.checkpointed(progress_s)
 
     def _apply(self, decisions: Decisions, now: float) -> None:
         for preemption in decisions.preemptions:
@@ -235,12 +266,43 @@ class Simulator:
             job.generation += 1
             job.run_start_s = now
             job.run_start_progress_s = job.progress_s
-            job.checkpointing = self._checkpoints(job)
+            job.checkpoint_until_s = self.scheduler.checkpoint_until(job.request, self.view(job))
+            job.checkpointing = job.checkpoint_until_s > job.progress_s
             if job.first_start_s < 0:
                 job.first_start_s = now
             self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
             if self.policy.order in ("las", "las-forecast"):
                 self._schedule_demotion(job, now)
+            elif self.policy.order == "gittins":
+                self._schedule_rank_check(job, now)
+
+    def _schedule_rank_check(self, job: _SimJob, now: float) -> None:
+        """A running job's Gittins rank moves as it runs; look again each time its progress doubles.
+
+        Without this a job blocked at its arrival could only start when something finishes, even
+        after the jobs in its way have run long enough to rank below it. The looks fall just after a
+        checkpoint (progress of RANK_CHECK_FIRST_S x 2^k), when evicting the job loses the least, and
+        one falls on the last checkpoint before the job stops checkpointing (its last chance to yield).
+        """
+        start = job.run_start_progress_s
+        interval = self.config.checkpoint.interval_s
+        marks = []
+        mark = RANK_CHECK_FIRST_S
+        while mark < job.duration_s:
+            marks.append(mark)
+            mark *= 2.0
+        until = job.checkpoint_until_s
+        if job.checkpointing and until < math.inf:
+            marks.append((math.ceil(until / interval) - 1) * interval)
+        for mark in sorted(marks):
+            if mark <= start or mark >= job.duration_s:
+                continue
+            wall = job.overhead_s + self._run_wall(start, mark, until)
+            if job.checkpointing and mark < until:
+                wall += self.config.checkpoint.checkpoint_cost_s
+            if job.run_start_s + wall > now:
+                self._push(job.run_start_s + wall, RECHECK, job.spec.job_id, job.generation)
+                return
 
     def _schedule_demotion(self, job: _SimJob, now: float) -> None:
         for threshold in TIRESIAS_THRESHOLDS_GPU_S:
@@ -254,7 +316,7 @@ class Simulator:
         wall = now - job.run_start_s
         useful = max(0.0, wall - job.overhead_s)
         if job.checkpointing:
-            progress = self.config.checkpoint.progress_after(job.run_start_progress_s, useful)
+            progress = self._progress_after(job.run_start_progress_s, useful, job.checkpoint_until_s)
             checkpoint_wall = useful - (progress - job.run_start_progress_s)
             job.checkpoint_gpu_s += max(0.0, checkpoint_wall) * job.spec.gpus
         else:
@@ -293,7 +355,7 @@ class Simulator:
         was_checkpointing = job.checkpointing
         reached = self._stop(job, now)
         # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
-        kept = self.config.checkpoint.checkpointed(reached) if was_checkpointing else job.run_start_progress_s
+        kept = self._last_checkpoint(reached, job.checkpoint_until_s) if was_checkpointing else job.run_start_progress_s
         kept = max(kept, job.run_start_progress_s)
         restore = self.config.checkpoint.restore_cost_s
         job.lost_gpu_s += ((reached - kept) + restore) * job.spec.gpus
@@ -301,7 +363,7 @@ class Simulator:
         job.overhead_s = restore
         job.preemptions += 1
         job.generation += 1
-        self.scheduler.submit(self.view(job), job.request)
+        self.scheduler.submit(self.view(job), job.request, now=now)
 
     # ---- time series ---------------------------------------------------------------------------
     def _sample_until(self, now: float) -> None:
