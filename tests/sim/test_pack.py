@@ -159,7 +159,7 @@ def test_node_fragmentation_counts_gpus_the_cpu_cannot_feed():
 @given(
     gpus=st.integers(1, 4),
     takes=st.lists(
-        st.tuples(st.integers(0, 3), st.sampled_from(SHARES + [1.0]), st.sampled_from([0, 1000, 3000])),
+        st.tuples(st.integers(0, 3), st.sampled_from([*SHARES, 1.0]), st.sampled_from([0, 1000, 3000])),
         max_size=8,
     ),
 )
