@@ -1,7 +1,8 @@
 """Ablations of the `kumiki` policy on the Philly slice: which part costs or buys what.
 
 One command: `.venv/bin/python benchmarks/sim_variants.py [--nodes 64]`. Each variant changes one field of
-`QueuePolicy`; ratios are against `fifo-backfill` and `tiresias` run in the same process.
+`QueuePolicy` (the last one restores the policy shipped before the Gittins order); ratios are against
+`fifo-backfill`, `tiresias` and `srtf-oracle` run in the same process.
 """
 
 from __future__ import annotations
@@ -24,10 +25,24 @@ PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "phi
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "kumiki (shipped)": {},
-    "full-node jobs preemptible": {"protect_full_nodes": False},
-    "LAS level first, forecast inside a level": {"order": "las-forecast"},
-    "no starvation reservations": {"starvation_s": 0.0},
-    "preempt at 1x instead of 2x": {"preempt_ratio": 1.0},
+    "forecast sigma fixed at 1.0 (p90 ignored)": {"forecast_sigma": 1.0},
+    "full-node jobs preemptible for 2.5 h, not 6 h": {"protect_after_s": 9000.0},
+    "full-node jobs preemptible for 7 h, not 6 h": {"protect_after_s": 25200.0},
+    "full-node jobs never preemptible after 1,800 s": {"protect_after_s": 0.0},
+    "full-node jobs always preemptible": {"protect_full_nodes": False},
+    "rank per job, not per GPU-second": {"gpu_exponent": 0.0},
+    "no wide tail mixed into forecasts": {"tail_weight": 0.0},
+    "preempt at 2x instead of 4x": {"preempt_ratio": 2.0},
+    "starving jobs reserve instead of evicting": {"starvation_preempts": False},
+    "quantile ladder instead of Gittins": {"order": "forecast"},
+    "previous kumiki (ladder, head reservation, 2x, protected)": {
+        "order": "forecast",
+        "reserve": True,
+        "preempt_ratio": 2.0,
+        "protect_after_s": 0.0,
+        "starvation_preempts": False,
+        "gpu_exponent": 0.0,
+    },
 }
 
 
@@ -46,12 +61,17 @@ def main() -> None:
     args = parser.parse_args()
     backfill, backfill_p99 = run(POLICIES["fifo-backfill"], args.nodes)
     tiresias, _ = run(POLICIES["tiresias"], args.nodes)
-    print(f"fifo-backfill avg JCT {backfill:,.0f} s, p99 large {backfill_p99:,.0f} s; tiresias {tiresias:,.0f} s")
-    print("| variant | avg JCT s | x fifo-backfill | x tiresias | p99 large s |")
-    print("|---|---|---|---|---|")
+    srtf, _ = run(POLICIES["srtf-oracle"], args.nodes)
+    print(
+        f"fifo-backfill avg JCT {backfill:,.0f} s, p99 large {backfill_p99:,.0f} s; tiresias {tiresias:,.0f} s; "
+        f"srtf-oracle {srtf:,.0f} s"
+    )
+    print("| variant | avg JCT s | x fifo-backfill | x tiresias | x srtf-oracle | p99 large s |")
+    print("|---|---|---|---|---|---|")
     for name, change in VARIANTS.items():
         mean, p99 = run(dataclasses.replace(POLICIES["kumiki"], **change), args.nodes)
-        print(f"| {name} | {mean:,.0f} | {mean / backfill:.3f} | {mean / tiresias:.3f} | {p99:,.0f} |", flush=True)
+        ratios = f"{mean / backfill:.3f} | {mean / tiresias:.3f} | {mean / srtf:.3f}"
+        print(f"| {name} | {mean:,.0f} | {ratios} | {p99:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

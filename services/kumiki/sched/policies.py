@@ -28,9 +28,9 @@ NO_FORECAST_P90_S = 1800.0 * math.exp(2.0)
 # A job waiting longer than this (since it was last queued) starves: it gets the reservation (large
 # gangs first) and, where the policy says so, evicts what is cheapest to stop.
 STARVATION_S = 24 * 3600.0
-# `kumiki`: a full-node job may be preempted (so it checkpoints) only during its first five checkpoint
-# intervals; past that it holds its node, so the longest gangs pay at most five checkpoints.
-KUMIKI_PROTECT_AFTER_S = 9000.0
+# `kumiki`: a full-node job may be preempted (so it checkpoints) only during its first 6 h of progress;
+# past that it holds its node, so the longest gangs pay at most 11 checkpoints (660 s).
+KUMIKI_PROTECT_AFTER_S = 21600.0
 # `gittins`: weight and width (sigma of log run time) of the wide log-normal mixed into every forecast,
 # for the forecasts that are simply wrong (the Philly slice's longest job was forecast at 264 s)
 GITTINS_TAIL_WEIGHT = 0.1
@@ -73,7 +73,7 @@ class QueuePolicy:
 
 # Kumiki: Gittins-index order on the forecast distribution, per GPU-second; preemption with a 4x hysteresis
 # re-examined as running jobs age; full-node jobs preemptible (and checkpointing) only during their first
-# 2.5 h; a job waiting 24 h evicts what is cheapest to stop. Measured choices: docs/simulator.md.
+# 6 h; a job waiting 24 h evicts what is cheapest to stop. Measured choices: docs/simulator.md.
 KUMIKI = QueuePolicy(
     "kumiki",
     "gittins",
