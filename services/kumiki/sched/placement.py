@@ -84,8 +84,8 @@ def node_fragmentation(
       cards whose free share is below the request's per-card need;
     - when filled: what is left after packing as many such requests as the cards, CPU and memory
       allow. This one sees that a node short of CPU or memory per free GPU strands GPUs later, which
-      FGD's one-step view misses until the last request fits (on openb it cuts the unallocated share
-      by a seventh).
+      FGD's one-step view misses until the last request fits (on openb it takes the unallocated share
+      at full request from 5.29% to 4.58%, docs/simulator.md).
     """
     total_free = sum(free)
     fragmented = 0.0
