@@ -1,13 +1,14 @@
 """The faust-streaming application: three thin agents around the pure core.
 
   1. ingest      gpu.samples + node.inventory (raw bytes) → kumiki.common.bus.codec.decode → dead-letter the
-                 rejects exactly as kumiki.common.bus.consumer does → one NodeChunk per (node, time bucket)
-                 per batch → <app>-node-input, keyed by node. (A node's GPUs hash to different partitions
-                 of gpu.samples, so node state needs this repartition; chunks keep it to a few records per
-                 batch instead of one per sample.)
+                 rejects exactly as kumiki.common.bus.consumer does, and the samples of unregistered nodes
+                 (KnownNodes) → one NodeChunk per (node, time bucket) per batch → <app>-node-input, one record
+                 per partition holding many nodes' items (partition = Kafka's default partitioner on the node
+                 name, so tables stay co-partitioned). Flow control keeps at most two batches in stage 2.
      lifecycle   job.lifecycle → JobPlacement table (by job) → AllocationChange per node → node-input.
-  2. nodes       node-input (by node): NodeRecord table, per-GPU and per-node tumbling windows, cluster.state
-                 and gpu.idle through the bus EventProducer, usage per job → <app>-usage keyed by job and queue.
+  2. nodes       node-input: NodeRecord table (one write per node per record), per-GPU and per-node tumbling
+                 windows, cluster.state and gpu.idle through the bus EventProducer (awaited together per
+                 record), usage per job and queue → <app>-usage in batch records.
   3. usage       <app>-usage: per-job and per-queue hopping windows, queue gauges.
 A timer asks (through node-input, so the node agent's partition owner decides) whether silent nodes are stale.
 
