@@ -51,6 +51,7 @@ def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
         "checkpoint_gpu_hours": float(sum(job.checkpoint_gpu_s for job in jobs) / 3600.0),
         f"large_jobs_ge_{large_gpus}_gpus": len(large),
         "p99_jct_large_s": float(np.percentile(large, 99)) if len(large) else 0.0,
+        "avg_jct_large_s": float(large.mean()) if len(large) else 0.0,
         "events": result.events,
         "per_queue": {
             queue: {"jobs": len(values), "avg_jct_s": float(np.mean(values))}
