@@ -1,0 +1,558 @@
+"""The Helm chart (charts/kumiki) rendered by the real `helm template`, and its manifests checked.
+
+helm is found on PATH or in ~/go/bin (`go install helm.sh/helm/v3/cmd/helm@v3.22.0`, about 4 minutes on a
+2-core machine); without it every test here is skipped with that reason. The kubeconform test also needs
+kubeconform (`go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0`) and the Kubernetes JSON
+schemas that the `kubernetes-validate` wheel ships, since kubeconform's default schema location is on the
+network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kumiki.quota.core import parse_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART = REPO_ROOT / "charts" / "kumiki"
+ALL_OPTIONS = CHART / "ci" / "all-options-values.yaml"
+GO_BIN = Path.home() / "go" / "bin"
+HELM_INSTALL = "go install helm.sh/helm/v3/cmd/helm@v3.22.0"
+KUBE_VERSION = "1.37.0"  # newest schema set in kubernetes-validate 1.37.0
+
+Manifest = dict[str, Any]
+
+
+def find_tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidate = GO_BIN / name
+    return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+HELM = find_tool("helm")
+pytestmark = pytest.mark.skipif(HELM is None, reason=f"helm not installed (PATH or ~/go/bin): {HELM_INSTALL}")
+
+# values key -> (service name, module, ServiceSpec); mirrors each services/kumiki/<svc>/app.py
+SERVICES = {
+    "placement": ("placement", "kumiki.placement", "kumiki.placement.app"),
+    "quota": ("quota", "kumiki.quota", "kumiki.quota.app"),
+    "forecast": ("forecast", "kumiki.forecast", "kumiki.forecast.app"),
+    "preemption": ("preemption", "kumiki.preemption", "kumiki.preemption.app"),
+    "telemetryIngest": ("telemetry-ingest", "kumiki.telemetry", "kumiki.telemetry.app"),
+}
+DATABASE_SERVICES = {"quota", "forecast", "preemption"}
+SECRET_NAME_PARTS = ("PASSWORD", "TOKEN", "DATABASE_URL")
+CREDENTIAL_URL = re.compile(r"://[^/@\s]+:[^/@\s]+@")  # user:password@ in any URL
+
+
+def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    command = [HELM, "template", "kumiki", str(CHART), "--namespace", "kumiki", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def render(*args: str) -> list[Manifest]:
+    result = helm_template(*args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def rejected(*args: str) -> str:
+    """stderr of a render that must fail."""
+    result = helm_template(*args)
+    assert result.returncode != 0, f"rendered although it should not: {args}"
+    return result.stderr
+
+
+def of_kind(manifests: list[Manifest], kind: str) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def named(manifests: list[Manifest], kind: str, name: str) -> Manifest:
+    matches = [m for m in of_kind(manifests, kind) if m["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def workloads(manifests: list[Manifest]) -> Iterator[Manifest]:
+    yield from (m for m in manifests if m["kind"] in ("Deployment", "DaemonSet"))
+
+
+def env_of(container: Manifest) -> dict[str, Manifest]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+def component(manifest: Manifest) -> str:
+    return str(manifest["metadata"]["labels"]["app.kubernetes.io/component"])
+
+
+def file_source(pod_spec: Manifest, container: Manifest, path: str) -> tuple[str, str, str]:
+    """(kind, object name, key) of the Secret or ConfigMap that a file path in the container comes from."""
+    mounts = [m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{path}: mounted by {len(mounts)} volumes"
+    mount = mounts[0]
+    relative = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    volume = next(v for v in pod_spec["volumes"] if v["name"] == mount["name"])
+    if "secret" in volume:
+        kind, name, source = "Secret", volume["secret"]["secretName"], volume["secret"]
+    elif "configMap" in volume:
+        kind, name, source = "ConfigMap", volume["configMap"]["name"], volume["configMap"]
+    else:
+        raise AssertionError(f"{path}: volume {volume['name']} is neither a Secret nor a ConfigMap")
+    items = source.get("items")
+    if items is None:  # whole object mounted: the file name is the key
+        return kind, name, relative
+    matching = [item["key"] for item in items if item["path"] == relative]
+    assert matching, f"{path}: no item of volume {volume['name']} has path {relative}"
+    return kind, name, matching[0]
+
+
+@pytest.fixture(scope="module")
+def default_manifests() -> list[Manifest]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def all_options_manifests() -> list[Manifest]:
+    return render("-f", str(ALL_OPTIONS))
+
+
+@pytest.fixture(params=["default", "all-options"])
+def manifests(
+    request: pytest.FixtureRequest, default_manifests: list[Manifest], all_options_manifests: list[Manifest]
+) -> list[Manifest]:
+    return default_manifests if request.param == "default" else all_options_manifests
+
+
+def test_one_deployment_and_service_per_service_and_the_agent_as_a_daemonset(manifests: list[Manifest]) -> None:
+    deployments = {component(d): d for d in of_kind(manifests, "Deployment")}
+    services = {component(s): s for s in of_kind(manifests, "Service")}
+    names = {name for name, _, _ in SERVICES.values()}
+    assert set(deployments) == names
+    assert set(services) == names
+    daemonsets = of_kind(manifests, "DaemonSet")
+    assert [component(d) for d in daemonsets] == ["agent"]
+
+
+def test_every_deployment_runs_its_module_and_listens_where_its_service_and_probes_point(
+    manifests: list[Manifest],
+) -> None:
+    """The ports the process reads from its env are the ports the Service, the probes and the defaults
+    of the service's own ServiceSpec name, and the module the container runs exists."""
+    values = yaml.safe_load(CHART.joinpath("values.yaml").read_text())
+    for key, (name, module, app_module) in SERVICES.items():
+        deployment = named(manifests, "Deployment", f"kumiki-{name}")
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["command"] == ["python", "-m", module]
+        assert importlib.util.find_spec(module) is not None
+        env = env_of(container)
+        prefix = "KUMIKI_" + name.upper().replace("-", "_")
+        assert env["KUMIKI_BIND_HOST"]["value"] == "0.0.0.0"  # the shell's default, 127.0.0.1, is unreachable
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert int(env[f"{prefix}_GRPC_PORT"]["value"]) == ports["grpc"]
+        assert int(env[f"{prefix}_HTTP_PORT"]["value"]) == ports["http"]
+        spec = importlib.import_module(app_module).SPEC
+        assert (spec.grpc_port, spec.http_port) == (
+            values["services"][key]["grpcPort"],
+            values["services"][key]["httpPort"],
+        )
+        service = named(manifests, "Service", f"kumiki-{name}")
+        assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"grpc": "grpc", "http": "http"}
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        if name in DATABASE_SERVICES:
+            assert env["KUMIKI_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "kumiki-database"
+        else:
+            assert "KUMIKI_DATABASE_URL" not in env
+
+
+def test_every_deployment_has_probes_and_runs_non_root_with_a_read_only_root(manifests: list[Manifest]) -> None:
+    for deployment in of_kind(manifests, "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for probe_name in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = container[probe_name]
+            if "httpGet" in probe:
+                assert probe["httpGet"]["port"] in ("http", ports["http"])
+            else:
+                assert probe["grpc"]["port"] == ports["grpc"]
+        if "httpGet" in container["livenessProbe"]:
+            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+        # a read-only root still needs a writable /tmp (Python, faust)
+        assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+
+
+def test_grpc_probes_use_the_grpc_health_port() -> None:
+    manifests = render("--set", "probes.type=grpc")
+    for deployment in of_kind(manifests, "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        grpc_port = env_of(container)["KUMIKI_" + component(deployment).upper().replace("-", "_") + "_GRPC_PORT"]
+        for probe_name in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert container[probe_name]["grpc"]["port"] == int(grpc_port["value"])
+
+
+def test_no_secret_value_is_rendered_in_plain_env(manifests: list[Manifest]) -> None:
+    """Credentials reach a container only as secretKeyRef or as a file path; the chart renders no Secret."""
+    assert of_kind(manifests, "Secret") == []
+    for workload in workloads(manifests):
+        pod = workload["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            for name, item in env_of(container).items():
+                if any(part in name for part in SECRET_NAME_PARTS):
+                    if name.endswith("_FILE"):
+                        kind, _, _ = file_source(pod, container, item["value"])
+                        assert kind == "Secret", f"{name} points to a {kind}"
+                    else:
+                        assert "value" not in item, f"{name} has a plain value in {workload['metadata']['name']}"
+                        assert "secretKeyRef" in item["valueFrom"], name
+                if "value" in item:
+                    assert not CREDENTIAL_URL.search(str(item["value"])), name
+
+
+def test_a_secret_given_as_plain_env_is_refused_by_the_schema() -> None:
+    stderr = rejected("--set", "services.quota.env.KUMIKI_DATABASE_PASSWORD=hunter2")
+    assert "/services/quota/env/KUMIKI_DATABASE_PASSWORD" in stderr
+    assert "hunter2" not in stderr
+    assert "/agent/env/KUMIKI_DATABASE_URL" in rejected("--set", "agent.env.KUMIKI_DATABASE_URL=postgresql://a:b@c/d")
+
+
+def test_the_agent_is_a_daemonset_on_gpu_nodes_that_publishes_to_kafka(manifests: list[Manifest]) -> None:
+    agent = named(manifests, "DaemonSet", "kumiki-agent")
+    pod = agent["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    (container,) = pod["containers"]
+    assert container["command"][:3] == ["python", "-m", "kumiki.agent"]
+    assert container["command"][3:] == ["--output", "kafka"]
+    env = env_of(container)
+    assert env["KUMIKI_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"  # libnvidia-ml from the NVIDIA runtime
+    assert "KUMIKI_KAFKA_BOOTSTRAP" in env
+    assert "KUMIKI_DATABASE_URL" not in env  # the agent has no database
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_agent_options_runtime_class_dcgm_source_and_privilege(
+    all_options_manifests: list[Manifest], default_manifests: list[Manifest]
+) -> None:
+    default_pod = named(default_manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in default_pod
+    assert default_pod["containers"][0]["securityContext"].get("privileged") is not True
+    pod = named(all_options_manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    (container,) = pod["containers"]
+    assert container["securityContext"]["privileged"] is True
+    env = env_of(container)
+    assert env["KUMIKI_AGENT_SOURCE"]["value"] == "dcgm"
+    # $(KUMIKI_HOST_IP) is expanded by the kubelet only from a variable defined earlier in the list
+    names = [item["name"] for item in container["env"]]
+    assert "$(KUMIKI_HOST_IP)" in env["KUMIKI_DCGM_URL"]["value"]
+    assert names.index("KUMIKI_HOST_IP") < names.index("KUMIKI_DCGM_URL")
+
+
+def test_tls_sasl_and_mtls_mount_their_secrets_and_set_the_file_variables(
+    all_options_manifests: list[Manifest],
+) -> None:
+    expected = {
+        "KUMIKI_TLS_CERTFILE": ("kumiki-grpc-tls", "tls.crt"),
+        "KUMIKI_TLS_KEYFILE": ("kumiki-grpc-tls", "tls.key"),
+        "KUMIKI_TLS_CLIENT_CAFILE": ("kumiki-grpc-tls", "ca.crt"),
+        "KUMIKI_KAFKA_SSL_CAFILE": ("kumiki-kafka-tls", "ca.crt"),
+        "KUMIKI_KAFKA_SSL_CERTFILE": ("kumiki-kafka-tls", "tls.crt"),
+        "KUMIKI_KAFKA_SSL_KEYFILE": ("kumiki-kafka-tls", "tls.key"),
+        "KUMIKI_KAFKA_SASL_PASSWORD_FILE": ("kumiki-kafka-sasl", "password"),
+    }
+    for deployment in of_kind(all_options_manifests, "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = env_of(container)
+        assert env["KUMIKI_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
+        for variable, (secret, key) in expected.items():
+            assert file_source(pod, container, env[variable]["value"]) == ("Secret", secret, key), variable
+        if component(deployment) in DATABASE_SERVICES:
+            source = file_source(pod, container, env["KUMIKI_DATABASE_PASSWORD_FILE"]["value"])
+            assert source == ("Secret", "kumiki-database", "password")
+        # kubelet's gRPC probe cannot speak TLS: with TLS on, probes are HTTP
+        assert "httpGet" in container["livenessProbe"] and "httpGet" in container["readinessProbe"]
+    agent_pod = named(all_options_manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    agent_env = env_of(agent_pod["containers"][0])
+    assert "KUMIKI_TLS_CERTFILE" not in agent_env  # the agent serves nothing
+    source = file_source(agent_pod, agent_pod["containers"][0], agent_env["KUMIKI_KAFKA_SSL_CAFILE"]["value"])
+    assert source == ("Secret", "kumiki-kafka-tls", "ca.crt")
+
+
+def test_without_tls_nothing_is_mounted_and_no_file_variable_is_set(default_manifests: list[Manifest]) -> None:
+    for workload in workloads(default_manifests):
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        env = env_of(container)
+        assert not any(name.startswith(("KUMIKI_TLS_", "KUMIKI_KAFKA_SSL_", "KUMIKI_KAFKA_SASL_")) for name in env)
+        assert env["KUMIKI_KAFKA_SECURITY_PROTOCOL"]["value"] == "PLAINTEXT"
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
+
+
+def test_otlp_endpoint_reaches_every_service(all_options_manifests: list[Manifest]) -> None:
+    for deployment in of_kind(all_options_manifests, "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert env_of(container)["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://jaeger-collector.observability:4317"
+
+
+def test_placement_is_a_single_writer_with_a_disruption_budget(manifests: list[Manifest]) -> None:
+    placement = named(manifests, "Deployment", "kumiki-placement")
+    assert placement["spec"]["replicas"] == 1
+    assert placement["spec"]["strategy"] == {"type": "Recreate"}  # never two writers during a rollout
+    (pdb,) = of_kind(manifests, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= placement["spec"]["template"]["metadata"]["labels"].items()
+    assert ("minAvailable" in pdb["spec"]) != ("maxUnavailable" in pdb["spec"])
+    assert "/services/placement/replicas" in rejected("--set", "services.placement.replicas=2")
+
+
+def test_placement_asks_this_releases_quota_service_with_a_token_file(default_manifests: list[Manifest]) -> None:
+    placement = named(default_manifests, "Deployment", "kumiki-placement")
+    pod = placement["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    quota_service = named(default_manifests, "Service", "kumiki-quota")
+    quota_grpc = next(p["port"] for p in quota_service["spec"]["ports"] if p["name"] == "grpc")
+    assert env["KUMIKI_QUOTA_ADDRESS"]["value"] == f"kumiki-quota:{quota_grpc}"
+    assert file_source(pod, container, env["KUMIKI_QUOTA_TOKEN_FILE"]["value"]) == (
+        "Secret",
+        "kumiki-placement-quota-token",
+        "token",
+    )
+    quota_pod = named(default_manifests, "Deployment", "kumiki-quota")["spec"]["template"]["spec"]
+    quota_env = env_of(quota_pod["containers"][0])
+    assert file_source(quota_pod, quota_pod["containers"][0], quota_env["KUMIKI_QUOTA_TOKENS_FILE"]["value"]) == (
+        "Secret",
+        "kumiki-quota-tokens",
+        "tokens.yaml",
+    )
+    assert quota_env["KUMIKI_QUOTA_ALLOW_ANONYMOUS"]["value"] == "false"
+
+
+def test_the_queue_tree_configmap_is_a_tree_the_quota_service_accepts(all_options_manifests: list[Manifest]) -> None:
+    configmap = named(all_options_manifests, "ConfigMap", "kumiki-quota-queues")
+    tree = yaml.safe_load(configmap["data"]["queues.yaml"])
+    config = parse_config(tree)  # the service's own validator, the one it runs at start
+    example = yaml.safe_load((REPO_ROOT / "docs" / "examples" / "queues.yaml").read_text())
+    assert tree == example
+    assert config is not None
+    quota = named(all_options_manifests, "Deployment", "kumiki-quota")
+    pod = quota["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    path = env_of(container)["KUMIKI_QUOTA_CONFIG_FILE"]["value"]
+    assert file_source(pod, container, path) == ("ConfigMap", "kumiki-quota-queues", "queues.yaml")
+    # a changed tree rolls the quota pods
+    checksum = quota["spec"]["template"]["metadata"]["annotations"]["checksum/queue-tree"]
+    changed = render("-f", str(ALL_OPTIONS), "--set-json", "services.quota.queueTree.rates.A100-80GB=2.5")
+    changed_quota = named(changed, "Deployment", "kumiki-quota")
+    assert changed_quota["spec"]["template"]["metadata"]["annotations"]["checksum/queue-tree"] != checksum
+    assert len(checksum) == len(hashlib.sha256().hexdigest())
+
+
+def test_no_queue_tree_means_no_configmap(default_manifests: list[Manifest]) -> None:
+    assert of_kind(default_manifests, "ConfigMap") == []
+    (container,) = named(default_manifests, "Deployment", "kumiki-quota")["spec"]["template"]["spec"]["containers"]
+    assert "KUMIKI_QUOTA_CONFIG_FILE" not in env_of(container)
+
+
+def test_metrics_annotations_and_service_monitor_select_the_http_ports(all_options_manifests: list[Manifest]) -> None:
+    (monitor,) = of_kind(all_options_manifests, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selector = monitor["spec"]["selector"]
+    wanted = set(selector["matchExpressions"][0]["values"])
+    selected = [
+        s
+        for s in of_kind(all_options_manifests, "Service")
+        if selector["matchLabels"].items() <= s["metadata"]["labels"].items()
+        and s["metadata"]["labels"]["app.kubernetes.io/component"] in wanted
+    ]
+    assert len(selected) == len(SERVICES)
+    assert all(any(p["name"] == monitor["spec"]["endpoints"][0]["port"] for p in s["spec"]["ports"]) for s in selected)
+    for deployment in of_kind(all_options_manifests, "Deployment"):
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        http = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
+        assert annotations["prometheus.io/port"] == str(http)
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_network_policies_admit_grpc_from_the_release_and_configured_peers(
+    all_options_manifests: list[Manifest],
+    default_manifests: list[Manifest],
+) -> None:
+    assert of_kind(default_manifests, "NetworkPolicy") == []
+    policies = {component(p): p for p in of_kind(all_options_manifests, "NetworkPolicy")}
+    assert set(policies) == {name for name, _, _ in SERVICES.values()}
+    for name, policy in policies.items():
+        deployment = named(all_options_manifests, "Deployment", f"kumiki-{name}")
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        grpc_rule, metrics_rule = policy["spec"]["ingress"]
+        assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+        assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-jobs"}}} in grpc_rule["from"]
+        assert metrics_rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("services.placement.replicas=2", "/services/placement/replicas"),
+        ("kafka.securityProtocol=TLS", "/kafka/securityProtocol"),
+        ("kafka.bootstrap=kafka", "/kafka/bootstrap"),
+        ("otel.endpoint=jaeger:4317", "/otel/endpoint"),
+        ("agent.intervalSeconds=0", "/agent/intervalSeconds"),
+        ("services.quota.grpcPort=70000", "/services/quota/grpcPort"),
+        ("logLevel=LOUD", "/logLevel"),
+        ("kafak.bootstrap=kafka:9092", "'kafak'"),
+    ],
+)
+def test_the_schema_rejects_a_bad_value_naming_the_field(setting: str, field: str) -> None:
+    stderr = rejected("--set", setting)
+    assert "don't meet the specifications of the schema" in stderr
+    assert field in stderr
+
+
+def test_a_bad_queue_tree_is_refused_at_install_naming_the_field() -> None:
+    stderr = rejected(
+        "--set-json", 'services.quota.queueTree={"cluster":{"gpus":{"A100":8}},"queues":[{"name":"a","wieght":2}]}'
+    )
+    assert "/services/quota/queueTree/queues/0" in stderr and "wieght" in stderr
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["kafka.securityProtocol=SASL_SSL"], "kafka.sasl.existingSecret: required"),
+        (["kafka.securityProtocol=SSL"], "kafka.tls.existingSecret: required"),
+        (["grpcTLS.enabled=true"], "grpcTLS.existingSecret: required"),
+        (["grpcTLS.enabled=true", "grpcTLS.existingSecret=t", "probes.type=grpc"], "probes.type"),
+        (["services.quota.auth.tokensSecret="], "services.quota.auth"),
+        (["database.existingSecret="], "database.existingSecret: required"),
+        (["services.quota.enabled=false"], "services.placement.quotaAdmission.enabled"),
+    ],
+)
+def test_inconsistent_values_fail_with_a_message_naming_the_value(settings: list[str], message: str) -> None:
+    args = [arg for setting in settings for arg in ("--set", setting)]
+    assert message in rejected(*args)
+
+
+def test_the_chart_lints() -> None:
+    assert HELM is not None
+    for extra in ([], ["-f", str(ALL_OPTIONS)]):
+        result = subprocess.run(
+            [HELM, "lint", str(CHART), *extra], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "0 chart(s) failed" in result.stdout
+
+
+def _kubernetes_schemas(target: Path, kinds: set[tuple[str, str]]) -> Path | None:
+    """kubeconform-layout schemas for `kinds` from the kubernetes-validate wheel, refs made file URLs."""
+    spec = importlib.util.find_spec("kubernetes_validate")
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(spec.origin).parent / "kubernetes-json-schema" / f"v{KUBE_VERSION}-local-strict"
+    if not source.is_dir():
+        return None
+    folder = target / f"v{KUBE_VERSION}-standalone-strict"
+    folder.mkdir(parents=True)
+    definitions = folder / "_definitions.json"
+    definitions.write_text(source.joinpath("_definitions.json").read_text())
+    for kind, api_version in kinds:
+        group, _, version = api_version.rpartition("/")
+        suffix = f"-{group.split('.')[0]}-{version}" if group else f"-{version}"
+        name = f"{kind.lower()}{suffix}.json"
+        text = source.joinpath(name).read_text()
+        folder.joinpath(name).write_text(text.replace('"/api/_definitions.json', f'"{definitions.as_uri()}'))
+    return target
+
+
+def test_kubeconform_strict_accepts_every_rendered_manifest(
+    tmp_path: Path, default_manifests: list[Manifest], all_options_manifests: list[Manifest]
+) -> None:
+    kubeconform = find_tool("kubeconform")
+    if kubeconform is None:
+        pytest.skip("kubeconform not installed: go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0")
+    crds = {"ServiceMonitor"}  # no schema for Prometheus Operator CRDs without the network
+    every = default_manifests + all_options_manifests
+    kinds = {(m["kind"], m["apiVersion"]) for m in every if m["kind"] not in crds}
+    schemas = _kubernetes_schemas(tmp_path / "schemas", kinds)
+    if schemas is None:
+        pytest.skip("the kubernetes-validate wheel (Kubernetes JSON schemas) is not installed")
+    manifests_file = tmp_path / "rendered.yaml"
+    manifests_file.write_text(yaml.safe_dump_all(every))
+    result = subprocess.run(
+        [
+            kubeconform,
+            "-strict",
+            "-summary",
+            "-output",
+            "json",
+            "-kubernetes-version",
+            KUBE_VERSION,
+            "-schema-location",
+            str(schemas),
+            "-skip",
+            ",".join(sorted(crds)),
+            str(manifests_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, report
+    assert report["summary"]["valid"] == len(every) - sum(m["kind"] in crds for m in every)
+    assert report["summary"]["invalid"] == 0 and report["summary"]["errors"] == 0
+
+
+def test_kubeconform_with_these_schemas_catches_a_bad_manifest(
+    tmp_path: Path, default_manifests: list[Manifest]
+) -> None:
+    """The schema set is real: a misspelt pod field and a non-numeric port are refused."""
+    kubeconform = find_tool("kubeconform")
+    if kubeconform is None:
+        pytest.skip("kubeconform not installed: go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0")
+    placement = json.loads(json.dumps(named(default_manifests, "Deployment", "kumiki-placement")))
+    pod = placement["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSecond"] = pod.pop("terminationGracePeriodSeconds")
+    schemas = _kubernetes_schemas(tmp_path / "schemas", {("Deployment", "apps/v1")})
+    if schemas is None:
+        pytest.skip("the kubernetes-validate wheel (Kubernetes JSON schemas) is not installed")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(placement))
+    result = subprocess.run(
+        [kubeconform, "-strict", "-kubernetes-version", KUBE_VERSION, "-schema-location", str(schemas), str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "terminationGracePeriodSecond" in result.stdout
