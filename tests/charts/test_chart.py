@@ -45,7 +45,9 @@ def find_tool(name: str) -> str | None:
 
 
 HELM = find_tool("helm")
-pytestmark = pytest.mark.skipif(HELM is None, reason=f"helm not installed (PATH or ~/go/bin): {HELM_INSTALL}")
+pytestmark = pytest.mark.skipif(
+    HELM is None, reason=f"helm not installed (PATH or ~/go/bin): {HELM_INSTALL} (about 4 min on 2 cores)"
+)
 
 # values key -> (service name, module, ServiceSpec); mirrors each services/kumiki/<svc>/app.py
 SERVICES = {
@@ -248,7 +250,7 @@ def test_the_agent_is_a_daemonset_on_gpu_nodes_that_publishes_to_kafka(manifests
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     (container,) = pod["containers"]
     assert container["command"][:3] == ["python", "-m", "kumiki.agent"]
-    assert container["command"][3:] == ["--output", "kafka"]
+    assert container["command"][3:5] == ["--output", "kafka"]
     env = env_of(container)
     assert env["KUMIKI_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"  # libnvidia-ml from the NVIDIA runtime
@@ -556,3 +558,95 @@ def test_kubeconform_with_these_schemas_catches_a_bad_manifest(
     )
     assert result.returncode != 0
     assert "terminationGracePeriodSecond" in result.stdout
+
+
+def _materialise(
+    pod: Manifest, container: Manifest, folder: Path, secret_files: dict[tuple[str, str], str]
+) -> dict[str, str]:
+    """The environment the process would see: secretKeyRefs and the downward API filled in, and every file a
+    variable names created (with SECRET_FILES content for the keys that must parse)."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        name = item["name"]
+        if "value" in item:
+            value = str(item["value"])
+        else:
+            source = item["valueFrom"]
+            if "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                value = secret_files.get((ref["name"], ref["key"]), "from-a-secret")
+            else:
+                value = {"spec.nodeName": "gpu-node-1", "status.hostIP": "10.0.0.7", "metadata.name": "pod-abc"}[
+                    source["fieldRef"]["fieldPath"]
+                ]
+        value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)  # kubelet expansion
+        if value.startswith("/etc/kumiki/"):
+            _, object_name, key = file_source(pod, container, value)
+            local = folder / value.lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(secret_files.get((object_name, key), "material"))
+            value = str(local)
+        env[name] = value
+    return env
+
+
+def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
+    manifests: list[Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each container's env, with its Secrets and ConfigMap mounted as files, passes the services' own
+    configuration checks (the ones that exit 2 with a line naming the variable)."""
+    from kumiki.agent.app import build_parser, config_from_args
+    from kumiki.common.config import KafkaSettings, Settings, env_choice, env_float
+    from kumiki.placement.core import LIVE_POLICIES
+    from kumiki.quota.adapters.auth import QuotaSettings
+    from kumiki.sched.placement import STRATEGIES
+    from kumiki.telemetry.core import TelemetryConfig
+
+    configmaps = {m["metadata"]["name"]: m for m in of_kind(manifests, "ConfigMap")}
+    secret_files = {
+        ("kumiki-quota-tokens", "tokens.yaml"): f"{hashlib.sha256(b'placement-token').hexdigest()}: kumiki-placement\n",
+        ("kumiki-database", "url"): "postgresql://kumiki@postgres.db:5432/kumiki",
+        ("kumiki-kafka-sasl", "username"): "kumiki",
+        **{(name, key): text for name, m in configmaps.items() for key, text in m["data"].items()},
+    }
+    for key, (name, _, _) in SERVICES.items():
+        deployment = named(manifests, "Deployment", f"kumiki-{name}")
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = _materialise(pod, container, tmp_path / name, secret_files)
+        prefix = "KUMIKI_" + name.upper().replace("-", "_")
+        settings = Settings.from_env(name, env, grpc_port=0, http_port=0)
+        assert settings.server.host == "0.0.0.0"
+        assert settings.server.grpc_port == int(env[f"{prefix}_GRPC_PORT"])
+        assert settings.instance == "pod-abc"
+        assert settings.kafka.bootstrap == env["KUMIKI_KAFKA_BOOTSTRAP"]
+        if settings.kafka.security_protocol.startswith("SASL"):
+            assert settings.kafka.sasl_password == "material"  # read from the mounted file
+        if key == "quota":
+            quota = QuotaSettings.from_env(env)
+            assert quota.tokens or quota.mtls or quota.allow_anonymous
+            if quota.config_file is not None:
+                parse_config(yaml.safe_load(quota.config_file.read_text()))
+        if key == "placement":
+            env_choice(env, "KUMIKI_PLACEMENT_STRATEGY", "kumiki", STRATEGIES)
+            env_choice(env, "KUMIKI_PLACEMENT_POLICY", "fifo-backfill", LIVE_POLICIES)
+            env_float(env, "KUMIKI_PLACEMENT_CYCLE_S", 1.0, minimum=0.05, maximum=3600)
+            if "KUMIKI_QUOTA_ADDRESS" in env:
+                host, _, port = env["KUMIKI_QUOTA_ADDRESS"].rpartition(":")
+                assert host and port.isdigit()
+        if key == "telemetryIngest":
+            TelemetryConfig.from_env(env)
+    agent_pod = named(manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    (agent,) = agent_pod["containers"]
+    agent_env = _materialise(agent_pod, agent, tmp_path / "agent", secret_files)
+    for variable in list(os.environ):
+        if variable.startswith("KUMIKI_"):
+            monkeypatch.delenv(variable)
+    for variable, value in agent_env.items():
+        monkeypatch.setenv(variable, value)
+    config = config_from_args(build_parser().parse_args(agent["command"][3:]))
+    assert config.node == "gpu-node-1" and config.output == "kafka"
+    assert config.log_level == agent_env["KUMIKI_LOG_LEVEL"]  # the agent logs at the services' level
+    if config.source == "dcgm":
+        assert config.dcgm_url == "http://10.0.0.7:9400/metrics"
+    KafkaSettings.from_env(agent_env)
