@@ -650,3 +650,53 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
     if config.source == "dcgm":
         assert config.dcgm_url == "http://10.0.0.7:9400/metrics"
     KafkaSettings.from_env(agent_env)
+
+
+def _notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` would print it: helm template does not render NOTES, so a copy of the chart
+    renders the same text into a ConfigMap."""
+    chart = tmp_path / "kumiki"
+    shutil.copytree(CHART, chart)
+    notes = chart / "templates" / "NOTES.txt"
+    preview = '{{- define "notes.preview" -}}\n' + notes.read_text() + "{{- end }}\n"
+    preview += "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+    preview += 'data: {text: {{ include "notes.preview" . | toJson }}}\n'
+    (chart / "templates" / "zz-notes-preview.yaml").write_text(preview)
+    notes.unlink()
+    assert HELM is not None
+    result = subprocess.run(
+        [HELM, "template", "kumiki", str(chart), "--show-only", "templates/zz-notes-preview.yaml", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return str(yaml.safe_load(result.stdout)["data"]["text"])
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(ALL_OPTIONS)]], ids=["default", "all-options"])
+def test_notes_list_every_secret_the_pods_read_with_its_keys(tmp_path: Path, values: list[str]) -> None:
+    manifests = render(*values)
+    referenced: dict[str, set[str]] = {}
+    for workload in workloads(manifests):
+        pod = workload["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            if "secret" in volume:
+                keys = {item["key"] for item in volume["secret"].get("items", [])}
+                referenced.setdefault(volume["secret"]["secretName"], set()).update(keys)
+        for container in pod["containers"]:
+            for item in container.get("env", []):
+                ref = item.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    referenced.setdefault(ref["name"], set()).add(ref["key"])
+    assert referenced
+    lines = {
+        line.strip()[2:].split(":")[0]: line
+        for line in _notes(tmp_path / "n", *values).splitlines()
+        if line.strip().startswith("- ")
+    }
+    assert set(lines) == set(referenced)
+    for secret, keys in referenced.items():
+        for key in keys:
+            assert re.search(rf"\b{re.escape(key)}\b", lines[secret]), f"{secret}: key {key} not in NOTES"
