@@ -590,6 +590,47 @@ def _materialise(
     return env
 
 
+def _secret_files(manifests: list[Manifest]) -> dict[tuple[str, str], str]:
+    """Content of the Secret keys that must parse, and of the chart's ConfigMaps."""
+    configmaps = {m["metadata"]["name"]: m for m in of_kind(manifests, "ConfigMap")}
+    return {
+        ("kumiki-quota-tokens", "tokens.yaml"): f"{hashlib.sha256(b'placement-token').hexdigest()}: kumiki-placement\n",
+        ("kumiki-database", "url"): "postgresql://kumiki@postgres.db:5432/kumiki",
+        ("kumiki-database", "password"): "from-the-file",
+        ("kumiki-kafka-sasl", "username"): "kumiki-sasl-user",
+        **{(name, key): text for name, m in configmaps.items() for key, text in m["data"].items()},
+    }
+
+
+def test_every_option_reaches_the_setting_the_code_reads(all_options_manifests: list[Manifest], tmp_path: Path) -> None:
+    """With ci/all-options-values.yaml, the values that differ from the code's defaults come out of the
+    services' own Settings: a variable the chart misnames would leave the default there."""
+    from kumiki.common.config import Settings
+    from kumiki.quota.adapters.auth import QuotaSettings
+
+    options = yaml.safe_load(ALL_OPTIONS.read_text())
+    secret_files = _secret_files(all_options_manifests)
+    for name in ("quota", "forecast", "preemption"):
+        pod = named(all_options_manifests, "Deployment", f"kumiki-{name}")["spec"]["template"]["spec"]
+        env = _materialise(pod, pod["containers"][0], tmp_path / name, secret_files)
+        settings = Settings.from_env(name, env)
+        assert settings.kafka.default_partitions == options["kafka"]["partitions"] != 3
+        assert settings.kafka.replication_factor == options["kafka"]["replicationFactor"] != 1
+        assert settings.kafka.security_protocol == "SASL_SSL"
+        assert settings.kafka.sasl_mechanism == options["kafka"]["sasl"]["mechanism"]
+        assert settings.kafka.sasl_username == "kumiki-sasl-user"
+        assert settings.kafka.ssl_cafile and settings.kafka.ssl_certfile and settings.kafka.ssl_keyfile
+        assert settings.database.pool_max == options["database"]["poolMax"] != 10
+        assert settings.database.url == "postgresql://kumiki:from-the-file@postgres.db:5432/kumiki"
+        assert settings.server.tls_certfile and settings.server.tls_keyfile and settings.server.tls_client_cafile
+        assert settings.otlp_endpoint == options["otel"]["endpoint"]
+        assert settings.log_level == options["logLevel"] != "INFO"
+        if name == "quota":
+            quota = QuotaSettings.from_env(env)
+            assert quota.mtls and not quota.tokens and not quota.allow_anonymous
+            assert quota.config_file is not None
+
+
 def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
     manifests: list[Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -602,13 +643,7 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
     from kumiki.sched.placement import STRATEGIES
     from kumiki.telemetry.core import TelemetryConfig
 
-    configmaps = {m["metadata"]["name"]: m for m in of_kind(manifests, "ConfigMap")}
-    secret_files = {
-        ("kumiki-quota-tokens", "tokens.yaml"): f"{hashlib.sha256(b'placement-token').hexdigest()}: kumiki-placement\n",
-        ("kumiki-database", "url"): "postgresql://kumiki@postgres.db:5432/kumiki",
-        ("kumiki-kafka-sasl", "username"): "kumiki",
-        **{(name, key): text for name, m in configmaps.items() for key, text in m["data"].items()},
-    }
+    secret_files = _secret_files(manifests)
     for key, (name, _, _) in SERVICES.items():
         deployment = named(manifests, "Deployment", f"kumiki-{name}")
         pod = deployment["spec"]["template"]["spec"]
