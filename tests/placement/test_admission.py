@@ -4,21 +4,24 @@ queue is refused, and a waiting job binds once a release gives its queue room ag
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kumiki.common.config import DatabaseSettings, KafkaSettings, ServerSettings, Settings
+from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings, ServerSettings, Settings
 from kumiki.common.contracts.v1 import common_pb2, placement_pb2
 from kumiki.common.service import ServiceHost
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
+from kumiki.placement.app import quota_credentials
 from kumiki.quota.adapters.auth import token_digest
 from kumiki.quota.app import SPEC as QUOTA
 from tests.conftest import wait_until
 from tests.placement.support import bind_request, emulate, running_placement, whole
 from tests.placement.test_service import BOUND, PENDING, host_book
 from tests.quota.helpers import TOKENS, tree
+from tests.quota.test_service import make_certificates
 
 
 async def test_quota_limit_keeps_jobs_pending_until_room(
@@ -58,3 +61,54 @@ async def test_quota_limit_keeps_jobs_pending_until_room(
             await wait_until(bound_after_release, timeout_s=60, what="a-2 to be admitted once a-1 freed its quota")
     finally:
         await quota.stop()
+
+
+async def test_placement_reaches_quota_over_mtls_as_its_certificate_identity(
+    kafka: KafkaSettings, database_settings: DatabaseSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Quota requires client certificates; placement's certificate CN is the identity that must own the queue."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command makes the test certificates")
+    make_certificates(tmp_path)
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(yaml.safe_dump(tree(capacity=16)))
+    monkeypatch.setenv("KUMIKI_QUOTA_CONFIG_FILE", str(queues))
+    monkeypatch.setenv("KUMIKI_TLS_CLIENT_CAFILE", str(tmp_path / "ca.crt"))  # quota: identities from certificates
+    tls = ServerSettings(
+        tls_certfile=tmp_path / "server.crt", tls_keyfile=tmp_path / "server.key", tls_client_cafile=tmp_path / "ca.crt"
+    )
+    await emulate(kafka, emulated_nodes(1))
+    quota = ServiceHost(QUOTA, Settings("quota", kafka, database_settings, tls, instance="quota-mtls"))
+    try:
+        await quota.start()
+        monkeypatch.delenv("KUMIKI_TLS_CLIENT_CAFILE")
+        monkeypatch.setenv("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{quota.grpc_port}")
+        monkeypatch.setenv("KUMIKI_QUOTA_CAFILE", str(tmp_path / "ca.crt"))
+        for client, outcome in (("alice", BOUND), ("mallory", PENDING)):
+            monkeypatch.setenv("KUMIKI_QUOTA_CERTFILE", str(tmp_path / f"{client}.crt"))
+            monkeypatch.setenv("KUMIKI_QUOTA_KEYFILE", str(tmp_path / f"{client}.key"))
+            async with running_placement(kafka) as (host, stub):
+                await wait_until(lambda: len(host_book(host).nodes) == 1, what="the node")
+                reply = await stub.Bind(bind_request(f"{client}-1", [whole(1)], queue="org/team-a"))
+                assert reply.outcome == outcome, (client, reply)
+                if outcome == PENDING:
+                    assert "PERMISSION_DENIED" in reply.reasons[0].message and "mallory" in reply.reasons[0].message
+        # without a client certificate the TLS handshake fails: placement fails closed, the job waits
+        monkeypatch.delenv("KUMIKI_QUOTA_CERTFILE")
+        monkeypatch.delenv("KUMIKI_QUOTA_KEYFILE")
+        async with running_placement(kafka) as (host, stub):
+            await wait_until(lambda: len(host_book(host).nodes) == 1, what="the node")
+            reply = await stub.Bind(bind_request("anonymous-1", [whole(1)], queue="org/team-a"))
+            assert reply.outcome == PENDING and "quota service answered" in reply.reasons[0].message
+    finally:
+        await quota.stop()
+
+
+def test_quota_client_certificate_needs_its_key(tmp_path: Path) -> None:
+    cert = tmp_path / "placement.crt"
+    cert.write_text("not checked here")
+    with pytest.raises(ConfigError, match="KUMIKI_QUOTA_KEYFILE"):
+        quota_credentials({"KUMIKI_QUOTA_CERTFILE": str(cert)})
+    with pytest.raises(ConfigError, match="KUMIKI_QUOTA_CAFILE: expected a readable file"):
+        quota_credentials({"KUMIKI_QUOTA_CAFILE": str(tmp_path / "missing.crt")})
+    assert quota_credentials({}) is None
