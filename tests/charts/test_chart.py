@@ -308,6 +308,19 @@ def test_tls_sasl_and_mtls_mount_their_secrets_and_set_the_file_variables(
     assert source == ("Secret", "kumiki-kafka-tls", "ca.crt")
 
 
+def test_placement_reaches_quota_over_mtls_with_the_release_certificate(all_options_manifests: list[Manifest]) -> None:
+    pod = named(all_options_manifests, "Deployment", "kumiki-placement")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    assert env["KUMIKI_QUOTA_ADDRESS"]["value"].startswith("kumiki-quota:")
+    for variable, key in (
+        ("KUMIKI_QUOTA_CAFILE", "ca.crt"),
+        ("KUMIKI_QUOTA_CERTFILE", "tls.crt"),
+        ("KUMIKI_QUOTA_KEYFILE", "tls.key"),
+    ):
+        assert file_source(pod, container, env[variable]["value"]) == ("Secret", "kumiki-grpc-tls", key), variable
+
+
 def test_without_tls_nothing_is_mounted_and_no_file_variable_is_set(default_manifests: list[Manifest]) -> None:
     for workload in workloads(default_manifests):
         (container,) = workload["spec"]["template"]["spec"]["containers"]

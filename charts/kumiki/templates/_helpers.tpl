@@ -101,9 +101,6 @@ telemetryIngest: {name: telemetry-ingest, module: kumiki.telemetry, database: fa
 {{- if and $placement.enabled $placement.quotaAdmission.enabled (not .Values.services.quota.enabled) }}
 {{- fail "services.placement.quotaAdmission.enabled: needs services.quota.enabled (or turn admission off: allow-all)" }}
 {{- end }}
-{{- if and $placement.enabled $placement.quotaAdmission.enabled .Values.grpcTLS.enabled }}
-{{- fail "services.placement.quotaAdmission.enabled: placement's quota client has no TLS settings yet (it dials quota in plaintext), so it cannot be combined with grpcTLS.enabled; turn one off" }}
-{{- end }}
 {{- $auth := .Values.services.quota.auth }}
 {{- if and .Values.services.quota.enabled (not $auth.tokensSecret) (not .Values.grpcTLS.clientAuth) (not $auth.allowAnonymous) }}
 {{- fail "services.quota.auth: the quota service refuses to start without caller authentication: set services.quota.auth.tokensSecret, grpcTLS.clientAuth=true, or services.quota.auth.allowAnonymous=true (development only)" }}
