@@ -9,6 +9,8 @@ import pytest
 from kumiki.forecast.evaluate import job_features, replay
 from kumiki.forecast.models import (
     PRIOR_LOG_S,
+    CalibrationConfig,
+    ConformalP90,
     HistoryConfig,
     KeyedHistory,
     KumikiConfig,
@@ -17,6 +19,7 @@ from kumiki.forecast.models import (
     QuantRegConfig,
     QuantRegForecaster,
     RollingWindow,
+    SpreadConfig,
     build_default_forecaster,
     job_keys,
 )
@@ -101,6 +104,56 @@ def test_p90_is_calibrated_and_tighter_for_steady_keys() -> None:
     assert steady.p90_s / steady.p50_s < erratic.p90_s / erratic.p50_s
     # The p90 of the steady key sits near its true 90% quantile: 600 * e^(1.2816 * 0.1).
     assert steady.p90_s == pytest.approx(600.0 * math.exp(1.2816 * 0.1), rel=0.15)
+
+
+def test_log_sigma_follows_each_keys_true_spread_and_is_absent_before_any_history() -> None:
+    forecaster = KumikiForecaster()
+    assert forecaster.predict(features("cold")).log_sigma is None
+    jobs = keyed_trace(
+        4_000, medians_s={"steady": 600.0, "erratic": 600.0}, sigma={"steady": 0.1, "erratic": 1.5}, gap_s=1.0
+    )
+    replay(jobs, {"kumiki": lambda: forecaster}, start_s=1_000.0)
+    steady = forecaster.predict(features("s", queue="steady")).log_sigma
+    erratic = forecaster.predict(features("e", queue="erratic")).log_sigma
+    assert steady is not None and erratic is not None
+    assert steady == pytest.approx(0.1, rel=0.35)
+    assert erratic == pytest.approx(1.5, rel=0.25)
+
+
+def residuals_fed(values: list[float], *, queue: str = "a") -> ConformalP90:
+    calibration = ConformalP90(CalibrationConfig())
+    for value in values:
+        calibration.update(features("r", queue=queue), value, None)
+    return calibration
+
+
+def test_spread_leaves_out_the_bias_that_the_p90_offset_must_carry() -> None:
+    # A key whose forecasts run 20x short (residuals around +3) but vary little around that.
+    rng = random.Random(3)
+    calibration = residuals_fed([3.0 + rng.gauss(0.0, 0.2) for _ in range(300)])
+    job = features("x")
+    assert calibration.offset(job) > 3.0  # the p90 must cover the bias
+    sigma = calibration.spread(job, SpreadConfig())
+    assert sigma is not None and sigma == pytest.approx(0.2, rel=0.35)
+    # read off the p90 instead, the same key would look more than ten times as uncertain
+    assert calibration.offset(job) / 1.2816 > 10 * sigma
+
+
+def test_spread_of_a_young_key_falls_back_to_or_shrinks_towards_its_parent_level() -> None:
+    rng = random.Random(5)
+    calibration = residuals_fed([rng.gauss(0.0, 2.0) for _ in range(400)], queue="wide")
+    for _ in range(20):  # a second queue: 20 residuals with almost no spread
+        calibration.update(features("n", queue="narrow"), rng.gauss(0.0, 0.01), None)
+    overall = calibration.spread(features("g", queue="unseen"), SpreadConfig())
+    narrow = features("n", queue="narrow")
+    own = calibration.spread(narrow, SpreadConfig())
+    too_young = calibration.spread(narrow, SpreadConfig(min_residuals=21))
+    shrunk = calibration.spread(narrow, SpreadConfig(shrink=20.0))
+    assert overall is not None and own is not None and too_young is not None and shrunk is not None
+    assert own < 0.05 < 1.0 < overall  # a key with history uses its own spread
+    assert too_young == pytest.approx(overall)  # below min_residuals: the parent level's (here the global)
+    assert own < shrunk < overall
+    assert ConformalP90(CalibrationConfig()).spread(narrow, SpreadConfig()) is None
 
 
 def test_coverage_correction_reacts_when_run_times_shift_up() -> None:

@@ -12,6 +12,7 @@ from kumiki.sched.policies import (
     NO_FORECAST_P50_S,
     NO_FORECAST_P90_S,
     POLICIES,
+    Z90,
     estimate_remaining,
     gittins_rank,
     policy_named,
@@ -156,6 +157,23 @@ def test_kumiki_keys_use_forecast_and_gpus_and_the_oracle_uses_the_truth():
     assert waiting_key(POLICIES["kumiki-noforecast"], blind) == pytest.approx(
         4 * gittins_rank(NO_FORECAST_P50_S, NO_FORECAST_P90_S, 0.0)
     )
+
+
+def test_kumiki_reads_the_forecasts_log_sigma_in_place_of_its_p90_when_given():
+    features = JobFeatures("j", "q", "", 2.0, "", 0.0)
+    # a p90 1,500x the median, but a forecaster that knows its errors are mostly small
+    forecast = RuntimeForecast(p50_s=1000.0, p90_s=1.5e6, model="m", model_version=1, log_sigma=0.3)
+    job = JobView(features=features, gpus=2, queue="q", submit_s=0.0, forecast=forecast)
+    tight = 2 * gittins_rank(1000.0, 1000.0 * math.exp(Z90 * 0.3), 0.0)
+    assert waiting_key(POLICIES["kumiki"], job) == pytest.approx(tight)
+    from_p90 = 2 * gittins_rank(1000.0, 1.5e6, 0.0)
+    # read off the p90 (sigma clamped to 4), a fresh job looks likely to end at once and jumps the queue
+    assert from_p90 < 0.1 * tight
+    ignoring = dataclasses.replace(POLICIES["kumiki"], use_log_sigma=False)
+    assert waiting_key(ignoring, job) == pytest.approx(from_p90)
+    # a fixed sigma overrides both
+    fixed = dataclasses.replace(POLICIES["kumiki"], forecast_sigma=1.0)
+    assert waiting_key(fixed, job) == pytest.approx(2 * gittins_rank(1000.0, 1000.0 * math.exp(Z90), 0.0))
 
 
 def test_kumiki_variants_differ_only_in_what_they_know():

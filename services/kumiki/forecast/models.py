@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TypeVar
 
 import numpy as np
@@ -267,6 +268,26 @@ class CalibrationConfig:
     target: float = P90_LEVEL
 
 
+@dataclass(frozen=True, slots=True)
+class SpreadConfig:
+    """How the log-normal sigma a forecast reports (`RuntimeForecast.log_sigma`) is read off residuals.
+
+    sigma = (q_high - q_low of a key's residuals) / (z_high - z_low). The default, the upper half
+    (median to 90%), measures how far above its usual error a key's runs go, without the key's bias
+    (which the median residual removes) and without the coverage correction that widens the p90.
+    Measured on the Philly slice against IQR, 10-90% and shrinkage: docs/simulator.md.
+    """
+
+    low: float = 0.5
+    high: float = 0.9
+    min_residuals: int = 5  # a key level needs this many residuals for its own spread to count
+    shrink: float = 0.0  # pseudo-count of the parent key level's spread mixed into a key's (in variance)
+
+
+def _normal_quantile(level: float) -> float:
+    return float(NormalDist().inv_cdf(level))
+
+
 class ConformalP90:
     """Online calibration of the p90 as an offset above the p50, on log seconds.
 
@@ -290,6 +311,28 @@ class ConformalP90:
             if window is not None and len(window) >= self.config.min_residuals:
                 return max(0.0, window.quantile(self.config.target) + self.correction)
         return max(0.0, PRIOR_P90_OFFSET + self.correction)
+
+    def spread(self, job: JobFeatures, config: SpreadConfig) -> float | None:
+        """Log-normal sigma of the job's residuals: each key level's own, shrunk towards its parent level's.
+
+        Read from an inter-quantile range of residuals, not from the p90 offset: a key whose runs are mostly
+        alike but now and then 1,000x longer gets a tight sigma (the consumer models rare long runs apart),
+        while its p90 stays wide enough to cover them. None before the first residual.
+        """
+        width = _normal_quantile(config.high) - _normal_quantile(config.low)
+        sigma: float | None = None
+        for key in reversed(job_keys(job)):
+            window = self._residuals.get(key)
+            needed = 2 if key == GLOBAL_KEY else config.min_residuals
+            if window is None or len(window) < needed:
+                continue
+            own = (window.quantile(config.high) - window.quantile(config.low)) / width
+            if sigma is None:
+                sigma = own
+            else:
+                count = len(window)
+                sigma = math.sqrt((count * own**2 + config.shrink * sigma**2) / (count + config.shrink))
+        return sigma
 
     def is_calibrated(self, job: JobFeatures) -> bool:
         """Whether some key of the job has enough residuals for its p90 to be a conformal one."""
@@ -341,6 +384,7 @@ class KumikiConfig:
     history: HistoryConfig = HistoryConfig()
     quantreg: QuantRegConfig = QuantRegConfig()
     calibration: CalibrationConfig = CalibrationConfig()
+    spread: SpreadConfig = SpreadConfig()
     experts: tuple[str, ...] = DEFAULT_EXPERTS
     burst_window_s: float = 600.0  # siblings: same key, submitted at most this long before the job
     burst_min_jobs: int = 3  # finished siblings needed before the burst expert takes over (0: never)
@@ -456,7 +500,10 @@ class KumikiForecaster:
         remember(self._issued, job.job_id, Issued(features, log_p50, log_p90, calibrated, burst))
         self.bursts.submitted(job)
         path = "burst" if burst else "ensemble"
-        return RuntimeForecast(math.exp(log_p50), math.exp(log_p90), f"{self.name}/{path}", self.version)
+        log_sigma = calibration.spread(job, self.config.spread)
+        return RuntimeForecast(
+            math.exp(log_p50), math.exp(log_p90), f"{self.name}/{path}", self.version, log_sigma=log_sigma
+        )
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         actual = log_runtime(runtime_s)

@@ -26,12 +26,18 @@ class JobFeatures:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeForecast:
-    """Predicted run time quantiles in seconds, and which model produced them."""
+    """Predicted run time quantiles in seconds, and which model produced them.
+
+    `log_sigma`, when a model gives it, is its calibrated spread of log run time around the p50 (a
+    log-normal sigma fitted to its own past errors): schedulers that weigh uncertainty use it instead
+    of reading a sigma off the p90, which a conformal p90 stretches to cover the rare long runs.
+    """
 
     p50_s: float
     p90_s: float
     model: str
     model_version: int
+    log_sigma: float | None = None
 
 
 class RuntimeForecaster(Protocol):

@@ -65,8 +65,10 @@ class QueuePolicy:
     # `gittins` order: weight and width of the wide log-normal mixed into each forecast
     tail_weight: float = GITTINS_TAIL_WEIGHT
     tail_sigma: float = GITTINS_TAIL_SIGMA
-    # `gittins` order: sigma of log run time around the forecast median; 0: from the forecast's p90
+    # `gittins` order: sigma of log run time around the forecast median; 0: the forecast's own `log_sigma`
+    # when it gives one (and `use_log_sigma`), else read off its p90
     forecast_sigma: float = 0.0
+    use_log_sigma: bool = True
     # `gittins` order: rank x GPUs^gpu_exponent (0: per job, 1: GPU-seconds as in 2D-LAS)
     gpu_exponent: float = 0.0
 
@@ -166,6 +168,8 @@ def gittins_key(policy: QueuePolicy, view: JobView, executed_s: float) -> float:
         p50, p90 = forecast.p50_s, forecast.p90_s
         if policy.forecast_sigma:
             p90 = p50 * math.exp(Z90 * policy.forecast_sigma)
+        elif policy.use_log_sigma and forecast.log_sigma is not None:
+            p90 = p50 * math.exp(Z90 * forecast.log_sigma)
     rank = gittins_rank(p50, p90, executed_s, tail_weight=policy.tail_weight, tail_sigma=policy.tail_sigma)
     return rank * view.gpus**policy.gpu_exponent if policy.gpu_exponent else rank
 
