@@ -1,7 +1,8 @@
 """Ablations of the `kumiki` policy on the Philly slice: which part costs or buys what.
 
-One command: `.venv/bin/python benchmarks/sim_variants.py [--nodes 64]`. Each variant changes one field of
-`QueuePolicy` (the last one restores the policy shipped before the Gittins order); ratios are against
+One command: `.venv/bin/python benchmarks/sim_variants.py [--nodes 64] [--seed 0]`. Each variant changes one
+field of `QueuePolicy` or, under "spread", of the forecaster's `SpreadConfig` (how `RuntimeForecast.log_sigma`
+is read off residuals); the last one restores the policy shipped before the Gittins order. Ratios are against
 `fifo-backfill`, `tiresias` and `srtf-oracle` run in the same process.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kumiki.forecast.models import build_default_forecaster
+from kumiki.forecast.models import KumikiConfig, KumikiForecaster, SpreadConfig
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES, QueuePolicy
 from kumiki.sim.engine import SimConfig, Simulator
@@ -25,7 +26,13 @@ PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "phi
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "kumiki (shipped)": {},
+    "sigma read off the forecast's p90 (before log_sigma)": {"use_log_sigma": False},
     "forecast sigma fixed at 1.0 (p90 ignored)": {"forecast_sigma": 1.0},
+    "spread: interquartile range of residuals": {"spread": {"low": 0.25, "high": 0.75}},
+    "spread: 10% to 90% of residuals": {"spread": {"low": 0.1, "high": 0.9}},
+    "spread: a key's own from 3 residuals, not 5": {"spread": {"min_residuals": 3}},
+    "spread: a key's own from 10 residuals, not 5": {"spread": {"min_residuals": 10}},
+    "spread: shrunk to the parent key level (30 pseudo-residuals)": {"spread": {"shrink": 30.0}},
     "full-node jobs preemptible for 2.5 h, not 6 h": {"protect_after_s": 9000.0},
     "full-node jobs preemptible for 7 h, not 6 h": {"protect_after_s": 25200.0},
     "full-node jobs never preemptible after 1,800 s": {"protect_after_s": 0.0},
@@ -46,9 +53,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def run(policy: QueuePolicy, nodes: int) -> tuple[float, float]:
-    jobs = sim_jobs(load_jobs(PHILLY), max_gpus=nodes * 8)
-    forecaster = build_default_forecaster() if policy.uses_forecast else None
+def run(policy: QueuePolicy, nodes: int, seed: int, spread: SpreadConfig | None = None) -> tuple[float, float]:
+    jobs = sim_jobs(load_jobs(PHILLY), max_gpus=nodes * 8, seed=seed)
+    config = KumikiConfig(spread=spread or SpreadConfig())
+    forecaster = KumikiForecaster(config) if policy.uses_forecast else None
     result = Simulator(uniform_cluster(nodes, 8), jobs, SimConfig(policy), forecaster=forecaster).run()
     jct = [job.jct_s for job in result.jobs]
     large = [job.jct_s for job in result.jobs if job.gpus >= 8]
@@ -58,18 +66,23 @@ def run(policy: QueuePolicy, nodes: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="orders jobs submitted in the same second")
     args = parser.parse_args()
-    backfill, backfill_p99 = run(POLICIES["fifo-backfill"], args.nodes)
-    tiresias, _ = run(POLICIES["tiresias"], args.nodes)
-    srtf, _ = run(POLICIES["srtf-oracle"], args.nodes)
+    if args.nodes < 1:
+        parser.error("--nodes must be >= 1")
+    backfill, backfill_p99 = run(POLICIES["fifo-backfill"], args.nodes, args.seed)
+    tiresias, _ = run(POLICIES["tiresias"], args.nodes, args.seed)
+    srtf, _ = run(POLICIES["srtf-oracle"], args.nodes, args.seed)
     print(
         f"fifo-backfill avg JCT {backfill:,.0f} s, p99 large {backfill_p99:,.0f} s; tiresias {tiresias:,.0f} s; "
         f"srtf-oracle {srtf:,.0f} s"
     )
     print("| variant | avg JCT s | x fifo-backfill | x tiresias | x srtf-oracle | p99 large s |")
     print("|---|---|---|---|---|---|")
-    for name, change in VARIANTS.items():
-        mean, p99 = run(dataclasses.replace(POLICIES["kumiki"], **change), args.nodes)
+    for name, variant in VARIANTS.items():
+        change = dict(variant)
+        spread = SpreadConfig(**change.pop("spread", {}))
+        mean, p99 = run(dataclasses.replace(POLICIES["kumiki"], **change), args.nodes, args.seed, spread)
         ratios = f"{mean / backfill:.3f} | {mean / tiresias:.3f} | {mean / srtf:.3f}"
         print(f"| {name} | {mean:,.0f} | {ratios} | {p99:,.0f} |", flush=True)
 
