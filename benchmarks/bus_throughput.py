@@ -29,15 +29,27 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2
 
 def payloads(count: int) -> list[tuple[str, events_pb2.JobLifecycle]]:
     return [
-        (f"job-{i % 512}", events_pb2.JobLifecycle(job=common_pb2.JobRef(job_id=f"job-{i % 512}", generation=1),
-                                                    state=events_pb2.JOB_STATE_SUBMITTED, queue="team-a", gpus=8))
+        (
+            f"job-{i % 512}",
+            events_pb2.JobLifecycle(
+                job=common_pb2.JobRef(job_id=f"job-{i % 512}", generation=1),
+                state=events_pb2.JOB_STATE_SUBMITTED,
+                queue="team-a",
+                gpus=8,
+            ),
+        )
         for i in range(count)
     ]
 
 
 async def raw_produce(settings: KafkaSettings, topic: str, values: list[tuple[str, bytes]]) -> float:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", enable_idempotence=True,
-                                linger_ms=2, max_batch_size=256 * 1024)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        max_batch_size=256 * 1024,
+    )
     await producer.start()
     started = time.perf_counter()
     futures = [await producer.send(topic, value, key=key.encode()) for key, value in values]
@@ -48,8 +60,13 @@ async def raw_produce(settings: KafkaSettings, topic: str, values: list[tuple[st
 
 
 async def raw_consume(settings: KafkaSettings, topic: str, count: int) -> float:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.bootstrap,
+        group_id=f"raw-{uuid.uuid4().hex[:6]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     await consumer.start()
     seen = 0
     started = time.perf_counter()

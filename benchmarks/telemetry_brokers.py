@@ -42,10 +42,16 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import IdleRule, TelemetryConfig
-from kumiki.telemetry.topics import NODE_INVENTORY
 
-CONFIG = TelemetryConfig(gpu_window_s=10, usage_window_s=10, usage_step_s=10, node_timeout_s=5,
-                         publish_interval_s=0.5, idle_default=IdleRule(10.0, 1.5), session_timeout_s=6)
+CONFIG = TelemetryConfig(
+    gpu_window_s=10,
+    usage_window_s=10,
+    usage_step_s=10,
+    node_timeout_s=5,
+    publish_interval_s=0.5,
+    idle_default=IdleRule(10.0, 1.5),
+    session_timeout_s=6,
+)
 GIB = 1024**3
 
 
@@ -53,8 +59,9 @@ class Outputs:
     def __init__(self, settings: KafkaSettings) -> None:
         specs = (CLUSTER_STATE, GPU_IDLE, DEAD_LETTER)
         self.names = {spec.full_name(settings.topic_prefix): spec.name for spec in specs}
-        self.consumer = AIOKafkaConsumer(*self.names, bootstrap_servers=settings.bootstrap,
-                                         auto_offset_reset="earliest", group_id=None)
+        self.consumer = AIOKafkaConsumer(
+            *self.names, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", group_id=None
+        )
         self.states: list[events_pb2.NodeState] = []
         self.idle: list[events_pb2.GpuIdle] = []
         self.dead: list[dict[str, bytes]] = []
@@ -81,8 +88,9 @@ async def until(outputs: Outputs, check: Callable[[], bool], timeout_s: float) -
 
 
 async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
-    settings = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"brokers-{uuid.uuid4().hex[:6]}.",
-                             idempotent_producer=idempotent)
+    settings = KafkaSettings(
+        bootstrap=bootstrap, topic_prefix=f"brokers-{uuid.uuid4().hex[:6]}.", idempotent_producer=idempotent
+    )
     results: list[tuple[str, str]] = []
 
     async def step(name: str, action: Callable[[], Awaitable[bool]]) -> bool:
@@ -96,7 +104,7 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
         return ok
 
     async def topics() -> bool:
-        await ensure_topics(settings, [*ALL_TOPICS, NODE_INVENTORY])
+        await ensure_topics(settings, ALL_TOPICS)
         return True
 
     if not await step("create topics (compacted ones included)", topics):
@@ -115,6 +123,7 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
     streams: TelemetryStreams | None = None
     sink: KafkaSink | None = None
     try:
+
         async def start_worker() -> bool:
             nonlocal streams
             streams = TelemetryStreams(settings, CONFIG, producer)
@@ -124,16 +133,31 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
 
         if not await step("faust worker starts, tables recovered", start_worker):
             return results
-        inventory = GpuInventory("node-a", time.time(), "550", "12.4", tuple(
-            GpuDevice(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 80 * GIB, None, False) for i in range(2)))
+        inventory = GpuInventory(
+            "node-a",
+            time.time(),
+            "550",
+            "12.4",
+            tuple(GpuDevice(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 80 * GIB, None, False) for i in range(2)),
+        )
 
         async def jobs_and_samples() -> bool:
             nonlocal sink
-            await producer.publish_many(JOB_LIFECYCLE, [
-                (job, events_pb2.JobLifecycle(job=common_pb2.JobRef(job_id=job, generation=1), queue="q",
-                                              state=events_pb2.JOB_STATE_RUNNING,
-                                              assignments=[common_pb2.PodAssignment(node="node-a", gpu_indices=[i])]))
-                for i, job in enumerate(("idle-job", "busy-job"))])
+            await producer.publish_many(
+                JOB_LIFECYCLE,
+                [
+                    (
+                        job,
+                        events_pb2.JobLifecycle(
+                            job=common_pb2.JobRef(job_id=job, generation=1),
+                            queue="q",
+                            state=events_pb2.JOB_STATE_RUNNING,
+                            assignments=[common_pb2.PodAssignment(node="node-a", gpu_indices=[i])],
+                        ),
+                    )
+                    for i, job in enumerate(("idle-job", "busy-job"))
+                ],
+            )
             sink = await KafkaSink.open(settings, source="//kumiki/brokers-agent")
             await sink.publish_inventory(inventory)
             return True
@@ -146,41 +170,57 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 now = time.time()
-                await sink.publish([GpuSample("node-a", f"GPU-{i}", i, None, now, SampleFields(gpu_util_pct=util))
-                                    for i, util in ((0, 2.0), (1, 95.0))])
+                await sink.publish(
+                    [
+                        GpuSample("node-a", f"GPU-{i}", i, None, now, SampleFields(gpu_util_pct=util))
+                        for i, util in ((0, 2.0), (1, 95.0))
+                    ]
+                )
                 await asyncio.sleep(0.2)
 
         feeder = asyncio.create_task(feed(8.0))
 
         def state_ok() -> bool:
             states = [s for s in outputs.states if s.node == "node-a" and s.healthy]
-            return bool(states) and [round(g.utilization_pct) for g in states[-1].gpus] == [2, 95] \
+            return (
+                bool(states)
+                and [round(g.utilization_pct) for g in states[-1].gpus] == [2, 95]
                 and states[-1].labels.get("kumiki.dev/free-gpus") == ""
+            )
 
-        await step("cluster.state: node-a healthy, utilisation 2/95, both GPUs held",
-                   lambda: until(outputs, state_ok, 30))
-        await step("gpu.idle for idle-job", lambda: until(
-            outputs, lambda: any(e.job.job_id == "idle-job" for e in outputs.idle), 30))
+        await step(
+            "cluster.state: node-a healthy, utilisation 2/95, both GPUs held", lambda: until(outputs, state_ok, 30)
+        )
+        await step(
+            "gpu.idle for idle-job",
+            lambda: until(outputs, lambda: any(e.job.job_id == "idle-job" for e in outputs.idle), 30),
+        )
         await feeder
-        await step("no gpu.idle for busy-job", lambda: until(
-            outputs, lambda: not any(e.job.job_id == "busy-job" for e in outputs.idle), 1))
+        await step(
+            "no gpu.idle for busy-job",
+            lambda: until(outputs, lambda: not any(e.job.job_id == "busy-job" for e in outputs.idle), 1),
+        )
 
         async def invalid() -> bool:
             bad = events_pb2.GpuSample(node="node-a", gpu_uuid="GPU-0", gpu_utilization_pct=150.0)
             bad.sampled_at.GetCurrentTime()
             await producer.publish(GPU_SAMPLES, "node-a/GPU-0", bad)
-            return await until(outputs, lambda: any(b"0..100" in h.get("kumiki_dlq_reason", b"")
-                                                    for h in outputs.dead), 30)
+            return await until(
+                outputs, lambda: any(b"0..100" in h.get("kumiki_dlq_reason", b"") for h in outputs.dead), 30
+            )
 
         await step("invalid sample dead-lettered with the reason", invalid)
-        await step("silent node published unhealthy", lambda: until(
-            outputs, lambda: not [s for s in outputs.states if s.node == "node-a"][-1].healthy, 30))
+        await step(
+            "silent node published unhealthy",
+            lambda: until(outputs, lambda: not [s for s in outputs.states if s.node == "node-a"][-1].healthy, 30),
+        )
 
         async def restart() -> bool:
             nonlocal streams
             assert streams is not None
             before = max(s.version.version for s in outputs.states if s.node == "node-a")
             tables = ("node_records", "job_placements", "node_windows")
+
             def contents(name: str) -> dict[str, object]:
                 table = getattr(streams, name)
                 items = table.table.items() if name == "node_windows" else table.items()
@@ -195,16 +235,26 @@ async def trial(bootstrap: str, idempotent: bool) -> list[tuple[str, str]]:
             for name in tables:
                 if back[name] != kept[name]:
                     lost = [key for key in kept[name] if back[name].get(key) != kept[name][key]]
-                    raise AssertionError(f"table {name} recovered {len(back[name])} keys, {len(lost)} of "
-                                         f"{len(kept[name])} differ from before the restart")
+                    raise AssertionError(
+                        f"table {name} recovered {len(back[name])} keys, {len(lost)} of "
+                        f"{len(kept[name])} differ from before the restart"
+                    )
             await feed(1.0)
-            return await until(outputs, lambda: [s for s in outputs.states if s.node == "node-a"][-1].version.version
-                               > before and [s for s in outputs.states if s.node == "node-a"][-1].healthy
-                               and [s for s in outputs.states if s.node == "node-a"][-1]
-                               .labels.get("kumiki.dev/free-gpus") == "", 60)
+            return await until(
+                outputs,
+                lambda: (
+                    [s for s in outputs.states if s.node == "node-a"][-1].version.version > before
+                    and [s for s in outputs.states if s.node == "node-a"][-1].healthy
+                    and [s for s in outputs.states if s.node == "node-a"][-1].labels.get("kumiki.dev/free-gpus") == ""
+                ),
+                60,
+            )
 
-        await step("restarted worker: every table equal to before the stop (changelog recovery), holders kept,"
-                   " version continues", restart)
+        await step(
+            "restarted worker: every table equal to before the stop (changelog recovery), holders kept,"
+            " version continues",
+            restart,
+        )
     finally:
         if streams is not None:
             await streams.stop()

@@ -45,7 +45,6 @@ from kumiki.common.bus.topics import ALL_TOPICS, GPU_SAMPLES
 from kumiki.common.config import KafkaSettings
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
-from kumiki.telemetry.topics import NODE_INVENTORY
 
 TARGET = 20_000
 GIB = 1024**3
@@ -53,25 +52,45 @@ GIB = 1024**3
 
 def node_tick(node: int, gpus: int, timestamp: float) -> list[GpuSample]:
     return [
-        GpuSample(f"node-{node:04d}", f"GPU-{node:04d}-{g}", g, None, timestamp,
-                  SampleFields(gpu_util_pct=float((node * 7 + g * 13) % 100), memory_util_pct=10.0,
-                               memory_used_bytes=GIB * (g + 1), memory_total_bytes=80 * GIB, power_w=250.0,
-                               temperature_c=50.0, ecc_corrected_volatile=0, ecc_uncorrected_volatile=0),
-                  model="NVIDIA A100-SXM4-80GB", source="nvml")
+        GpuSample(
+            f"node-{node:04d}",
+            f"GPU-{node:04d}-{g}",
+            g,
+            None,
+            timestamp,
+            SampleFields(
+                gpu_util_pct=float((node * 7 + g * 13) % 100),
+                memory_util_pct=10.0,
+                memory_used_bytes=GIB * (g + 1),
+                memory_total_bytes=80 * GIB,
+                power_w=250.0,
+                temperature_c=50.0,
+                ecc_corrected_volatile=0,
+                ecc_uncorrected_volatile=0,
+            ),
+            model="NVIDIA A100-SXM4-80GB",
+            source="nvml",
+        )
         for g in range(gpus)
     ]
 
 
 def node_inventory(node: int, gpus: int) -> GpuInventory:
     """What each simulated agent publishes before its first sample (telemetry rejects unregistered nodes)."""
-    return GpuInventory(f"node-{node:04d}", time.time(), "550.54.15", "12.4", tuple(
-        GpuDevice(g, f"GPU-{node:04d}-{g}", "NVIDIA A100-SXM4-80GB", 80 * GIB, None, False) for g in range(gpus)))
+    return GpuInventory(
+        f"node-{node:04d}",
+        time.time(),
+        "550.54.15",
+        "12.4",
+        tuple(GpuDevice(g, f"GPU-{node:04d}-{g}", "NVIDIA A100-SXM4-80GB", 80 * GIB, None, False) for g in range(gpus)),
+    )
 
 
 async def register(sink: KafkaSink, nodes: Sequence[int], gpus: int) -> None:
     for start in range(0, len(nodes), 256):
-        await asyncio.gather(*(sink.publish_inventory(node_inventory(node, gpus))
-                               for node in nodes[start:start + 256]))
+        await asyncio.gather(
+            *(sink.publish_inventory(node_inventory(node, gpus)) for node in nodes[start : start + 256])
+        )
 
 
 async def agent_phase(settings: KafkaSettings, nodes: int, gpus: int, ticks: int, progress: Progress) -> float:
@@ -100,8 +119,14 @@ async def agent_phase(settings: KafkaSettings, nodes: int, gpus: int, ticks: int
 
 async def raw_phase(settings: KafkaSettings, total: int, with_decode: bool) -> float:
     topic = GPU_SAMPLES.full_name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
-                                enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=2000)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.bootstrap,
+        group_id=f"raw-{uuid.uuid4().hex[:6]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=2000,
+    )
     await consumer.start()
     seen = 0
     started = time.perf_counter()
@@ -121,8 +146,9 @@ async def faust_phase(
 ) -> tuple[float, float, TelemetryStreams]:
     """Wall seconds and CPU seconds of this process until every sample is folded into node state."""
     async with EventProducer(settings, "//kumiki/bench-telemetry") as producer:
-        streams = TelemetryStreams(settings, TelemetryConfig(), producer, front_end=front_end,
-                                   name=f"telemetry-{front_end}")
+        streams = TelemetryStreams(
+            settings, TelemetryConfig(), producer, front_end=front_end, name=f"telemetry-{front_end}"
+        )
         await streams.start()
         task = progress.add_task(f"worker, {front_end} front end", total=total)
         cpu_started = time.process_time()
@@ -156,7 +182,7 @@ def live_producer(
         step = 0
         while time.perf_counter() - started < seconds:
             now = time.time()
-            group = nodes[step % slices::slices]
+            group = nodes[step % slices :: slices]
             await asyncio.gather(*(sink.publish(node_tick(node, gpus, now)) for node in group))
             sent += gpus * len(group)
             step += 1
@@ -199,7 +225,7 @@ async def live_phase(
 ) -> dict[str, float]:
     prefix = f"bench-live-{uuid.uuid4().hex[:6]}."
     live = KafkaSettings(bootstrap=settings.bootstrap, topic_prefix=prefix)
-    await ensure_topics(live, [*ALL_TOPICS, NODE_INVENTORY])
+    await ensure_topics(live, ALL_TOPICS)
     nodes = list(range(max(1, rate // gpus)))  # each node ticks once a second
     async with EventProducer(live, "//kumiki/bench-telemetry") as producer:
         streams = MeasuredStreams(live, config, producer, name="telemetry-live")
@@ -210,9 +236,12 @@ async def live_phase(
             context = multiprocessing.get_context("spawn")
             go = context.Event()
             shares = [(nodes[i::producers], context.Event(), context.Value("q", -1)) for i in range(producers)]
-            processes = [context.Process(target=live_producer,
-                                         args=(settings.bootstrap, prefix, share, seconds, gpus, ready, go, sent))
-                         for share, ready, sent in shares]
+            processes = [
+                context.Process(
+                    target=live_producer, args=(settings.bootstrap, prefix, share, seconds, gpus, ready, go, sent)
+                )
+                for share, ready, sent in shares
+            ]
             for process in processes:
                 process.start()
             while not all(ready.is_set() for _, ready, _ in shares):  # inventories published
@@ -239,19 +268,30 @@ async def live_phase(
         finally:
             await streams.stop()
     ages = sorted(streams.ages)
-    return {"sent": float(total), "backlog_at_stop": float(backlog_at_stop), "drain_s": drained_s,
-            "rate": total / seconds, "offered": float(len(nodes) * gpus), "cpu_s": cpu_s,
-            "queue_wait_s": queue_wait_s, "flow_waits": float(streams.flow_waits),
-            "window": config.batch_window_s,
-            "p50": percentile(ages, 50), "p99": percentile(ages, 99), "max": ages[-1] if ages else float("nan")}
+    return {
+        "sent": float(total),
+        "backlog_at_stop": float(backlog_at_stop),
+        "drain_s": drained_s,
+        "rate": total / seconds,
+        "offered": float(len(nodes) * gpus),
+        "cpu_s": cpu_s,
+        "queue_wait_s": queue_wait_s,
+        "flow_waits": float(streams.flow_waits),
+        "window": config.batch_window_s,
+        "p50": percentile(ages, 50),
+        "p99": percentile(ages, 99),
+        "max": ages[-1] if ages else float("nan"),
+    }
 
 
 def sustained(live: dict[str, float]) -> bool:
     """Kept up: the producer sent what was asked, and at its stop at most one stage-1 window plus one second
     of samples was not yet in node state, and it was folded within the window plus two seconds."""
-    return (live["rate"] >= 0.95 * live["offered"]
-            and live["backlog_at_stop"] <= live["offered"] * (live["window"] + 1.0)
-            and live["drain_s"] <= live["window"] + 2.0)
+    return (
+        live["rate"] >= 0.95 * live["offered"]
+        and live["backlog_at_stop"] <= live["offered"] * (live["window"] + 1.0)
+        and live["drain_s"] <= live["window"] + 2.0
+    )
 
 
 async def main() -> None:
@@ -265,8 +305,11 @@ async def main() -> None:
     parser.add_argument("--live-s", type=float, default=15.0)
     parser.add_argument("--repeat", type=int, default=1, help="live runs per rate")
     parser.add_argument("--producers", type=int, default=1, help="live producer processes (nodes split)")
-    parser.add_argument("--batch-window-s", default=str(TelemetryConfig.batch_window_s),
-                        help="comma-separated stage-1 windows; each live rate runs with each")
+    parser.add_argument(
+        "--batch-window-s",
+        default=str(TelemetryConfig.batch_window_s),
+        help="comma-separated stage-1 windows; each live rate runs with each",
+    )
     parser.add_argument("--plot", default=None, help="write a PNG chart of the rates and live lag here")
     args = parser.parse_args()
     phases = {phase.strip() for phase in args.phases.split(",") if phase.strip()}
@@ -293,7 +336,7 @@ async def main() -> None:
     lives: list[dict[str, float]] = []
     with broker(args.bootstrap) as bootstrap:
         settings = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-tel-{uuid.uuid4().hex[:6]}.")
-        await ensure_topics(settings, [*ALL_TOPICS, NODE_INVENTORY])
+        await ensure_topics(settings, ALL_TOPICS)
         if "catch-up" in phases:
             with Progress(console=console, transient=True) as progress:
                 produce_s = await agent_phase(settings, args.nodes, args.gpus, args.ticks, progress)
@@ -313,8 +356,10 @@ async def main() -> None:
                 "worker, faust stream front end": total / faust_only_s,
                 "worker, aiokafka front end + faust (default)": total / faust_s,
             }
-            table = Table(title=f"catch-up, {total:,} samples ({args.nodes} nodes x {args.gpus} GPUs x "
-                                f"{args.ticks} ticks), broker {bootstrap}")
+            table = Table(
+                title=f"catch-up, {total:,} samples ({args.nodes} nodes x {args.gpus} GPUs x "
+                f"{args.ticks} ticks), broker {bootstrap}"
+            )
             table.add_column("path")
             table.add_column("samples/s", justify="right")
             table.add_column("vs raw consume", justify="right")
@@ -323,38 +368,59 @@ async def main() -> None:
             console.print(table)
             faust_rate = rates["worker, aiokafka front end + faust (default)"]
             verdict = "MET" if faust_rate >= TARGET else "MISSED"
-            console.print(f"catch-up target >= {TARGET:,} samples/s per worker: {verdict} ({faust_rate:,.0f}/s); "
-                          f"cluster.state records published: {streams.published_states}; worker CPU "
-                          f"{cpu_s:.1f}s = {total / cpu_s:,.0f} samples per CPU-second")
+            console.print(
+                f"catch-up target >= {TARGET:,} samples/s per worker: {verdict} ({faust_rate:,.0f}/s); "
+                f"cluster.state records published: {streams.published_states}; worker CPU "
+                f"{cpu_s:.1f}s = {total / cpu_s:,.0f} samples per CPU-second"
+            )
         if "live" in phases:
             for window, rate in ((window, rate) for window in windows for rate in live_rates):
                 for run in range(args.repeat):
                     config = TelemetryConfig(batch_window_s=window)
                     live = await live_phase(settings, rate, args.live_s, args.gpus, args.producers, config)
                     lives.append(live)
-                    console.log(f"live {rate:,}/s window {window:g}s run {run + 1}: sent {live['rate']:,.0f}/s, "
-                                f"age p50 "
-                                f"{live['p50']:.2f}s p99 {live['p99']:.2f}s, backlog at stop "
-                                f"{live['backlog_at_stop']:,.0f}, drained {live['drain_s']:.2f}s")
+                    console.log(
+                        f"live {rate:,}/s window {window:g}s run {run + 1}: sent {live['rate']:,.0f}/s, "
+                        f"age p50 "
+                        f"{live['p50']:.2f}s p99 {live['p99']:.2f}s, backlog at stop "
+                        f"{live['backlog_at_stop']:,.0f}, drained {live['drain_s']:.2f}s"
+                    )
     if lives:
-        table = Table(title=f"live: {args.producers} producer process(es), nodes of {args.gpus} GPUs at 1 Hz, "
-                            f"{args.live_s:g}s each")
-        for column in ("window", "offered/s", "sent/s", "worker CPU", "worker waiting for a CPU",
-                       "age in node state p50 / p99 / max",
-                       "not in state at stop", "drained after", "kept up"):
+        table = Table(
+            title=f"live: {args.producers} producer process(es), nodes of {args.gpus} GPUs at 1 Hz, "
+            f"{args.live_s:g}s each"
+        )
+        for column in (
+            "window",
+            "offered/s",
+            "sent/s",
+            "worker CPU",
+            "worker waiting for a CPU",
+            "age in node state p50 / p99 / max",
+            "not in state at stop",
+            "drained after",
+            "kept up",
+        ):
             table.add_column(column, justify="right")
         for live in lives:
-            table.add_row(f"{live['window']:g} s", f"{live['offered']:,.0f}", f"{live['rate']:,.0f}",
-                          f"{live['cpu_s'] / (args.live_s + live['drain_s']):.0%} of a core",
-                          f"{live['queue_wait_s'] / (args.live_s + live['drain_s']):.0%} of the time",
-                          f"{live['p50']:.2f} / {live['p99']:.2f} / {live['max']:.2f} s",
-                          f"{live['backlog_at_stop']:,.0f}", f"{live['drain_s']:.2f} s",
-                          "yes" if sustained(live) else "NO")
+            table.add_row(
+                f"{live['window']:g} s",
+                f"{live['offered']:,.0f}",
+                f"{live['rate']:,.0f}",
+                f"{live['cpu_s'] / (args.live_s + live['drain_s']):.0%} of a core",
+                f"{live['queue_wait_s'] / (args.live_s + live['drain_s']):.0%} of the time",
+                f"{live['p50']:.2f} / {live['p99']:.2f} / {live['max']:.2f} s",
+                f"{live['backlog_at_stop']:,.0f}",
+                f"{live['drain_s']:.2f} s",
+                "yes" if sustained(live) else "NO",
+            )
         console.print(table)
         kept = [live for live in lives if sustained(live)]
         best = max((live["offered"] for live in kept), default=0.0)
-        console.print(f"live target {TARGET:,}/s: {'MET' if best >= TARGET else 'MISSED'}; highest rate kept up: "
-                      f"{best:,.0f}/s (age = now - sampled_at when the sample's chunk is folded into node state)")
+        console.print(
+            f"live target {TARGET:,}/s: {'MET' if best >= TARGET else 'MISSED'}; highest rate kept up: "
+            f"{best:,.0f}/s (age = now - sampled_at when the sample's chunk is folded into node state)"
+        )
     if args.plot:
         plot(args.plot, rates, lives)
         console.print(f"plot: {args.plot}")
@@ -390,10 +456,22 @@ def plot(path: str, rates: dict[str, float], lives: list[dict[str, float]]) -> N
                     continue
                 label = f"window {window:g}s" + ("" if kept else ", fell behind")
                 fill = colour if kept else "none"
-                axis.scatter([live["rate"] for live in runs], [live["p50"] for live in runs], marker="o",
-                             edgecolors=colour, facecolors=fill, label=f"p50, {label}")
-                axis.scatter([live["rate"] for live in runs], [live["p99"] for live in runs], marker="^",
-                             edgecolors=colour, facecolors=fill, label=f"p99, {label}")
+                axis.scatter(
+                    [live["rate"] for live in runs],
+                    [live["p50"] for live in runs],
+                    marker="o",
+                    edgecolors=colour,
+                    facecolors=fill,
+                    label=f"p50, {label}",
+                )
+                axis.scatter(
+                    [live["rate"] for live in runs],
+                    [live["p99"] for live in runs],
+                    marker="^",
+                    edgecolors=colour,
+                    facecolors=fill,
+                    label=f"p99, {label}",
+                )
         axis.axvline(TARGET, color="red", linestyle="--", label=f"target {TARGET:,}/s")
         axis.set_yscale("log")
         axis.set_xlim(left=0, right=TARGET * 1.1)

@@ -148,8 +148,9 @@ async def test_a_closed_output_stops_the_run_instead_of_failing_every_tick() -> 
         async def publish(self, samples: Sequence[GpuSample]) -> None:
             raise BrokenPipeError
 
-    stats = await run_sampling(source, ClosedPipe(), TickSchedule(1.0, clock.now, 10.0),
-                               clock=clock, wall=clock, sleep=clock.sleep)
+    stats = await run_sampling(
+        source, ClosedPipe(), TickSchedule(1.0, clock.now, 10.0), clock=clock, wall=clock, sleep=clock.sleep
+    )
     assert stats.ticks == 1
     assert stats.publish_errors == 0
 
@@ -158,19 +159,28 @@ async def test_replay_paces_batches_shifts_time_and_relabels_the_node() -> None:
     clock = FakeClock(start=5000.0)
     recorded = [
         GpuSample("rec-node", f"GPU-{i}", i, None, t, SampleFields(gpu_util_pct=float(i)))
-        for t in (100.0, 102.0, 106.0) for i in (0, 1)
+        for t in (100.0, 102.0, 106.0)
+        for i in (0, 1)
     ]
     gpus = (GpuDevice(0, "GPU-0", None, None, None, None),)
     inventory = GpuInventory("rec-node", 99.0, "550", "12.4", gpus)
     sink = ListSink()
-    stats = await run_replay(inventory, recorded, sink, speed=2.0, node="replica-3", keep_timestamps=False,
-                             clock=clock, wall=clock, sleep=clock.sleep)
+    stats = await run_replay(
+        inventory,
+        recorded,
+        sink,
+        speed=2.0,
+        node="replica-3",
+        keep_timestamps=False,
+        clock=clock,
+        wall=clock,
+        sleep=clock.sleep,
+    )
     assert stats.ticks == 3 and stats.samples == 6
     assert clock.sleeps == [1.0, 2.0]  # gaps of 2 s and 4 s at double speed
     assert sink.inventories[0].node == "replica-3"
     assert sink.inventories[0].collected_at == 99.0 + 4900.0
-    assert [[s.timestamp for s in batch] for batch in sink.batches] == [[5000.0] * 2, [5002.0] * 2,
-                                                                       [5006.0] * 2]
+    assert [[s.timestamp for s in batch] for batch in sink.batches] == [[5000.0] * 2, [5002.0] * 2, [5006.0] * 2]
     assert {s.node for batch in sink.batches for s in batch} == {"replica-3"}
 
 
@@ -179,8 +189,9 @@ async def test_replay_at_speed_zero_never_waits_and_can_keep_timestamps() -> Non
     recorded = [GpuSample("n", "GPU-0", 0, None, t, SampleFields()) for t in (1.0, 50.0, 900.0)]
     inventory = GpuInventory("n", 1.0, None, None, ())
     sink = ListSink()
-    await run_replay(inventory, recorded, sink, speed=0, node=None, keep_timestamps=True,
-                     clock=clock, wall=clock, sleep=clock.sleep)
+    await run_replay(
+        inventory, recorded, sink, speed=0, node=None, keep_timestamps=True, clock=clock, wall=clock, sleep=clock.sleep
+    )
     assert clock.sleeps == []
     assert [batch[0].timestamp for batch in sink.batches] == [1.0, 50.0, 900.0]
 
@@ -192,12 +203,30 @@ def two_gpu_node() -> FakeNvmlConfig:
     return FakeNvmlConfig(
         system={"driver_version": "535.161.08", "cuda_version": 12020},
         gpus=[
-            {"uuid": "GPU-aaaa", "name": "NVIDIA H100 80GB HBM3", "memory_total": 80 * GIB,
-             "memory_used": 7 * GIB, "util_gpu": [5, 95, 60], "util_memory": [1], "power_mw": 420000,
-             "temperature_c": 55, "mig": "off", "nvlink_count": 18},
-            {"uuid": "GPU-bbbb", "name": "NVIDIA H100 80GB HBM3", "memory_total": 80 * GIB,
-             "memory_used": 0, "util_gpu": [0], "util_memory": [0], "temperature_c": 30,
-             "unsupported": "power", "mig": "off", "nvlink_count": 18},
+            {
+                "uuid": "GPU-aaaa",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total": 80 * GIB,
+                "memory_used": 7 * GIB,
+                "util_gpu": [5, 95, 60],
+                "util_memory": [1],
+                "power_mw": 420000,
+                "temperature_c": 55,
+                "mig": "off",
+                "nvlink_count": 18,
+            },
+            {
+                "uuid": "GPU-bbbb",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total": 80 * GIB,
+                "memory_used": 0,
+                "util_gpu": [0],
+                "util_memory": [0],
+                "temperature_c": 30,
+                "unsupported": "power",
+                "mig": "off",
+                "nvlink_count": 18,
+            },
         ],
         nvlinks=[{"a": 0, "b": 1, "links": 18}],
         topology=[{"a": 0, "b": 1, "level": "SINGLE"}],
@@ -205,16 +234,23 @@ def two_gpu_node() -> FakeNvmlConfig:
 
 
 def agent(fake_nvml: FakeNvml, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kumiki.agent", *argv], env=fake_nvml.subprocess_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "kumiki.agent", *argv],
+        env=fake_nvml.subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_record_then_replay_through_the_real_loader(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     config = two_gpu_node()
     fake_nvml.configure(config)
     recording = tmp_path / "rec"
-    done = agent(fake_nvml, "--node", "gpu-node-1", "--interval-s", "0.05", "--duration-s", "0.4",
-                 "--record", str(recording))
+    done = agent(
+        fake_nvml, "--node", "gpu-node-1", "--interval-s", "0.05", "--duration-s", "0.4", "--record", str(recording)
+    )
     assert done.returncode == 0, done.stderr
     inventory = json.loads((recording / "inventory.json").read_text())
     assert inventory["node"] == "gpu-node-1"
@@ -235,8 +271,7 @@ def test_record_then_replay_through_the_real_loader(fake_nvml: FakeNvml, tmp_pat
     assert all("power_w" not in s["fields"] for s in recorded if s["gpu_index"] == 1)
 
     out = tmp_path / "replayed.jsonl"
-    replayed = agent(fake_nvml, "--replay", str(recording), "--speed", "0", "--node", "replica-1",
-                     "--output", str(out))
+    replayed = agent(fake_nvml, "--replay", str(recording), "--speed", "0", "--node", "replica-1", "--output", str(out))
     assert replayed.returncode == 0, replayed.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["kind"] == "inventory" and lines[0]["node"] == "replica-1"
@@ -251,10 +286,13 @@ def test_record_then_replay_through_the_real_loader(fake_nvml: FakeNvml, tmp_pat
 
 def test_sigterm_ends_a_run_cleanly(fake_nvml: FakeNvml) -> None:
     fake_nvml.configure(two_gpu_node())
-    process = subprocess.Popen([sys.executable, "-m", "kumiki.agent", "--node", "gpu-node-1",
-                                "--interval-s", "0.05", "--output", "-"],
-                               env=fake_nvml.subprocess_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kumiki.agent", "--node", "gpu-node-1", "--interval-s", "0.05", "--output", "-"],
+        env=fake_nvml.subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         first = json.loads(process.stdout.readline())
@@ -289,6 +327,7 @@ async def test_dcgm_ingest_publishes_its_synthetic_inventory_before_any_sample()
 
     page = (Path(__file__).parent / "fixtures" / "dcgm_exporter_a100_mig.prom").read_text(encoding="utf-8")
     app = web.Application()
+
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/plain")
 
@@ -310,9 +349,19 @@ async def test_dcgm_ingest_publishes_its_synthetic_inventory_before_any_sample()
             self.inventories.append(inventory)
 
     sink = OrderSink()
-    config = AgentConfig(node="gpu-node-7", source="dcgm", interval_s=0.05, duration_s=0.2, output=None,
-                         record_dir=None, replay_dir=None, dcgm_url=f"http://127.0.0.1:{port}/metrics",
-                         speed=1.0, keep_timestamps=False, log_level="WARNING")
+    config = AgentConfig(
+        node="gpu-node-7",
+        source="dcgm",
+        interval_s=0.05,
+        duration_s=0.2,
+        output=None,
+        record_dir=None,
+        replay_dir=None,
+        dcgm_url=f"http://127.0.0.1:{port}/metrics",
+        speed=1.0,
+        keep_timestamps=False,
+        log_level="WARNING",
+    )
     try:
         stats = await _run_live(config, sink, None)
     finally:

@@ -38,13 +38,26 @@ GIB = 1024**3
 
 
 def sample(**changes: object) -> GpuSample:
-    fields = SampleFields(gpu_util_pct=55.0, memory_util_pct=20.0, memory_used_bytes=10 * GIB,
-                          memory_total_bytes=80 * GIB, power_w=250.0, temperature_c=60.0,
-                          ecc_corrected_volatile=0, ecc_uncorrected_volatile=0)
+    fields = SampleFields(
+        gpu_util_pct=55.0,
+        memory_util_pct=20.0,
+        memory_used_bytes=10 * GIB,
+        memory_total_bytes=80 * GIB,
+        power_w=250.0,
+        temperature_c=60.0,
+        ecc_corrected_volatile=0,
+        ecc_uncorrected_volatile=0,
+    )
     field_changes = {k: v for k, v in changes.items() if hasattr(fields, k)}
     other = {k: v for k, v in changes.items() if not hasattr(fields, k)}
-    base = GpuSample(node="node-a", gpu_uuid="GPU-1", gpu_index=0, mig_instance_id=None,
-                     timestamp=1_700_000_000.0, fields=replace(fields, **field_changes))
+    base = GpuSample(
+        node="node-a",
+        gpu_uuid="GPU-1",
+        gpu_index=0,
+        mig_instance_id=None,
+        timestamp=1_700_000_000.0,
+        fields=replace(fields, **field_changes),
+    )
     return replace(base, **other)
 
 
@@ -107,8 +120,12 @@ def test_unset_fields_are_not_judged() -> None:
 
 
 def test_partition_keeps_order_and_reasons() -> None:
-    batch = [sample(gpu_index=0), sample(gpu_index=1, gpu_util_pct=130.0), sample(gpu_index=2),
-             sample(gpu_index=3, node="ghost")]
+    batch = [
+        sample(gpu_index=0),
+        sample(gpu_index=1, gpu_util_pct=130.0),
+        sample(gpu_index=2),
+        sample(gpu_index=3, node="ghost"),
+    ]
     accepted, rejected = partition_samples(batch, known_nodes={"node-a"})
     assert [s.gpu_index for s in accepted] == [0, 2]
     assert [(r.sample.gpu_index, r.field_name) for r in rejected] == [(1, "gpu_util_pct"), (3, "node")]
@@ -150,8 +167,14 @@ def test_duration_bounds_the_ticks() -> None:
 
 @pytest.mark.parametrize(
     ("interval", "duration", "field_name"),
-    [(0.0, None, "interval_s"), (-1.0, None, "interval_s"), (math.nan, None, "interval_s"),
-     (5000.0, None, "interval_s"), (1.0, 0.0, "duration_s"), (1.0, -2.0, "duration_s")],
+    [
+        (0.0, None, "interval_s"),
+        (-1.0, None, "interval_s"),
+        (math.nan, None, "interval_s"),
+        (5000.0, None, "interval_s"),
+        (1.0, 0.0, "duration_s"),
+        (1.0, -2.0, "duration_s"),
+    ],
 )
 def test_bad_schedules_are_refused(interval: float, duration: float | None, field_name: str) -> None:
     with pytest.raises(ValueError, match=f"^{field_name}: "):
@@ -171,8 +194,13 @@ def test_cuda_and_topology_names() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("00000000:07:00.0", "00000000:07:00.0"), ("0000:07:00.0", "00000000:07:00.0"),
-     ("00000000:4F:00.0", "00000000:4f:00.0"), ("4f:00.0", "00000000:4f:00.0"), ("garbage", None)],
+    [
+        ("00000000:07:00.0", "00000000:07:00.0"),
+        ("0000:07:00.0", "00000000:07:00.0"),
+        ("00000000:4F:00.0", "00000000:4f:00.0"),
+        ("4f:00.0", "00000000:4f:00.0"),
+        ("garbage", None),
+    ],
 )
 def test_pci_bus_ids_have_one_spelling(text: str, expected: str | None) -> None:
     assert normalise_pci_bus_id(text) == expected
@@ -200,8 +228,9 @@ def test_nvlink_counts_match_remote_addresses_to_gpus() -> None:
 
 
 def test_sample_round_trips_through_json_dicts() -> None:
-    original = sample(xid_errors=(79, 48), mig_instance_id=3, labels={"pod": "p", "namespace": "n"},
-                      model="NVIDIA L4", source="nvml")
+    original = sample(
+        xid_errors=(79, 48), mig_instance_id=3, labels={"pod": "p", "namespace": "n"}, model="NVIDIA L4", source="nvml"
+    )
     encoded = sample_to_dict(original)
     assert "last_xid" not in encoded["fields"]  # unset stays unset, not 0 or null
     assert sample_from_dict(encoded) == original
@@ -230,18 +259,25 @@ def test_bad_recorded_samples_name_the_field(mutate, message: str) -> None:
 
 def inventory() -> GpuInventory:
     return GpuInventory(
-        node="node-a", collected_at=1_700_000_000.0, driver_version="550.54.15",
+        node="node-a",
+        collected_at=1_700_000_000.0,
+        driver_version="550.54.15",
         cuda_driver_version="12.4",
         gpus=(
             GpuDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3", 80 * GIB, "00000000:07:00.0", False, (), 18),
-            GpuDevice(1, "GPU-1", "NVIDIA H100 80GB HBM3", 80 * GIB, "00000000:0F:00.0", True,
-                      (MigInstance(1, 0, "MIG-1", "3g.40gb", 40 * GIB, 4, 4),
-                       MigInstance(2, None, None, None, None)),
-                      18),
+            GpuDevice(
+                1,
+                "GPU-1",
+                "NVIDIA H100 80GB HBM3",
+                80 * GIB,
+                "00000000:0F:00.0",
+                True,
+                (MigInstance(1, 0, "MIG-1", "3g.40gb", 40 * GIB, 4, 4), MigInstance(2, None, None, None, None)),
+                18,
+            ),
             GpuDevice(2, "GPU-2", None, None, None, None, (), None),
         ),
-        pairs=(GpuPair(0, 1, "SINGLE", 18, True), GpuPair(0, 2, None, 0, None),
-               GpuPair(1, 2, "SYSTEM", 0, False)),
+        pairs=(GpuPair(0, 1, "SINGLE", 18, True), GpuPair(0, 2, None, 0, None), GpuPair(1, 2, "SYSTEM", 0, False)),
     )
 
 

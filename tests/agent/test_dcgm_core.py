@@ -20,16 +20,18 @@ UUID2 = "GPU-5fd4ab0c-7e3b-1c2a-9d11-0a1b2c3d4e52"
 
 
 def test_parser_reads_labels_escapes_special_values_and_timestamps() -> None:
-    text = "\n".join([
-        "# HELP x a metric",
-        "# TYPE x gauge",
-        'x{a="1",b="say \\"hi\\"",c="back\\\\slash",d="line\\nbreak",} 2.5',
-        "bare_metric 7",
-        'nan_metric{gpu="0"} NaN',
-        'inf_metric{gpu="0"} +Inf',
-        'stamped{gpu="0"} 3 1700000000123',
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# HELP x a metric",
+            "# TYPE x gauge",
+            'x{a="1",b="say \\"hi\\"",c="back\\\\slash",d="line\\nbreak",} 2.5',
+            "bare_metric 7",
+            'nan_metric{gpu="0"} NaN',
+            'inf_metric{gpu="0"} +Inf',
+            'stamped{gpu="0"} 3 1700000000123',
+            "",
+        ]
+    )
     page = parse_exposition(text)
     assert page.errors == ()
     first, bare, nan, inf, stamped = page.metrics
@@ -46,7 +48,7 @@ def test_parser_reads_labels_escapes_special_values_and_timestamps() -> None:
     ("line", "reason"),
     [
         ('m{gpu="0" 1', "expected ',' or '}'"),
-        ('m{gpu=0} 1', "no quoted value"),
+        ("m{gpu=0} 1", "no quoted value"),
         ('m{gpu="0} 1', "not closed"),
         ("m{} forty", "not a number"),
         ("m 1 2 3", "expected a value"),
@@ -120,7 +122,9 @@ def test_exporter_page_inventory() -> None:
     assert [g.mig_enabled for g in inventory.gpus] == [None, True, None]
     instances = inventory.gpus[1].mig_instances
     assert [(m.gpu_instance_id, m.profile, m.memory_total_bytes) for m in instances] == [
-        (1, "1g.10gb", 9728 * MIB), (2, "3g.40gb", 39936 * MIB)]
+        (1, "1g.10gb", 9728 * MIB),
+        (2, "3g.40gb", 39936 * MIB),
+    ]
 
 
 def test_configured_node_overrides_hostname_and_unlabelled_series_are_skipped() -> None:
@@ -132,7 +136,10 @@ def test_configured_node_overrides_hostname_and_unlabelled_series_are_skipped() 
     )
     reading = read_exporter_page(text, node="gpu-node-7", scraped_at=9.0)
     assert [(s.node, s.gpu_uuid) for s in reading.samples] == [
-        ("gpu-node-7", "GPU-a"), ("gpu-node-7", "GPU-c"), ("gpu-node-7", "GPU-d")]
+        ("gpu-node-7", "GPU-a"),
+        ("gpu-node-7", "GPU-c"),
+        ("gpu-node-7", "GPU-d"),
+    ]
     assert reading.samples[0].fields.gpu_util_pct == 12.0
     assert reading.samples[1].fields.gpu_util_pct is None  # NaN: the exporter had no value
     assert reading.samples[2].timestamp == 1_700_000_000.5
@@ -154,13 +161,13 @@ def _escape(value: str) -> str:
     value=st.floats(allow_nan=False),
     timestamp=st.none() | st.integers(min_value=0, max_value=2**53),
 )
-def test_any_rendered_series_parses_back(name: str, labels: dict[str, str], value: float,
-                                         timestamp: int | None) -> None:
+def test_any_rendered_series_parses_back(
+    name: str, labels: dict[str, str], value: float, timestamp: int | None
+) -> None:
     rendered = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
     value_text = {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, repr(value))
     line = f"{name}{{{rendered}}} {value_text}" + ("" if timestamp is None else f" {timestamp}")
     page = parse_exposition(line)
     assert page.errors == ()
     (metric,) = page.metrics
-    assert (metric.name, dict(metric.labels), metric.value, metric.timestamp_ms) == (
-        name, labels, value, timestamp)
+    assert (metric.name, dict(metric.labels), metric.value, metric.timestamp_ms) == (name, labels, value, timestamp)

@@ -13,14 +13,22 @@ from tests.conftest import REPO_ROOT
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("KUMIKI_TELEMETRY_IDLE", "research=abc:5"), ("KUMIKI_TELEMETRY_NODE_TIMEOUT_S", "soon"),
-     ("KUMIKI_TELEMETRY_USAGE_STEP_S", "900")],
+    [
+        ("KUMIKI_TELEMETRY_IDLE", "research=abc:5"),
+        ("KUMIKI_TELEMETRY_NODE_TIMEOUT_S", "soon"),
+        ("KUMIKI_TELEMETRY_USAGE_STEP_S", "900"),
+    ],
 )
 def test_bad_setting_exits_2_with_one_line(variable: str, value: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "services"), variable: value,
-           "KUMIKI_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
-    done = subprocess.run([sys.executable, "-m", "kumiki.telemetry"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT / "services"),
+        variable: value,
+        "KUMIKI_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "kumiki.telemetry"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"kumiki-telemetry-ingest: configuration error: {variable}: ")

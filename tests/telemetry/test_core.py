@@ -19,28 +19,43 @@ from kumiki.telemetry.core import (
     Transition,
 )
 
-CONFIG = TelemetryConfig(gpu_window_s=60, usage_window_s=300, usage_step_s=60, node_timeout_s=30,
-                         publish_interval_s=10, idle_default=IdleRule(5.0, 60.0),
-                         idle_by_queue={"lenient": IdleRule(50.0, 60.0)})
+CONFIG = TelemetryConfig(
+    gpu_window_s=60,
+    usage_window_s=300,
+    usage_step_s=60,
+    node_timeout_s=30,
+    publish_interval_s=10,
+    idle_default=IdleRule(5.0, 60.0),
+    idle_by_queue={"lenient": IdleRule(50.0, 60.0)},
+)
 
 
-def reading(node: str, index: int, t: float, util: float | None, *, ecc: int | None = None,
-            xids: tuple[int, ...] = (), mig: int | None = None) -> Reading:
+def reading(
+    node: str,
+    index: int,
+    t: float,
+    util: float | None,
+    *,
+    ecc: int | None = None,
+    xids: tuple[int, ...] = (),
+    mig: int | None = None,
+) -> Reading:
     return Reading(node, f"GPU-{node}-{index}", index, mig, t, util, 1000, 80000, ecc, xids, "A100")
 
 
 def inventory(node: str, gpus: int) -> Inventory:
-    return Inventory(node, tuple(InventoryGpu(i, f"GPU-{node}-{i}", "A100", 81920, i // 4, False, ())
-                                 for i in range(gpus)))
+    return Inventory(
+        node, tuple(InventoryGpu(i, f"GPU-{node}-{i}", "A100", 81920, i // 4, False, ()) for i in range(gpus))
+    )
 
 
-def hold(record: NodeRecord | None, node: str, job: str, indices: tuple[int, ...], queue: str = "q",
-         generation: int = 1) -> NodeRecord:
+def hold(
+    record: NodeRecord | None, node: str, job: str, indices: tuple[int, ...], queue: str = "q", generation: int = 1
+) -> NodeRecord:
     return core.apply_allocation(record, core.AllocationChange(node, job, generation, queue, indices, True))
 
 
-def feed(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[core.IdleFinding],
-                                                             list[core.Usage]]:
+def feed(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[core.IdleFinding], list[core.Usage]]:
     findings: list[core.IdleFinding] = []
     usages: list[core.Usage] = []
     for chunk in core.summarise(samples, CONFIG.bucket_s):
@@ -54,13 +69,24 @@ def feed(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[c
 
 
 def test_summarise_groups_by_node_and_bucket_and_keeps_the_newest_values() -> None:
-    samples = [reading("n1", 0, 100.0, 10.0), reading("n1", 0, 110.0, 30.0), reading("n1", 0, 105.0, 20.0),
-               reading("n2", 0, 101.0, 50.0), reading("n1", 0, 125.0, 70.0)]
+    samples = [
+        reading("n1", 0, 100.0, 10.0),
+        reading("n1", 0, 110.0, 30.0),
+        reading("n1", 0, 105.0, 20.0),
+        reading("n2", 0, 101.0, 50.0),
+        reading("n1", 0, 125.0, 70.0),
+    ]
     chunks = {(c.node, c.bucket): c for c in core.summarise(samples, 20.0)}
     assert set(chunks) == {("n1", 100.0), ("n2", 100.0), ("n1", 120.0)}
     first = chunks[("n1", 100.0)].gpus["GPU-n1-0"]
     assert (first.samples, first.util_sum, first.util_max, first.first_ts, first.last_ts, first.last_util) == (
-        3, 60.0, 30.0, 100.0, 110.0, 30.0)
+        3,
+        60.0,
+        30.0,
+        100.0,
+        110.0,
+        30.0,
+    )
     assert core.NodeChunk.from_json(json.loads(json.dumps(chunks[("n1", 100.0)].to_json()))) == chunks[("n1", 100.0)]
 
 
@@ -88,11 +114,11 @@ def transition(state: int, generation: int = 1, *assignments: Assignment) -> Tra
 
 
 def test_bound_then_moved_then_completed_releases_every_node_it_held() -> None:
-    placement, changes = core.allocation_changes(None, transition(core.STATE_BOUND, 1, Assignment("n1", (0, 1)),
-                                                                  Assignment("n2", (3,))))
+    placement, changes = core.allocation_changes(
+        None, transition(core.STATE_BOUND, 1, Assignment("n1", (0, 1)), Assignment("n2", (3,)))
+    )
     assert [(c.node, c.gpu_indices, c.holding) for c in changes] == [("n1", (0, 1), True), ("n2", (3,), True)]
-    placement, changes = core.allocation_changes(placement, transition(core.STATE_RUNNING, 1,
-                                                                       Assignment("n1", (0, 1))))
+    placement, changes = core.allocation_changes(placement, transition(core.STATE_RUNNING, 1, Assignment("n1", (0, 1))))
     assert [(c.node, c.holding) for c in changes] == [("n1", True), ("n2", False)]
     placement, changes = core.allocation_changes(placement, transition(core.STATE_COMPLETED, 1))
     assert [(c.node, c.holding) for c in changes] == [("n1", False)]
@@ -114,8 +140,7 @@ def test_an_older_generation_or_a_late_running_after_completion_changes_nothing(
 
 
 def test_a_job_below_threshold_for_the_duration_is_reported_once_and_a_busy_job_never() -> None:
-    record = hold(hold(core.apply_inventory(None, inventory("n1", 2)), "n1", "idle-job", (0,)),
-                  "n1", "busy-job", (1,))
+    record = hold(hold(core.apply_inventory(None, inventory("n1", 2)), "n1", "idle-job", (0,)), "n1", "busy-job", (1,))
     findings: list[core.IdleFinding] = []
     for t in range(0, 121, 10):
         record, found, _ = feed(record, [reading("n1", 0, 1000.0 + t, 2.0), reading("n1", 1, 1000.0 + t, 95.0)])
@@ -189,12 +214,23 @@ def test_a_redelivered_chunk_is_not_counted_twice() -> None:
 
 def test_node_view_has_inventory_health_holders_and_free_gpus() -> None:
     record = hold(core.apply_inventory(None, inventory("n1", 4)), "n1", "job", (1,))
-    record, _, _ = feed(record, [reading("n1", 0, 1000.0, 10.0), reading("n1", 1, 1000.0, 80.0),
-                                 reading("n1", 2, 1000.0, 0.0, ecc=2), reading("n1", 3, 1000.0, 0.0, xids=(79,))])
+    record, _, _ = feed(
+        record,
+        [
+            reading("n1", 0, 1000.0, 10.0),
+            reading("n1", 1, 1000.0, 80.0),
+            reading("n1", 2, 1000.0, 0.0, ecc=2),
+            reading("n1", 3, 1000.0, 0.0, xids=(79,)),
+        ],
+    )
     view = core.node_view(record)
     assert view.healthy
     assert [(g.index, g.healthy, g.allocated_to) for g in view.gpus] == [
-        (0, True, ""), (1, True, "job"), (2, False, ""), (3, False, "")]
+        (0, True, ""),
+        (1, True, "job"),
+        (2, False, ""),
+        (3, False, ""),
+    ]
     assert view.free_gpus == (0,)
     assert view.labels[core.FREE_GPUS_LABEL] == "0"
     assert [g.nvlink_island for g in view.gpus] == [0, 0, 0, 0]
@@ -245,9 +281,18 @@ def test_faust_codecs_write_the_same_node_record_json_with_orjson_or_json() -> N
 def test_a_node_record_written_before_the_compact_form_is_still_restored() -> None:
     record, _, _ = feed(core.apply_inventory(None, inventory("n1", 1)), [reading("n1", 0, 1000.0, 42.0)])
     data = json.loads(json.dumps(record.to_json()))
-    (uuid, gpu), = data["gpus"].items()
-    names = ["index", "model", "last_ts", "utilization_pct", "memory_total_mib", "healthy", "idle_since",
-             "idle_util_sum", "idle_util_n"]
+    ((uuid, gpu),) = data["gpus"].items()
+    names = [
+        "index",
+        "model",
+        "last_ts",
+        "utilization_pct",
+        "memory_total_mib",
+        "healthy",
+        "idle_since",
+        "idle_util_sum",
+        "idle_util_n",
+    ]
     data["gpus"][uuid] = dict(zip(names, gpu, strict=True))  # the object form of the previous changelog
     assert NodeRecord.from_json(data) == record
 
@@ -259,15 +304,18 @@ def test_node_windows_merge_chunks_and_windows_stored_as_objects() -> None:
     node = core.WindowAggregate.from_json(merged["node"])
     assert (node.samples, node.mean_util_pct, node.util_max) == (3, 40.0, 60.0)
     assert core.WindowAggregate.from_json(merged["gpus"]["GPU-n1-0"]).mean_util_pct == 30.0
-    old_form = {"node": core.WindowAggregate(1, 1, 10.0, 10.0).to_json(),
-                "gpus": {"GPU-n1-0": core.WindowAggregate(1, 1, 10.0, 10.0).to_json()}}
+    old_form = {
+        "node": core.WindowAggregate(1, 1, 10.0, 10.0).to_json(),
+        "gpus": {"GPU-n1-0": core.WindowAggregate(1, 1, 10.0, 10.0).to_json()},
+    }
     again = core.merge_node_window(old_form, core.node_window(second))
     assert core.WindowAggregate.from_json(again["gpus"]["GPU-n1-0"]).mean_util_pct == 25.0
 
 
 def test_the_view_is_rebuilt_only_when_placement_could_change_or_the_interval_ran_out() -> None:
-    record, _, _ = feed(core.apply_inventory(None, inventory("n1", 2)),
-                        [reading("n1", 0, 1000.0, 10.0), reading("n1", 1, 1000.0, 10.0)])
+    record, _, _ = feed(
+        core.apply_inventory(None, inventory("n1", 2)), [reading("n1", 0, 1000.0, 10.0), reading("n1", 1, 1000.0, 10.0)]
+    )
     published = core.publish_decision(record, core.node_view(record), 1000.0, 10.0)
     assert published is not None
     busier, _, _ = feed(published, [reading("n1", 0, 1001.0, 90.0), reading("n1", 1, 1001.0, 90.0)])
@@ -309,19 +357,22 @@ def test_the_unknown_node_reason_names_the_field_the_node_and_where_it_was_looke
 
 
 def test_config_from_env_and_errors_name_the_variable() -> None:
-    config = TelemetryConfig.from_env({"KUMIKI_TELEMETRY_IDLE": "default=3:120, research=10:1800",
-                                       "KUMIKI_TELEMETRY_USAGE_WINDOW_S": "600"})
+    config = TelemetryConfig.from_env(
+        {"KUMIKI_TELEMETRY_IDLE": "default=3:120, research=10:1800", "KUMIKI_TELEMETRY_USAGE_WINDOW_S": "600"}
+    )
     assert config.idle_default == IdleRule(3.0, 120.0)
     assert config.rule_for("research") == IdleRule(10.0, 1800.0)
     assert config.rule_for("other") == IdleRule(3.0, 120.0)
     assert config.bucket_s == 60.0
-    for env, name in [({"KUMIKI_TELEMETRY_IDLE": "research=abc:5"}, "KUMIKI_TELEMETRY_IDLE"),
-                      ({"KUMIKI_TELEMETRY_IDLE": "research=150:5"}, "KUMIKI_TELEMETRY_IDLE"),
-                      ({"KUMIKI_TELEMETRY_IDLE": "research"}, "KUMIKI_TELEMETRY_IDLE"),
-                      ({"KUMIKI_TELEMETRY_USAGE_STEP_S": "900"}, "KUMIKI_TELEMETRY_USAGE_STEP_S"),
-                      ({"KUMIKI_TELEMETRY_GPU_WINDOW_S": "1.5"}, "KUMIKI_TELEMETRY_GPU_WINDOW_S"),
-                      ({"KUMIKI_TELEMETRY_NODE_TIMEOUT_S": "-1"}, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S"),
-                      ({"KUMIKI_TELEMETRY_BATCH_WINDOW_S": "0"}, "KUMIKI_TELEMETRY_BATCH_WINDOW_S"),
-                      ({"KUMIKI_TELEMETRY_BATCH_MAX": "many"}, "KUMIKI_TELEMETRY_BATCH_MAX")]:
+    for env, name in [
+        ({"KUMIKI_TELEMETRY_IDLE": "research=abc:5"}, "KUMIKI_TELEMETRY_IDLE"),
+        ({"KUMIKI_TELEMETRY_IDLE": "research=150:5"}, "KUMIKI_TELEMETRY_IDLE"),
+        ({"KUMIKI_TELEMETRY_IDLE": "research"}, "KUMIKI_TELEMETRY_IDLE"),
+        ({"KUMIKI_TELEMETRY_USAGE_STEP_S": "900"}, "KUMIKI_TELEMETRY_USAGE_STEP_S"),
+        ({"KUMIKI_TELEMETRY_GPU_WINDOW_S": "1.5"}, "KUMIKI_TELEMETRY_GPU_WINDOW_S"),
+        ({"KUMIKI_TELEMETRY_NODE_TIMEOUT_S": "-1"}, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S"),
+        ({"KUMIKI_TELEMETRY_BATCH_WINDOW_S": "0"}, "KUMIKI_TELEMETRY_BATCH_WINDOW_S"),
+        ({"KUMIKI_TELEMETRY_BATCH_MAX": "many"}, "KUMIKI_TELEMETRY_BATCH_MAX"),
+    ]:
         with pytest.raises(ConfigError, match=f"^{name}: "):
             TelemetryConfig.from_env(env)

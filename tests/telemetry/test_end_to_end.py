@@ -22,12 +22,18 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from kumiki.common.bus import EventProducer, ensure_topics
-from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, DEAD_LETTER, GPU_IDLE, GPU_SAMPLES, JOB_LIFECYCLE
+from kumiki.common.bus.topics import (
+    ALL_TOPICS,
+    CLUSTER_STATE,
+    DEAD_LETTER,
+    GPU_IDLE,
+    GPU_SAMPLES,
+    JOB_LIFECYCLE,
+)
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.devstack.processes import free_port
 from kumiki.telemetry.core import FREE_GPUS_LABEL
-from kumiki.telemetry.topics import NODE_INVENTORY
 from tests.agent.fake_nvml.build import FakeNvmlConfig, build_library
 from tests.conftest import REPO_ROOT, wait_until
 
@@ -48,10 +54,24 @@ def node_a() -> FakeNvmlConfig:
     return FakeNvmlConfig(
         system={"driver_version": "550.54.15", "cuda_version": 12040},
         gpus=[
-            {"uuid": IDLE_GPU, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 80 * GIB, "memory_used": 2 * GIB,
-             "util_gpu": [1, 3, 2], "mig": "off", "nvlink_count": 12},
-            {"uuid": BUSY_GPU, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 80 * GIB, "memory_used": 60 * GIB,
-             "util_gpu": [88, 97, 92], "mig": "off", "nvlink_count": 12},
+            {
+                "uuid": IDLE_GPU,
+                "name": "NVIDIA A100-SXM4-80GB",
+                "memory_total": 80 * GIB,
+                "memory_used": 2 * GIB,
+                "util_gpu": [1, 3, 2],
+                "mig": "off",
+                "nvlink_count": 12,
+            },
+            {
+                "uuid": BUSY_GPU,
+                "name": "NVIDIA A100-SXM4-80GB",
+                "memory_total": 80 * GIB,
+                "memory_used": 60 * GIB,
+                "util_gpu": [88, 97, 92],
+                "mig": "off",
+                "nvlink_count": 12,
+            },
         ],
         nvlinks=[{"a": 0, "b": 1, "links": 12}],
         topology=[{"a": 0, "b": 1, "level": "SINGLE"}],
@@ -59,8 +79,19 @@ def node_a() -> FakeNvmlConfig:
 
 
 def node_b() -> FakeNvmlConfig:
-    return FakeNvmlConfig(gpus=[{"uuid": OTHER_GPU, "name": "NVIDIA L4", "memory_total": 24 * GIB,
-                                 "memory_used": 0, "util_gpu": [50], "mig": "off", "nvlink_count": 0}])
+    return FakeNvmlConfig(
+        gpus=[
+            {
+                "uuid": OTHER_GPU,
+                "name": "NVIDIA L4",
+                "memory_total": 24 * GIB,
+                "memory_used": 0,
+                "util_gpu": [50],
+                "mig": "off",
+                "nvlink_count": 0,
+            }
+        ]
+    )
 
 
 class Topics:
@@ -73,8 +104,9 @@ class Topics:
         self.dead: list[dict[str, bytes]] = []
         self.dead_values: list[bytes | None] = []
         self._names = dict(zip(names, ("states", "idle", "dead"), strict=True))
-        self._consumer = AIOKafkaConsumer(*names, bootstrap_servers=settings.bootstrap,
-                                          auto_offset_reset="earliest", group_id=None)
+        self._consumer = AIOKafkaConsumer(
+            *names, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", group_id=None
+        )
 
     async def poll(self) -> None:
         batches = await self._consumer.getmany(timeout_ms=100)
@@ -143,7 +175,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 @pytest.fixture
 async def topics(kafka_settings: KafkaSettings) -> AsyncIterator[Topics]:
-    await ensure_topics(kafka_settings, [*ALL_TOPICS, NODE_INVENTORY])
+    await ensure_topics(kafka_settings, ALL_TOPICS)
     seen = Topics(kafka_settings)
     await seen._consumer.start()
     yield seen
@@ -160,14 +192,21 @@ async def ready(port: int) -> bool:
 
 def running(job: str, node: str, gpu: int, queue: str) -> tuple[str, events_pb2.JobLifecycle]:
     return job, events_pb2.JobLifecycle(
-        job=common_pb2.JobRef(job_id=job, generation=1), state=events_pb2.JOB_STATE_RUNNING, queue=queue,
-        assignments=[common_pb2.PodAssignment(node=node, gpu_indices=[gpu])], gpus=1,
+        job=common_pb2.JobRef(job_id=job, generation=1),
+        state=events_pb2.JOB_STATE_RUNNING,
+        queue=queue,
+        assignments=[common_pb2.PodAssignment(node=node, gpu_indices=[gpu])],
+        gpus=1,
     )
 
 
 async def test_agents_to_cluster_state_and_gpu_idle(
-    kafka_settings: KafkaSettings, broker_kind: str, topics: Topics, processes: Processes,
-    fake_nvml_library: Path, tmp_path: Path,
+    kafka_settings: KafkaSettings,
+    broker_kind: str,
+    topics: Topics,
+    processes: Processes,
+    fake_nvml_library: Path,
+    tmp_path: Path,
 ) -> None:
     http_port = free_port()
     env = service_env(kafka_settings, http_port)
@@ -175,20 +214,28 @@ async def test_agents_to_cluster_state_and_gpu_idle(
     await wait_until(lambda: ready(http_port), timeout_s=60, what=f"telemetry ready\n{processes.log('telemetry')}")
 
     async with EventProducer(kafka_settings, "//kumiki/test") as producer:
-        await producer.publish_many(JOB_LIFECYCLE, [running("idle-job", "node-a", 0, "research"),
-                                                    running("busy-job", "node-a", 1, "prod")])
+        await producer.publish_many(
+            JOB_LIFECYCLE, [running("idle-job", "node-a", 0, "research"), running("busy-job", "node-a", 1, "prod")]
+        )
         for name, config in (("node-a", node_a()), ("node-b", node_b())):
-            agent_env = {**env, "LD_LIBRARY_PATH": str(fake_nvml_library),
-                         "FAKE_NVML_CONFIG": str(config.write(tmp_path / f"{name}.ini"))}
-            processes.start(name, ["-m", "kumiki.agent", "--node", name, "--interval-s", "0.2", "--output", "kafka"],
-                            agent_env)
+            agent_env = {
+                **env,
+                "LD_LIBRARY_PATH": str(fake_nvml_library),
+                "FAKE_NVML_CONFIG": str(config.write(tmp_path / f"{name}.ini")),
+            }
+            processes.start(
+                name, ["-m", "kumiki.agent", "--node", name, "--interval-s", "0.2", "--output", "kafka"], agent_env
+            )
 
         async def idle_reported() -> bool:
             await topics.poll()
             return any(event.job.job_id == "idle-job" for event in topics.idle)
 
-        await wait_until(idle_reported, timeout_s=60,
-                         what=f"gpu.idle for idle-job\n{processes.log('node-a')}\n{processes.log('telemetry')}")
+        await wait_until(
+            idle_reported,
+            timeout_s=60,
+            what=f"gpu.idle for idle-job\n{processes.log('node-a')}\n{processes.log('telemetry')}",
+        )
         (idle,) = [event for event in topics.idle if event.job.job_id == "idle-job"]
         assert (idle.queue, idle.node, list(idle.gpu_uuids)) == ("research", "node-a", [IDLE_GPU])
         assert 1.0 <= idle.mean_utilization_pct <= 3.0
@@ -212,6 +259,7 @@ async def test_agents_to_cluster_state_and_gpu_idle(
             await topics.poll()
             latest = topics.latest("node-b")
             return latest is not None and latest.healthy and len(latest.gpus) == 1
+
         await wait_until(node_b_known, timeout_s=30, what="node-b state")
         node_b_state = topics.latest("node-b")
         assert node_b_state is not None
@@ -225,6 +273,7 @@ async def test_agents_to_cluster_state_and_gpu_idle(
         async def dead_lettered() -> bool:
             await topics.poll()
             return bool(topics.dead)
+
         await wait_until(dead_lettered, timeout_s=30, what="dead letter")
         (headers,) = topics.dead
         assert headers["kumiki_dlq_reason"] == b"undecodable: gpu_utilization_pct: must be within 0..100, got 150"
@@ -238,8 +287,7 @@ async def test_agents_to_cluster_state_and_gpu_idle(
         stray.sampled_at.GetCurrentTime()
         await producer.publish(GPU_SAMPLES, "node-z/GPU-z0", stray)
         await producer.publish(CLUSTER_STATE, "node-y", events_pb2.NodeState(node="node-y"))
-        known = events_pb2.GpuSample(node="node-y", gpu_uuid="GPU-y0", gpu_utilization_pct=30.0,
-                                     memory_total_mib=24576)
+        known = events_pb2.GpuSample(node="node-y", gpu_uuid="GPU-y0", gpu_utilization_pct=30.0, memory_total_mib=24576)
         known.sampled_at.GetCurrentTime()
         await producer.publish(GPU_SAMPLES, "node-y/GPU-y0", known)
 
@@ -247,11 +295,15 @@ async def test_agents_to_cluster_state_and_gpu_idle(
             await topics.poll()
             node_y = topics.latest("node-y")
             return len(topics.dead) == 2 and node_y is not None and len(node_y.gpus) == 1
+
         await wait_until(stray_rejected_and_node_y_folded, timeout_s=30, what="unknown node rejected, node-y state")
         prefix = kafka_settings.topic_prefix
-        assert topics.dead[1]["kumiki_dlq_reason"] == (
-            f"unknown node: node: 'node-z' has no record on {prefix}node.inventory or {prefix}cluster.state"
-        ).encode()
+        assert (
+            topics.dead[1]["kumiki_dlq_reason"]
+            == (
+                f"unknown node: node: 'node-z' has no record on {prefix}node.inventory or {prefix}cluster.state"
+            ).encode()
+        )
         assert topics.dead[1]["ce_type"] == b"dev.kumiki.v1.GpuSample"
         assert topics.dead_values[1] == stray.SerializeToString()
         node_y = topics.latest("node-y")
@@ -265,10 +317,10 @@ async def test_agents_to_cluster_state_and_gpu_idle(
             await topics.poll()
             latest = topics.latest("node-b")
             return latest is not None and not latest.healthy
+
         await wait_until(node_b_unhealthy, timeout_s=30, what="node-b unhealthy")
 
-        async with aiohttp.ClientSession() as session, \
-                session.get(f"http://127.0.0.1:{http_port}/metrics") as reply:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{http_port}/metrics") as reply:
             text = await reply.text()
         assert 'kumiki_node_healthy{node="node-b"} 0.0' in text
         assert 'kumiki_node_allocated_gpus{node="node-a"} 2.0' in text
@@ -290,6 +342,7 @@ async def test_agents_to_cluster_state_and_gpu_idle(
             await topics.poll()
             latest = topics.latest("node-a")
             return latest is not None and latest.version.observed_at.ToNanoseconds() / 1e9 > restarted_at
+
         await wait_until(republished, timeout_s=60, what="node-a state after restart")
         after = topics.latest("node-a")
         assert after is not None

@@ -75,26 +75,45 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m kumiki.agent",
         description="Kumiki node agent: GPU inventory and samples from NVML or dcgm-exporter.",
     )
-    parser.add_argument("--node", default=os.environ.get("KUMIKI_NODE_NAME"),
-                        help="Kubernetes node name (default: $KUMIKI_NODE_NAME)")
-    parser.add_argument("--source", default=os.environ.get("KUMIKI_AGENT_SOURCE", "nvml"),
-                        help="nvml (pynvml, default) or dcgm (scrape dcgm-exporter)")
-    parser.add_argument("--interval-s", default=os.environ.get("KUMIKI_AGENT_INTERVAL_S", "1"),
-                        help=f"seconds between samples, {MIN_INTERVAL_S}..{MAX_INTERVAL_S} (default 1)")
+    parser.add_argument(
+        "--node", default=os.environ.get("KUMIKI_NODE_NAME"), help="Kubernetes node name (default: $KUMIKI_NODE_NAME)"
+    )
+    parser.add_argument(
+        "--source",
+        default=os.environ.get("KUMIKI_AGENT_SOURCE", "nvml"),
+        help="nvml (pynvml, default) or dcgm (scrape dcgm-exporter)",
+    )
+    parser.add_argument(
+        "--interval-s",
+        default=os.environ.get("KUMIKI_AGENT_INTERVAL_S", "1"),
+        help=f"seconds between samples, {MIN_INTERVAL_S}..{MAX_INTERVAL_S} (default 1)",
+    )
     parser.add_argument("--duration-s", default=None, help="stop after this many seconds (default: run)")
-    parser.add_argument("--output", default=None,
-                        help="JSON-lines target: '-' for stdout or a file (default '-' unless --record)")
-    parser.add_argument("--record", default=None, metavar="DIR",
-                        help="record inventory + samples into DIR (a replayable fixture)")
+    parser.add_argument(
+        "--output", default=None, help="JSON-lines target: '-' for stdout or a file (default '-' unless --record)"
+    )
+    parser.add_argument(
+        "--record", default=None, metavar="DIR", help="record inventory + samples into DIR (a replayable fixture)"
+    )
     parser.add_argument("--replay", default=None, metavar="DIR", help="replay a recording from DIR")
-    parser.add_argument("--speed", default="1",
-                        help="replay speed factor; 0 replays as fast as the sink takes it (default 1)")
-    parser.add_argument("--keep-timestamps", action="store_true",
-                        help="replay with the recorded timestamps instead of shifting them to now")
-    parser.add_argument("--dcgm-url", default=os.environ.get("KUMIKI_DCGM_URL",
-                                                             "http://localhost:9400/metrics"),
-                        help="dcgm-exporter metrics URL (default http://localhost:9400/metrics)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument(
+        "--speed", default="1", help="replay speed factor; 0 replays as fast as the sink takes it (default 1)"
+    )
+    parser.add_argument(
+        "--keep-timestamps",
+        action="store_true",
+        help="replay with the recorded timestamps instead of shifting them to now",
+    )
+    parser.add_argument(
+        "--dcgm-url",
+        default=os.environ.get("KUMIKI_DCGM_URL", "http://localhost:9400/metrics"),
+        help="dcgm-exporter metrics URL (default http://localhost:9400/metrics)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("KUMIKI_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (default: $KUMIKI_LOG_LEVEL or INFO)",
+    )
     return parser
 
 
@@ -278,21 +297,17 @@ async def run_sampling(
             stats.skipped_ticks += skipped
             log.warning("sampling fell behind: skipped %d tick(s)", skipped)
     stats.source_errors = dict(source.errors)
-    stats.unsupported = sorted({f"gpu{index}:{name}" if index >= 0 else f"system:{name}"
-                                for index, name in source.unsupported})
+    stats.unsupported = sorted(
+        {f"gpu{index}:{name}" if index >= 0 else f"system:{name}" for index, name in source.unsupported}
+    )
     return stats
 
 
-def retarget(
-    samples: Sequence[GpuSample], *, node: str | None, shift_s: float
-) -> list[GpuSample]:
+def retarget(samples: Sequence[GpuSample], *, node: str | None, shift_s: float) -> list[GpuSample]:
     """Relabel a recording for another node and/or shift its clock (replaying one node as many)."""
     if node is None and shift_s == 0:
         return list(samples)
-    return [
-        replace(sample, node=node or sample.node, timestamp=sample.timestamp + shift_s)
-        for sample in samples
-    ]
+    return [replace(sample, node=node or sample.node, timestamp=sample.timestamp + shift_s) for sample in samples]
 
 
 async def run_replay(
@@ -316,8 +331,9 @@ async def run_replay(
     first = batches[0][0].timestamp
     shift = 0.0 if keep_timestamps else wall() - first
     if isinstance(sink, InventorySink):
-        await sink.publish_inventory(replace(inventory, node=node or inventory.node,
-                                             collected_at=inventory.collected_at + shift))
+        await sink.publish_inventory(
+            replace(inventory, node=node or inventory.node, collected_at=inventory.collected_at + shift)
+        )
     started = clock()
     for batch in batches:
         if speed > 0:
@@ -337,9 +353,14 @@ async def run_replay(
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/"
-                    "{task.total:.0f}"), TimeRemainingColumn(), console=Console(stderr=True),
-                    transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
 
 
 async def _open_sinks(config: AgentConfig) -> tuple[Any, Any]:
@@ -374,7 +395,11 @@ async def run(config: AgentConfig) -> int:
             with _progress() as progress:
                 task = progress.add_task("replay", total=len(samples))
                 stats = await run_replay(
-                    inventory, samples, sink, speed=config.speed, node=config.node,
+                    inventory,
+                    samples,
+                    sink,
+                    speed=config.speed,
+                    node=config.node,
                     keep_timestamps=config.keep_timestamps,
                     on_batch=lambda n: progress.advance(task, n),
                 )
@@ -413,15 +438,23 @@ async def _run_live(config: AgentConfig, sink: Any, recording: Any) -> RunStats 
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
     try:
-        log.info("node %s: %d GPU(s), driver %s, CUDA %s", inventory.node, len(inventory.gpus),
-                 inventory.driver_version, inventory.cuda_driver_version)
+        log.info(
+            "node %s: %d GPU(s), driver %s, CUDA %s",
+            inventory.node,
+            len(inventory.gpus),
+            inventory.driver_version,
+            inventory.cuda_driver_version,
+        )
         await sink.publish_inventory(inventory)
         schedule = TickSchedule(config.interval_s, time.monotonic(), config.duration_s)
         if config.duration_s is not None and config.record_dir is not None:
             with _progress() as progress:
                 task = progress.add_task("record", total=config.duration_s)
                 stats = await run_sampling(
-                    source, sink, schedule, stop=stop,
+                    source,
+                    sink,
+                    schedule,
+                    stop=stop,
                     on_tick=lambda elapsed: progress.update(task, completed=elapsed + config.interval_s),
                 )
         else:
@@ -432,8 +465,14 @@ async def _run_live(config: AgentConfig, sink: Any, recording: Any) -> RunStats 
                 loop.remove_signal_handler(signum)
         await source.close()
     if recording is not None:
-        recording.write_summary({"source": config.source, "interval_s": config.interval_s,
-                                 "duration_s": config.duration_s, **stats.summary()})
+        recording.write_summary(
+            {
+                "source": config.source,
+                "interval_s": config.interval_s,
+                "duration_s": config.duration_s,
+                **stats.summary(),
+            }
+        )
     return stats
 
 
@@ -444,8 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    logging.basicConfig(level=config.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return asyncio.run(run(config))
     except KeyboardInterrupt:

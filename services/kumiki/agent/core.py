@@ -198,8 +198,7 @@ def validate_sample(sample: GpuSample, known_nodes: Collection[str] | None = Non
         pct: float | None = getattr(values, name)
         if pct is not None and (not _finite(pct) or pct < 0 or pct > 100):
             raise reject(name, f"{pct} is outside 0..100")
-    for name in ("memory_used_bytes", "memory_total_bytes", "ecc_corrected_volatile",
-                 "ecc_uncorrected_volatile"):
+    for name in ("memory_used_bytes", "memory_total_bytes", "ecc_corrected_volatile", "ecc_uncorrected_volatile"):
         count: int | None = getattr(values, name)
         if count is not None and count < 0:
             raise reject(name, f"negative ({count})")
@@ -265,9 +264,7 @@ class TickSchedule:
 
     def __post_init__(self) -> None:
         if not _finite(self.interval_s) or not MIN_INTERVAL_S <= self.interval_s <= MAX_INTERVAL_S:
-            raise ValueError(
-                f"interval_s: {self.interval_s} is outside {MIN_INTERVAL_S}..{MAX_INTERVAL_S} seconds"
-            )
+            raise ValueError(f"interval_s: {self.interval_s} is outside {MIN_INTERVAL_S}..{MAX_INTERVAL_S} seconds")
         if self.duration_s is not None and (not _finite(self.duration_s) or self.duration_s <= 0):
             raise ValueError(f"duration_s: {self.duration_s} is not a positive number of seconds")
 
@@ -394,8 +391,7 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
     return out
 
 
-def _require(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], where: str,
-             optional: bool = False) -> Any:
+def _require(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], where: str, optional: bool = False) -> Any:
     if key not in data or data[key] is None:
         if optional:
             return None
@@ -405,14 +401,17 @@ def _require(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], where: 
     if isinstance(value, bool) and bool not in kinds:
         raise RecordError(f"{where}{key}: expected {'/'.join(k.__name__ for k in kinds)}, got bool")
     if not isinstance(value, kinds):
-        raise RecordError(
-            f"{where}{key}: expected {'/'.join(k.__name__ for k in kinds)}, got {type(value).__name__}"
-        )
+        raise RecordError(f"{where}{key}: expected {'/'.join(k.__name__ for k in kinds)}, got {type(value).__name__}")
     return value
 
 
-_INT_FIELDS = {"memory_used_bytes", "memory_total_bytes", "ecc_corrected_volatile",
-               "ecc_uncorrected_volatile", "last_xid"}
+_INT_FIELDS = {
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
+    "last_xid",
+}
 _FLOAT_FIELDS = {"gpu_util_pct", "memory_util_pct", "power_w", "temperature_c", "engine_active_ratio"}
 
 
@@ -487,8 +486,13 @@ def inventory_to_dict(inventory: GpuInventory) -> dict[str, Any]:
             for gpu in inventory.gpus
         ],
         "pairs": [
-            {"a": pair.a, "b": pair.b, "topology": pair.topology, "nvlinks": pair.nvlinks,
-             "nvlink_p2p": pair.nvlink_p2p}
+            {
+                "a": pair.a,
+                "b": pair.b,
+                "topology": pair.topology,
+                "nvlinks": pair.nvlinks,
+                "nvlink_p2p": pair.nvlink_p2p,
+            }
             for pair in inventory.pairs
         ],
     }
@@ -507,42 +511,47 @@ def inventory_from_dict(data: Mapping[str, Any]) -> GpuInventory:
         if not isinstance(raw, Mapping):
             raise RecordError(f"gpus[{position}]: expected an object")
         migs: list[MigInstance] = []
-        for mig_position, mig in enumerate(_require(raw, "mig_instances", (list,), where,
-                                                    optional=True) or []):
+        for mig_position, mig in enumerate(_require(raw, "mig_instances", (list,), where, optional=True) or []):
             mig_where = f"{where}mig_instances[{mig_position}]."
             if not isinstance(mig, Mapping):
                 raise RecordError(f"{mig_where[:-1]}: expected an object")
-            migs.append(MigInstance(
-                gpu_instance_id=_require(mig, "gpu_instance_id", (int,), mig_where),
-                compute_instance_id=_require(mig, "compute_instance_id", (int,), mig_where, True),
-                uuid=_require(mig, "uuid", (str,), mig_where, True),
-                profile=_require(mig, "profile", (str,), mig_where, True),
-                memory_total_bytes=_require(mig, "memory_total_bytes", (int,), mig_where, True),
-                placement_start=_require(mig, "placement_start", (int,), mig_where, True),
-                placement_size=_require(mig, "placement_size", (int,), mig_where, True),
-            ))
-        gpus.append(GpuDevice(
-            index=_require(raw, "index", (int,), where),
-            uuid=_require(raw, "uuid", (str,), where),
-            name=_require(raw, "name", (str,), where, True),
-            memory_total_bytes=_require(raw, "memory_total_bytes", (int,), where, True),
-            pci_bus_id=_require(raw, "pci_bus_id", (str,), where, True),
-            mig_enabled=_require(raw, "mig_enabled", (bool,), where, True),
-            mig_instances=tuple(migs),
-            nvlinks_active=_require(raw, "nvlinks_active", (int,), where, True),
-        ))
+            migs.append(
+                MigInstance(
+                    gpu_instance_id=_require(mig, "gpu_instance_id", (int,), mig_where),
+                    compute_instance_id=_require(mig, "compute_instance_id", (int,), mig_where, True),
+                    uuid=_require(mig, "uuid", (str,), mig_where, True),
+                    profile=_require(mig, "profile", (str,), mig_where, True),
+                    memory_total_bytes=_require(mig, "memory_total_bytes", (int,), mig_where, True),
+                    placement_start=_require(mig, "placement_start", (int,), mig_where, True),
+                    placement_size=_require(mig, "placement_size", (int,), mig_where, True),
+                )
+            )
+        gpus.append(
+            GpuDevice(
+                index=_require(raw, "index", (int,), where),
+                uuid=_require(raw, "uuid", (str,), where),
+                name=_require(raw, "name", (str,), where, True),
+                memory_total_bytes=_require(raw, "memory_total_bytes", (int,), where, True),
+                pci_bus_id=_require(raw, "pci_bus_id", (str,), where, True),
+                mig_enabled=_require(raw, "mig_enabled", (bool,), where, True),
+                mig_instances=tuple(migs),
+                nvlinks_active=_require(raw, "nvlinks_active", (int,), where, True),
+            )
+        )
     pairs: list[GpuPair] = []
     for position, raw in enumerate(_require(data, "pairs", (list,), "", optional=True) or []):
         where = f"pairs[{position}]."
         if not isinstance(raw, Mapping):
             raise RecordError(f"pairs[{position}]: expected an object")
-        pairs.append(GpuPair(
-            a=_require(raw, "a", (int,), where),
-            b=_require(raw, "b", (int,), where),
-            topology=_require(raw, "topology", (str,), where, True),
-            nvlinks=_require(raw, "nvlinks", (int,), where),
-            nvlink_p2p=_require(raw, "nvlink_p2p", (bool,), where, True),
-        ))
+        pairs.append(
+            GpuPair(
+                a=_require(raw, "a", (int,), where),
+                b=_require(raw, "b", (int,), where),
+                topology=_require(raw, "topology", (str,), where, True),
+                nvlinks=_require(raw, "nvlinks", (int,), where),
+                nvlink_p2p=_require(raw, "nvlink_p2p", (bool,), where, True),
+            )
+        )
     return GpuInventory(
         node=_require(data, "node", (str,), ""),
         collected_at=float(_require(data, "collected_at", (int, float), "")),

@@ -32,8 +32,12 @@ FIELD_BY_METRIC: Mapping[str, tuple[str, float]] = {
 # Framebuffer parts (MiB) whose sum is the memory total; DCGM has no total counter by default.
 MEMORY_PARTS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 # Counters that describe the whole board even when the exporter labels them with a MIG instance.
-GPU_WIDE_METRICS = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-                    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+GPU_WIDE_METRICS = (
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+)
 _INT_FIELDS = {"memory_used_bytes", "last_xid", "ecc_corrected_volatile", "ecc_uncorrected_volatile"}
 POD_LABELS = ("pod", "namespace", "container")
 
@@ -242,8 +246,14 @@ def _hoist_gpu_wide(series: dict[_SeriesKey, _Series]) -> None:
         parent = series.get(parent_key)
         if parent is None:
             parent = series[parent_key] = _Series(
-                node=entry.node, uuid=entry.uuid, index=entry.index, instance=None, model=entry.model,
-                pci_bus_id=entry.pci_bus_id, driver=entry.driver, timestamp_ms=entry.timestamp_ms,
+                node=entry.node,
+                uuid=entry.uuid,
+                index=entry.index,
+                instance=None,
+                model=entry.model,
+                pci_bus_id=entry.pci_bus_id,
+                driver=entry.driver,
+                timestamp_ms=entry.timestamp_ms,
             )
         for name, value in wide.items():
             parent.values.setdefault(name, value)
@@ -280,19 +290,20 @@ def read_exporter_page(text: str, node: str | None, scraped_at: float) -> Export
     _hoist_gpu_wide(series)
     models = {entry.uuid: entry.model for entry in series.values() if entry.model}
     samples: list[GpuSample] = []
-    for entry in sorted(series.values(), key=lambda s: (s.node, s.index, s.instance is not None,
-                                                        s.instance or 0)):
-        samples.append(GpuSample(
-            node=entry.node,
-            gpu_uuid=entry.uuid,
-            gpu_index=entry.index,
-            mig_instance_id=entry.instance,
-            timestamp=entry.timestamp_ms / 1000.0 if entry.timestamp_ms else scraped_at,
-            fields=_fields(entry.values),
-            labels=dict(entry.labels),
-            model=entry.model or models.get(entry.uuid),
-            source=SOURCE,
-        ))
+    for entry in sorted(series.values(), key=lambda s: (s.node, s.index, s.instance is not None, s.instance or 0)):
+        samples.append(
+            GpuSample(
+                node=entry.node,
+                gpu_uuid=entry.uuid,
+                gpu_index=entry.index,
+                mig_instance_id=entry.instance,
+                timestamp=entry.timestamp_ms / 1000.0 if entry.timestamp_ms else scraped_at,
+                fields=_fields(entry.values),
+                labels=dict(entry.labels),
+                model=entry.model or models.get(entry.uuid),
+                source=SOURCE,
+            )
+        )
     return ExporterReading(tuple(samples), _inventory(series.values(), node, scraped_at), tuple(errors))
 
 
@@ -306,25 +317,27 @@ def _inventory(series: Iterable[_Series], node: str | None, scraped_at: float) -
         whole = next((p for p in parts if p.instance is None), None)
         instances = sorted((p for p in parts if p.instance is not None), key=lambda p: p.instance or 0)
         total = _fields(whole.values).memory_total_bytes if whole else None
-        devices.append(GpuDevice(
-            index=parts[0].index,
-            uuid=uuid,
-            name=next((p.model for p in parts if p.model), None),
-            memory_total_bytes=total,
-            pci_bus_id=next((p.pci_bus_id for p in parts if p.pci_bus_id), None),
-            # The page shows MIG instances when MIG is on; without them it cannot tell off from absent.
-            mig_enabled=True if instances else None,
-            mig_instances=tuple(
-                MigInstance(
-                    gpu_instance_id=p.instance or 0,
-                    compute_instance_id=None,
-                    uuid=None,
-                    profile=p.profile,
-                    memory_total_bytes=_fields(p.values).memory_total_bytes,
-                )
-                for p in instances
-            ),
-        ))
+        devices.append(
+            GpuDevice(
+                index=parts[0].index,
+                uuid=uuid,
+                name=next((p.model for p in parts if p.model), None),
+                memory_total_bytes=total,
+                pci_bus_id=next((p.pci_bus_id for p in parts if p.pci_bus_id), None),
+                # The page shows MIG instances when MIG is on; without them it cannot tell off from absent.
+                mig_enabled=True if instances else None,
+                mig_instances=tuple(
+                    MigInstance(
+                        gpu_instance_id=p.instance or 0,
+                        compute_instance_id=None,
+                        uuid=None,
+                        profile=p.profile,
+                        memory_total_bytes=_fields(p.values).memory_total_bytes,
+                    )
+                    for p in instances
+                ),
+            )
+        )
     devices.sort(key=lambda d: d.index)
     nodes = sorted({entry.node for entry in entries})
     return GpuInventory(

@@ -15,10 +15,10 @@ import os
 import grpc
 
 from kumiki.common.bus import ensure_topics
+from kumiki.common.bus.topics import NODE_INVENTORY
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
-from kumiki.telemetry.topics import NODE_INVENTORY
 
 RECOVERY_TIMEOUT_S = 120.0
 

@@ -91,14 +91,18 @@ class TelemetryConfig:
             usage_window_s=usage_window,
             usage_step_s=usage_step,
             window_expires_s=seconds("KUMIKI_TELEMETRY_WINDOW_EXPIRES_S", cls.window_expires_s),
-            node_timeout_s=env_float(env, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S", cls.node_timeout_s,
-                                     minimum=0.1, maximum=86400),
-            publish_interval_s=env_float(env, "KUMIKI_TELEMETRY_PUBLISH_INTERVAL_S", cls.publish_interval_s,
-                                         minimum=0, maximum=3600),
-            session_timeout_s=env_float(env, "KUMIKI_TELEMETRY_SESSION_TIMEOUT_S", cls.session_timeout_s,
-                                        minimum=6, maximum=1800),
-            batch_window_s=env_float(env, "KUMIKI_TELEMETRY_BATCH_WINDOW_S", cls.batch_window_s,
-                                     minimum=0.01, maximum=10),
+            node_timeout_s=env_float(
+                env, "KUMIKI_TELEMETRY_NODE_TIMEOUT_S", cls.node_timeout_s, minimum=0.1, maximum=86400
+            ),
+            publish_interval_s=env_float(
+                env, "KUMIKI_TELEMETRY_PUBLISH_INTERVAL_S", cls.publish_interval_s, minimum=0, maximum=3600
+            ),
+            session_timeout_s=env_float(
+                env, "KUMIKI_TELEMETRY_SESSION_TIMEOUT_S", cls.session_timeout_s, minimum=6, maximum=1800
+            ),
+            batch_window_s=env_float(
+                env, "KUMIKI_TELEMETRY_BATCH_WINDOW_S", cls.batch_window_s, minimum=0.01, maximum=10
+            ),
             batch_max=env_int(env, "KUMIKI_TELEMETRY_BATCH_MAX", cls.batch_max, minimum=100, maximum=500000),
             idle_default=default,
             idle_by_queue=by_queue,
@@ -194,9 +198,22 @@ class GpuChunk:
 
     def to_json(self) -> list[Any]:
         """An array in field order: the internal topic carries one per GPU per chunk, names would double it."""
-        return [self.index, self.mig, self.model, self.samples, self.util_n, self.util_sum, self.util_max,
-                self.first_ts, self.last_ts, self.last_util, self.memory_used_mib, self.memory_total_mib,
-                self.ecc_uncorrected, self.xids]
+        return [
+            self.index,
+            self.mig,
+            self.model,
+            self.samples,
+            self.util_n,
+            self.util_sum,
+            self.util_max,
+            self.first_ts,
+            self.last_ts,
+            self.last_util,
+            self.memory_used_mib,
+            self.memory_total_mib,
+            self.ecc_uncorrected,
+            self.xids,
+        ]
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | Sequence[Any]) -> GpuChunk:
@@ -212,13 +229,18 @@ class NodeChunk:
     gpus: dict[str, GpuChunk] = field(default_factory=dict)
 
     def to_json(self) -> Json:
-        return {"kind": "readings", "node": self.node, "bucket": self.bucket,
-                "gpus": {key: gpu.to_json() for key, gpu in self.gpus.items()}}
+        return {
+            "kind": "readings",
+            "node": self.node,
+            "bucket": self.bucket,
+            "gpus": {key: gpu.to_json() for key, gpu in self.gpus.items()},
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeChunk:
-        return cls(data["node"], float(data["bucket"]),
-                   {key: GpuChunk.from_json(gpu) for key, gpu in data["gpus"].items()})
+        return cls(
+            data["node"], float(data["bucket"]), {key: GpuChunk.from_json(gpu) for key, gpu in data["gpus"].items()}
+        )
 
 
 def gpu_key(gpu_uuid: str, mig_instance_id: int | None) -> str:
@@ -370,13 +392,26 @@ class AllocationChange:
     holding: bool
 
     def to_json(self) -> Json:
-        return {"kind": "allocation", "node": self.node, "job_id": self.job_id, "generation": self.generation,
-                "queue": self.queue, "gpu_indices": list(self.gpu_indices), "holding": self.holding}
+        return {
+            "kind": "allocation",
+            "node": self.node,
+            "job_id": self.job_id,
+            "generation": self.generation,
+            "queue": self.queue,
+            "gpu_indices": list(self.gpu_indices),
+            "holding": self.holding,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AllocationChange:
-        return cls(data["node"], data["job_id"], int(data["generation"]), data["queue"],
-                   tuple(data["gpu_indices"]), bool(data["holding"]))
+        return cls(
+            data["node"],
+            data["job_id"],
+            int(data["generation"]),
+            data["queue"],
+            tuple(data["gpu_indices"]),
+            bool(data["holding"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,18 +444,22 @@ def allocation_changes(
         return previous, []  # a late BOUND/RUNNING after COMPLETED must not resurrect the allocation
     old_nodes = previous.nodes if previous is not None else ()
     if event.state in ENDING_STATES:
-        changes = [AllocationChange(node, event.job_id, event.generation, event.queue, (), False)
-                   for node in old_nodes]
+        changes = [AllocationChange(node, event.job_id, event.generation, event.queue, (), False) for node in old_nodes]
         return JobPlacement(event.generation, (), True), changes
     if event.state not in HOLDING_STATES or not event.assignments:
         return previous, []
     per_node: dict[str, set[int]] = {}
     for assignment in event.assignments:
         per_node.setdefault(assignment.node, set()).update(assignment.gpu_indices)
-    changes = [AllocationChange(node, event.job_id, event.generation, event.queue, tuple(sorted(indices)), True)
-               for node, indices in sorted(per_node.items())]
-    changes += [AllocationChange(node, event.job_id, event.generation, event.queue, (), False)
-                for node in old_nodes if node not in per_node]
+    changes = [
+        AllocationChange(node, event.job_id, event.generation, event.queue, tuple(sorted(indices)), True)
+        for node, indices in sorted(per_node.items())
+    ]
+    changes += [
+        AllocationChange(node, event.job_id, event.generation, event.queue, (), False)
+        for node in old_nodes
+        if node not in per_node
+    ]
     return JobPlacement(event.generation, tuple(sorted(per_node)), False), changes
 
 
@@ -457,16 +496,21 @@ class Inventory:
 
     def fields_json(self) -> Json:
         """The fields only: inside a node record, where it equals orjson's own rendering of the dataclass."""
-        return {"node": self.node, "cpu_milli": self.cpu_milli, "memory_mib": self.memory_mib,
-                "rack": self.rack, "labels": dict(self.labels),
-                "gpus": [{**{k: getattr(g, k) for k in g.__slots__}, "mig_slices": list(g.mig_slices)}
-                         for g in self.gpus]}
+        return {
+            "node": self.node,
+            "cpu_milli": self.cpu_milli,
+            "memory_mib": self.memory_mib,
+            "rack": self.rack,
+            "labels": dict(self.labels),
+            "gpus": [{**{k: getattr(g, k) for k in g.__slots__}, "mig_slices": list(g.mig_slices)} for g in self.gpus],
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Inventory:
         gpus = tuple(InventoryGpu(**{**g, "mig_slices": tuple(g["mig_slices"])}) for g in data["gpus"])
-        return cls(data["node"], gpus, int(data["cpu_milli"]), int(data["memory_mib"]), data["rack"],
-                   dict(data["labels"]))
+        return cls(
+            data["node"], gpus, int(data["cpu_milli"]), int(data["memory_mib"]), data["rack"], dict(data["labels"])
+        )
 
 
 class GpuLive(NamedTuple):
@@ -511,10 +555,15 @@ class NodeRecord:
             "node": self.node,
             "inventory": self.inventory.fields_json() if self.inventory else None,
             "gpus": {k: list(g) for k, g in self.gpus.items()},
-            "holdings": {k: {**{f: getattr(h, f) for f in h.__slots__}, "gpu_indices": list(h.gpu_indices)}
-                         for k, h in self.holdings.items()},
-            "last_seen": self.last_seen, "stale": self.stale, "version": self.version,
-            "published_digest": self.published_digest, "published_at": self.published_at,
+            "holdings": {
+                k: {**{f: getattr(h, f) for f in h.__slots__}, "gpu_indices": list(h.gpu_indices)}
+                for k, h in self.holdings.items()
+            },
+            "last_seen": self.last_seen,
+            "stale": self.stale,
+            "version": self.version,
+            "published_digest": self.published_digest,
+            "published_at": self.published_at,
         }
 
     def __json__(self) -> Json:
@@ -537,8 +586,11 @@ class NodeRecord:
             inventory=Inventory.from_json(data["inventory"]) if data["inventory"] else None,
             gpus={k: _gpu_live(g) for k, g in data["gpus"].items()},
             holdings={k: Holding(**{**h, "gpu_indices": tuple(h["gpu_indices"])}) for k, h in data["holdings"].items()},
-            last_seen=float(data["last_seen"]), stale=bool(data["stale"]), version=int(data["version"]),
-            published_digest=data["published_digest"], published_at=float(data["published_at"]),
+            last_seen=float(data["last_seen"]),
+            stale=bool(data["stale"]),
+            version=int(data["version"]),
+            published_digest=data["published_digest"],
+            published_at=float(data["published_at"]),
         )
 
 
@@ -573,8 +625,13 @@ def apply_allocation(record: NodeRecord | None, change: AllocationChange) -> Nod
         return record
     if change.holding:
         same = current is not None and current.generation == change.generation
-        holdings[change.job_id] = Holding(change.job_id, change.generation, change.queue, change.gpu_indices,
-                                          current.reported_since if same and current else None)
+        holdings[change.job_id] = Holding(
+            change.job_id,
+            change.generation,
+            change.queue,
+            change.gpu_indices,
+            current.reported_since if same and current else None,
+        )
     else:
         holdings.pop(change.job_id, None)
     return replace(record, holdings=holdings)
@@ -613,8 +670,12 @@ class Usage:
     aggregate: WindowAggregate
 
     def to_json(self) -> Json:
-        return {"job_id": self.job_id, "queue": self.queue, "bucket": self.bucket,
-                "aggregate": self.aggregate.to_json()}
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "bucket": self.bucket,
+            "aggregate": self.aggregate.to_json(),
+        }
 
 
 def _gpu_healthy(gpu: GpuChunk) -> bool:
@@ -651,22 +712,33 @@ def apply_chunk(
         was_since = previous.idle_since if previous is not None else None
         if below and holding is not None:
             if was_since is not None and previous is not None:
-                since, util_sum, util_n = was_since, previous.idle_util_sum + gpu.util_sum, \
-                    previous.idle_util_n + gpu.util_n
+                since, util_sum, util_n = (
+                    was_since,
+                    previous.idle_util_sum + gpu.util_sum,
+                    previous.idle_util_n + gpu.util_n,
+                )
             else:
                 since, util_sum, util_n = gpu.first_ts, gpu.util_sum, gpu.util_n
         else:
             since, util_sum, util_n = None, 0.0, 0
         healthy = (previous.healthy if previous is not None else True) and _gpu_healthy(gpu)
-        gpus[uuid] = GpuLive(gpu.index, gpu.model, gpu.last_ts, gpu.last_util, gpu.memory_total_mib, healthy,
-                             since, util_sum, util_n)
+        gpus[uuid] = GpuLive(
+            gpu.index, gpu.model, gpu.last_ts, gpu.last_util, gpu.memory_total_mib, healthy, since, util_sum, util_n
+        )
         if holding is not None and previous is not None:
             seconds = min(gpu.last_ts - previous.last_ts, timeout_s)
             mean = gpu.util_sum / gpu.util_n if gpu.util_n else 0.0
             sums = usage.get(holding.job_id)
             if sums is None:
-                usage[holding.job_id] = [gpu.samples, gpu.util_n, gpu.util_sum, gpu.util_max, seconds,
-                                         seconds * mean / 100.0, seconds if below else 0.0]
+                usage[holding.job_id] = [
+                    gpu.samples,
+                    gpu.util_n,
+                    gpu.util_sum,
+                    gpu.util_max,
+                    seconds,
+                    seconds * mean / 100.0,
+                    seconds if below else 0.0,
+                ]
             else:
                 sums[0] += gpu.samples
                 sums[1] += gpu.util_n
@@ -677,9 +749,12 @@ def apply_chunk(
                 sums[6] += seconds if below else 0.0
     record = _evolve(record, gpus=gpus, last_seen=last_seen, stale=False)
     record, findings = _idle_findings(record, config) if record.holdings else (record, [])
-    usages = [Usage(job_id, record.holdings[job_id].queue, chunk.bucket,
-                    WindowAggregate(int(sums[0]), int(sums[1]), *sums[2:]))
-              for job_id, sums in sorted(usage.items())]
+    usages = [
+        Usage(
+            job_id, record.holdings[job_id].queue, chunk.bucket, WindowAggregate(int(sums[0]), int(sums[1]), *sums[2:])
+        )
+        for job_id, sums in sorted(usage.items())
+    ]
     return record, findings, usages
 
 
@@ -690,8 +765,7 @@ def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRec
     for job_id, holding in record.holdings.items():
         members = [by_index.get(index) for index in holding.gpu_indices]
         if not members or any(m is None or m[1].idle_since is None for m in members):
-            if holding.reported_since is not None and any(m is not None and m[1].idle_since is None
-                                                           for m in members):
+            if holding.reported_since is not None and any(m is not None and m[1].idle_since is None for m in members):
                 changed[job_id] = replace(holding, reported_since=None)  # busy again: a new episode may follow
             continue
         present = [m for m in members if m is not None]
@@ -701,8 +775,18 @@ def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRec
             continue
         util_n = sum(gpu.idle_util_n for _, gpu in present)
         mean = sum(gpu.idle_util_sum for _, gpu in present) / util_n if util_n else 0.0
-        findings.append(IdleFinding(job_id, holding.generation, holding.queue, record.node,
-                                    tuple(uuid for uuid, _ in present), mean, since, until))
+        findings.append(
+            IdleFinding(
+                job_id,
+                holding.generation,
+                holding.queue,
+                record.node,
+                tuple(uuid for uuid, _ in present),
+                mean,
+                since,
+                until,
+            )
+        )
         changed[job_id] = replace(holding, reported_since=since)
     if not changed:
         return record, findings
@@ -751,10 +835,19 @@ class NodeView:
 
     def placement_digest(self) -> str:
         """What placement acts on (not utilisation): a change here is published at once."""
-        parts = [self.node, str(self.healthy), self.rack, str(self.cpu_milli), str(self.memory_mib),
-                 ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))]
-        parts += [f"{g.index}:{g.uuid}:{g.memory_mib}:{g.nvlink_island}:{g.mig_enabled}:{'+'.join(g.mig_slices)}"
-                  f":{g.healthy}:{g.allocated_to}" for g in self.gpus]
+        parts = [
+            self.node,
+            str(self.healthy),
+            self.rack,
+            str(self.cpu_milli),
+            str(self.memory_mib),
+            ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())),
+        ]
+        parts += [
+            f"{g.index}:{g.uuid}:{g.memory_mib}:{g.nvlink_island}:{g.mig_enabled}:{'+'.join(g.mig_slices)}"
+            f":{g.healthy}:{g.allocated_to}"
+            for g in self.gpus
+        ]
         return "|".join(parts)
 
 
@@ -769,19 +862,50 @@ def node_view(record: NodeRecord) -> NodeView:
     if record.inventory is not None:
         for inv in record.inventory.gpus:
             live = record.gpus.get(inv.uuid)
-            gpus.append(GpuView(inv.index, inv.uuid, inv.model, inv.memory_mib, inv.nvlink_island, inv.mig_enabled,
-                                inv.mig_slices, live.healthy if live else True,
-                                (live.utilization_pct or 0.0) if live else 0.0, inv.shareable,
-                                holder.get(inv.index, "")))
+            gpus.append(
+                GpuView(
+                    inv.index,
+                    inv.uuid,
+                    inv.model,
+                    inv.memory_mib,
+                    inv.nvlink_island,
+                    inv.mig_enabled,
+                    inv.mig_slices,
+                    live.healthy if live else True,
+                    (live.utilization_pct or 0.0) if live else 0.0,
+                    inv.shareable,
+                    holder.get(inv.index, ""),
+                )
+            )
     else:
         for index, (uuid, live) in sorted(live_by_index.items()):
-            gpus.append(GpuView(index, uuid, live.model, live.memory_total_mib or 0, index, False, (), live.healthy,
-                                live.utilization_pct or 0.0, False, holder.get(index, "")))
+            gpus.append(
+                GpuView(
+                    index,
+                    uuid,
+                    live.model,
+                    live.memory_total_mib or 0,
+                    index,
+                    False,
+                    (),
+                    live.healthy,
+                    live.utilization_pct or 0.0,
+                    False,
+                    holder.get(index, ""),
+                )
+            )
     inventory = record.inventory
     labels = dict(inventory.labels) if inventory else {}
-    view = NodeView(record.node, inventory.rack if inventory else "", tuple(gpus),
-                    inventory.cpu_milli if inventory else 0, inventory.memory_mib if inventory else 0,
-                    not record.stale and record.last_seen > 0, record.last_seen, labels)
+    view = NodeView(
+        record.node,
+        inventory.rack if inventory else "",
+        tuple(gpus),
+        inventory.cpu_milli if inventory else 0,
+        inventory.memory_mib if inventory else 0,
+        not record.stale and record.last_seen > 0,
+        record.last_seen,
+        labels,
+    )
     labels[FREE_GPUS_LABEL] = ",".join(str(i) for i in view.free_gpus)
     return view
 
@@ -801,13 +925,21 @@ def may_need_publication(before: NodeRecord | None, after: NodeRecord, now: floa
     has not elapsed. Building the view costs more than folding a live chunk, so this is checked first."""
     if before is None or now - after.published_at >= interval_s or before.published_digest == "":
         return True
-    if (before.inventory != after.inventory or before.holdings != after.holdings or before.stale != after.stale
-            or (before.last_seen > 0) != (after.last_seen > 0) or before.gpus.keys() != after.gpus.keys()):
+    if (
+        before.inventory != after.inventory
+        or before.holdings != after.holdings
+        or before.stale != after.stale
+        or (before.last_seen > 0) != (after.last_seen > 0)
+        or before.gpus.keys() != after.gpus.keys()
+    ):
         return True
     old = before.gpus
-    return any(gpu.healthy != old[uuid].healthy or gpu.gpu_index != old[uuid].gpu_index
-               or (after.inventory is None and gpu.memory_total_mib != old[uuid].memory_total_mib)
-               for uuid, gpu in after.gpus.items())
+    return any(
+        gpu.healthy != old[uuid].healthy
+        or gpu.gpu_index != old[uuid].gpu_index
+        or (after.inventory is None and gpu.memory_total_mib != old[uuid].memory_total_mib)
+        for uuid, gpu in after.gpus.items()
+    )
 
 
 def allocated_vs_used(view: NodeView) -> tuple[int, float]:

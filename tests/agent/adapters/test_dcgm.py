@@ -51,8 +51,7 @@ async def test_scrapes_inventory_and_samples_over_http(exporter: Exporter) -> No
         await source.close()
     assert exporter.requests == 2
     assert len(inventory.gpus) == 3
-    assert [(s.gpu_index, s.mig_instance_id) for s in samples] == [
-        (0, None), (1, None), (1, 1), (1, 2), (2, None)]
+    assert [(s.gpu_index, s.mig_instance_id) for s in samples] == [(0, None), (1, None), (1, 1), (1, 2), (2, None)]
     assert samples[0].labels["pod"] == "llama-ft-0"
     assert samples[0].fields.gpu_util_pct == 87.0
     assert {s.timestamp for s in samples} == {1_700_000_001.0}
@@ -65,7 +64,7 @@ async def test_a_failed_scrape_is_counted_and_sampling_goes_on(exporter: Exporte
         exporter.status = 503
         assert await source.sample(timestamp=2.0) == []
         exporter.status = 200
-        exporter.page = PAGE + "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\" broken\n"
+        exporter.page = PAGE + 'DCGM_FI_DEV_GPU_UTIL{gpu="0" broken\n'
         samples = await source.sample(timestamp=3.0)
     finally:
         await source.close()

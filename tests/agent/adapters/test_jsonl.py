@@ -17,7 +17,10 @@ from kumiki.agent.adapters.jsonl import (
 from kumiki.agent.core import GpuDevice, GpuInventory, GpuSample, RecordError, SampleFields
 
 INVENTORY = GpuInventory(
-    node="node-a", collected_at=100.0, driver_version="550.54.15", cuda_driver_version="12.4",
+    node="node-a",
+    collected_at=100.0,
+    driver_version="550.54.15",
+    cuda_driver_version="12.4",
     gpus=(GpuDevice(0, "GPU-0", "NVIDIA L4", 24 * 1024**3, "00000000:07:00.0", None),),
 )
 
@@ -25,8 +28,15 @@ INVENTORY = GpuInventory(
 def samples(timestamp: float) -> list[GpuSample]:
     return [
         GpuSample("node-a", "GPU-0", 0, None, timestamp, SampleFields(gpu_util_pct=12.0, power_w=None)),
-        GpuSample("node-a", "GPU-0", 0, 3, timestamp, SampleFields(memory_used_bytes=5),
-                  labels={"pod": "p-0", "namespace": "ns"}),
+        GpuSample(
+            "node-a",
+            "GPU-0",
+            0,
+            3,
+            timestamp,
+            SampleFields(memory_used_bytes=5),
+            labels={"pod": "p-0", "namespace": "ns"},
+        ),
     ]
 
 

@@ -18,6 +18,7 @@ NODE = "gpu-node-1"
 
 def hgx_node() -> FakeNvmlConfig:
     """Four A100s: 0-1 and 2-3 NVLinked, GPU 2 in MIG mode, GPU 3 without power readings."""
+
     def gpu(n: int, **extra: object) -> dict[str, object]:
         return {
             "uuid": f"GPU-0000000{n}-aaaa-bbbb-cccc-00000000000{n}",
@@ -40,19 +41,36 @@ def hgx_node() -> FakeNvmlConfig:
         system={"driver_version": "550.54.15", "cuda_version": 12040, "topology_default": "SYSTEM"},
         gpus=[gpu(0), gpu(1), gpu(2, mig="on"), gpu(3, unsupported="power")],
         migs=[
-            {"gpu": 2, "gpu_instance": 1, "compute_instance": 0,
-             "uuid": "MIG-11111111-2222-3333-4444-555555555555",
-             "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb", "memory_total": 40 * GIB, "memory_used": 3 * GIB,
-             "slices": 3, "placement_start": 4},
+            {
+                "gpu": 2,
+                "gpu_instance": 1,
+                "compute_instance": 0,
+                "uuid": "MIG-11111111-2222-3333-4444-555555555555",
+                "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+                "memory_total": 40 * GIB,
+                "memory_used": 3 * GIB,
+                "slices": 3,
+                "placement_start": 4,
+            },
             # No profile in the name: the agent derives it from the instance's attributes.
-            {"gpu": 2, "gpu_instance": 9, "compute_instance": 0,
-             "uuid": "MIG-66666666-7777-8888-9999-000000000000",
-             "name": "NVIDIA A100-SXM4-80GB MIG", "memory_total": 9728 * 1024 * 1024, "memory_used": 0,
-             "slices": 1, "placement_start": 0},
+            {
+                "gpu": 2,
+                "gpu_instance": 9,
+                "compute_instance": 0,
+                "uuid": "MIG-66666666-7777-8888-9999-000000000000",
+                "name": "NVIDIA A100-SXM4-80GB MIG",
+                "memory_total": 9728 * 1024 * 1024,
+                "memory_used": 0,
+                "slices": 1,
+                "placement_start": 0,
+            },
         ],
         nvlinks=[{"a": 0, "b": 1, "links": 12}, {"a": 2, "b": 3, "links": 4}],
-        topology=[{"a": 0, "b": 1, "level": "SINGLE"}, {"a": 2, "b": 3, "level": "HOSTBRIDGE"},
-                  {"a": 0, "b": 2, "level": "NODE"}],
+        topology=[
+            {"a": 0, "b": 1, "level": "SINGLE"},
+            {"a": 2, "b": 3, "level": "HOSTBRIDGE"},
+            {"a": 0, "b": 2, "level": "NODE"},
+        ],
     )
 
 
@@ -79,8 +97,7 @@ def test_inventory_reports_configured_gpus_mig_and_topology(fake_nvml: FakeNvml)
         assert [gpu.mig_enabled for gpu in inventory.gpus] == [False, False, True, False]
         assert inventory.gpus[2].mig_instances == (
             MigInstance(1, 0, "MIG-11111111-2222-3333-4444-555555555555", "3g.40gb", 40 * GIB, 4, 3),
-            MigInstance(9, 0, "MIG-66666666-7777-8888-9999-000000000000", "1g.10gb", 9728 * 1024 * 1024,
-                        0, 1),
+            MigInstance(9, 0, "MIG-66666666-7777-8888-9999-000000000000", "1g.10gb", 9728 * 1024 * 1024, 0, 1),
         )
         assert [gpu.nvlinks_active for gpu in inventory.gpus] == [12, 12, 4, 4]
         pairs = {(pair.a, pair.b): pair for pair in inventory.pairs}
@@ -105,7 +122,13 @@ def test_samples_follow_the_configured_values_tick_by_tick(fake_nvml: FakeNvml) 
     for tick, samples in enumerate(ticks):
         # One sample per GPU, plus one per MIG instance right after its GPU.
         assert [(s.gpu_index, s.mig_instance_id) for s in samples] == [
-            (0, None), (1, None), (2, None), (2, 1), (2, 9), (3, None)]
+            (0, None),
+            (1, None),
+            (2, None),
+            (2, 1),
+            (2, 9),
+            (3, None),
+        ]
         assert {s.timestamp for s in samples} == {1_700_000_001.0 + tick}
         whole = {s.gpu_index: s for s in samples if s.mig_instance_id is None}
         for index in (0, 1, 3):
@@ -227,12 +250,25 @@ def test_events_not_supported_on_a_gpu_keeps_sampling(fake_nvml: FakeNvml) -> No
 
 
 def test_gpus_without_nvlink_or_mig_report_none_not_zero(fake_nvml: FakeNvml) -> None:
-    config = FakeNvmlConfig(gpus=[
-        {"uuid": "GPU-pcie-0", "name": "NVIDIA L4", "memory_total": 24 * GIB, "mig": "unsupported",
-         "nvlink_count": 0},
-        {"uuid": "GPU-pcie-1", "name": "NVIDIA L4", "memory_total": 24 * GIB, "mig": "unsupported",
-         "nvlink_count": 0},
-    ], topology=[{"a": 0, "b": 1, "level": "MULTIPLE"}])
+    config = FakeNvmlConfig(
+        gpus=[
+            {
+                "uuid": "GPU-pcie-0",
+                "name": "NVIDIA L4",
+                "memory_total": 24 * GIB,
+                "mig": "unsupported",
+                "nvlink_count": 0,
+            },
+            {
+                "uuid": "GPU-pcie-1",
+                "name": "NVIDIA L4",
+                "memory_total": 24 * GIB,
+                "mig": "unsupported",
+                "nvlink_count": 0,
+            },
+        ],
+        topology=[{"a": 0, "b": 1, "level": "MULTIPLE"}],
+    )
     source, inventory = open_source(fake_nvml, config)
     source.close()
     assert [gpu.mig_enabled for gpu in inventory.gpus] == [None, None]
@@ -255,8 +291,11 @@ def test_memory_used_excludes_driver_reserved_memory_like_dcgm(fake_nvml: FakeNv
 
 def test_drivers_without_memory_info_v2_fall_back_to_v1(fake_nvml: FakeNvml) -> None:
     config = hgx_node()
-    config.gpus[0] = {**config.gpus[0], "memory_reserved": 600 * 1024 * 1024,
-                      "errors": "memory_v2:13"}  # NVML_ERROR_FUNCTION_NOT_FOUND
+    config.gpus[0] = {
+        **config.gpus[0],
+        "memory_reserved": 600 * 1024 * 1024,
+        "errors": "memory_v2:13",
+    }  # NVML_ERROR_FUNCTION_NOT_FOUND
     source, _ = open_source(fake_nvml, config)
     try:
         samples = source.sample(timestamp=1_700_000_001.0)
@@ -296,7 +335,9 @@ def test_mig_placement_needs_privilege_and_its_absence_only_blanks_it(fake_nvml:
     source.close()
     instances = inventory.gpus[2].mig_instances
     assert [(m.gpu_instance_id, m.profile, m.placement_start) for m in instances] == [
-        (1, "3g.40gb", None), (9, "1g.10gb", None)]
+        (1, "3g.40gb", None),
+        (9, "1g.10gb", None),
+    ]
     assert source.errors["mig_placement"] == 2
 
 

@@ -22,9 +22,22 @@ def build_library(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / LIBRARY_NAME
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
-         f"-Wl,-soname,{LIBRARY_NAME}", "-o", str(library), str(SOURCE)],
-        check=True, capture_output=True, text=True,
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-Wl,-soname,{LIBRARY_NAME}",
+            "-o",
+            str(library),
+            str(SOURCE),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return library
 

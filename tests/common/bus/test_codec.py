@@ -53,4 +53,4 @@ def test_registry_names_are_unique_and_prefixed() -> None:
     assert len(set(names)) == len(names)
     assert all(name.startswith("kumiki.") for name in names)
     compacted = {spec.name for spec in ALL_TOPICS if spec.cleanup_policy == "compact"}
-    assert compacted == {"cluster.state", "job.forecast", "quota.state"}
+    assert compacted == {"cluster.state", "node.inventory", "job.forecast", "quota.state"}

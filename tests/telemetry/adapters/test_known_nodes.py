@@ -7,22 +7,22 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from kumiki.common.bus import EventProducer, ensure_topics
-from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE
+from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, NODE_INVENTORY
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.telemetry.adapters.known_nodes import KnownNodes
-from kumiki.telemetry.topics import NODE_INVENTORY
 
 pytestmark = [pytest.mark.kafka]
 
 
 async def test_registrations_from_both_topics_and_catch_up(kafka_settings: KafkaSettings) -> None:
-    await ensure_topics(kafka_settings, [*ALL_TOPICS, NODE_INVENTORY])
+    await ensure_topics(kafka_settings, ALL_TOPICS)
     inventory_topic = NODE_INVENTORY.full_name(kafka_settings.topic_prefix)
     async with EventProducer(kafka_settings, "//kumiki/test") as producer:
         # Enough nodes to land on every partition of both topics.
-        await producer.publish_many(NODE_INVENTORY, [(f"agent-{i}", events_pb2.NodeState(node=f"agent-{i}"))
-                                                     for i in range(12)])
+        await producer.publish_many(
+            NODE_INVENTORY, [(f"agent-{i}", events_pb2.NodeState(node=f"agent-{i}")) for i in range(12)]
+        )
         await producer.publish(CLUSTER_STATE, "sim-0", events_pb2.NodeState(node="sim-0"))
         await producer.publish(NODE_INVENTORY, "gone", events_pb2.NodeState(node="gone"))
         raw = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap)

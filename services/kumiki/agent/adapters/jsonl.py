@@ -118,9 +118,7 @@ def read_recording(folder: Path) -> tuple[GpuInventory, list[GpuSample]]:
     samples_path = folder / SAMPLES_FILE
     for path in (inventory_path, samples_path):
         if not path.is_file():
-            raise RecordError(
-                f"{path}: missing (a recording folder holds {INVENTORY_FILE} and {SAMPLES_FILE})"
-            )
+            raise RecordError(f"{path}: missing (a recording folder holds {INVENTORY_FILE} and {SAMPLES_FILE})")
     try:
         inventory = inventory_from_dict(json.loads(inventory_path.read_text(encoding="utf-8")))
     except json.JSONDecodeError as error:

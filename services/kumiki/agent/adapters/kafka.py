@@ -13,10 +13,9 @@ from collections.abc import Sequence
 
 from kumiki.agent.core import GpuInventory, GpuSample
 from kumiki.common.bus import EventProducer, ensure_topics
-from kumiki.common.bus.topics import GPU_SAMPLES
+from kumiki.common.bus.topics import GPU_SAMPLES, NODE_INVENTORY
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
-from kumiki.telemetry.topics import NODE_INVENTORY
 
 MIB = 1024 * 1024
 

@@ -189,8 +189,13 @@ class NvmlSource:
         pci = self._call(index, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
         modes = self._call(index, "mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
         mig_enabled = None if modes is None else modes[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-        gpu = _Gpu(index=index, handle=handle, uuid=uuid, mig_enabled=bool(mig_enabled),
-                   model=None if name is None else _text(name))
+        gpu = _Gpu(
+            index=index,
+            handle=handle,
+            uuid=uuid,
+            mig_enabled=bool(mig_enabled),
+            model=None if name is None else _text(name),
+        )
         instances: list[MigInstance] = []
         if mig_enabled:
             instances = self._read_migs(gpu)
@@ -221,29 +226,33 @@ class NvmlSource:
             gi = self._call(index, "mig_gpu_instance", pynvml.nvmlDeviceGetGpuInstanceId, mig_handle)
             if gi is None:
                 continue
-            ci = self._call(index, "mig_compute_instance", pynvml.nvmlDeviceGetComputeInstanceId,
-                            mig_handle)
+            ci = self._call(index, "mig_compute_instance", pynvml.nvmlDeviceGetComputeInstanceId, mig_handle)
             mig_uuid = self._call(index, "mig_uuid", pynvml.nvmlDeviceGetUUID, mig_handle)
             mig_name = self._call(index, "mig_name", pynvml.nvmlDeviceGetName, mig_handle)
             memory = self._memory(index, "mig_memory", mig_handle)
             attributes = self._call(index, "mig_attributes", pynvml.nvmlDeviceGetAttributes, mig_handle)
             # The GPU-instance query needs a privileged agent on real drivers (NO_PERMISSION else).
             instance = self._call(index, "mig_placement", pynvml.nvmlDeviceGetGpuInstanceById, handle, gi)
-            info = None if instance is None else self._call(
-                index, "mig_placement", pynvml.nvmlGpuInstanceGetInfo, instance)
-            instances.append(MigInstance(
-                gpu_instance_id=int(gi),
-                compute_instance_id=None if ci is None else int(ci),
-                uuid=None if mig_uuid is None else _text(mig_uuid),
-                profile=mig_profile(
-                    None if mig_name is None else _text(mig_name),
-                    None if attributes is None else int(attributes.gpuInstanceSliceCount),
-                    None if attributes is None else int(attributes.memorySizeMB),
-                ),
-                memory_total_bytes=None if memory is None else int(memory.total),
-                placement_start=None if info is None else int(info.placement.start),
-                placement_size=None if info is None else int(info.placement.size),
-            ))
+            info = (
+                None
+                if instance is None
+                else self._call(index, "mig_placement", pynvml.nvmlGpuInstanceGetInfo, instance)
+            )
+            instances.append(
+                MigInstance(
+                    gpu_instance_id=int(gi),
+                    compute_instance_id=None if ci is None else int(ci),
+                    uuid=None if mig_uuid is None else _text(mig_uuid),
+                    profile=mig_profile(
+                        None if mig_name is None else _text(mig_name),
+                        None if attributes is None else int(attributes.gpuInstanceSliceCount),
+                        None if attributes is None else int(attributes.memorySizeMB),
+                    ),
+                    memory_total_bytes=None if memory is None else int(memory.total),
+                    placement_start=None if info is None else int(info.placement.start),
+                    placement_size=None if info is None else int(info.placement.size),
+                )
+            )
             gpu.migs.append(_Mig(handle=mig_handle, gpu_instance_id=int(gi)))
         return instances
 
@@ -272,18 +281,27 @@ class NvmlSource:
         links = nvlink_counts(bus_ids, remotes)
         pairs: list[GpuPair] = []
         for position, first in enumerate(self._gpus):
-            for second in self._gpus[position + 1:]:
-                level = self._call(first.index, "topology", pynvml.nvmlDeviceGetTopologyCommonAncestor,
-                                   first.handle, second.handle)
-                p2p = self._call(first.index, "p2p", pynvml.nvmlDeviceGetP2PStatus,
-                                 first.handle, second.handle, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
-                pairs.append(GpuPair(
-                    a=first.index,
-                    b=second.index,
-                    topology=None if level is None else topology_name(int(level)),
-                    nvlinks=links.get((first.index, second.index), 0),
-                    nvlink_p2p=None if p2p is None else p2p == pynvml.NVML_P2P_STATUS_OK,
-                ))
+            for second in self._gpus[position + 1 :]:
+                level = self._call(
+                    first.index, "topology", pynvml.nvmlDeviceGetTopologyCommonAncestor, first.handle, second.handle
+                )
+                p2p = self._call(
+                    first.index,
+                    "p2p",
+                    pynvml.nvmlDeviceGetP2PStatus,
+                    first.handle,
+                    second.handle,
+                    pynvml.NVML_P2P_CAPS_INDEX_NVLINK,
+                )
+                pairs.append(
+                    GpuPair(
+                        a=first.index,
+                        b=second.index,
+                        topology=None if level is None else topology_name(int(level)),
+                        nvlinks=links.get((first.index, second.index), 0),
+                        nvlink_p2p=None if p2p is None else p2p == pynvml.NVML_P2P_STATUS_OK,
+                    )
+                )
         return tuple(pairs)
 
     def _subscribe_events(self) -> None:
@@ -313,27 +331,31 @@ class NvmlSource:
             for key in [key for key in xids if key[0] == gpu.index and key[1] not in known | {None}]:
                 # An XID for an instance this agent does not know still belongs to the GPU.
                 xids[(gpu.index, None)] = xids.get((gpu.index, None), ()) + xids.pop(key)
-            samples.append(GpuSample(
-                node=self.node,
-                gpu_uuid=gpu.uuid,
-                gpu_index=gpu.index,
-                mig_instance_id=None,
-                timestamp=timestamp,
-                fields=self._gpu_fields(gpu, xids.get((gpu.index, None), ())),
-                model=gpu.model,
-                source=SOURCE,
-            ))
-            for mig in gpu.migs:
-                samples.append(GpuSample(
+            samples.append(
+                GpuSample(
                     node=self.node,
                     gpu_uuid=gpu.uuid,
                     gpu_index=gpu.index,
-                    mig_instance_id=mig.gpu_instance_id,
+                    mig_instance_id=None,
                     timestamp=timestamp,
-                    fields=self._mig_fields(gpu.index, mig, xids.get((gpu.index, mig.gpu_instance_id), ())),
+                    fields=self._gpu_fields(gpu, xids.get((gpu.index, None), ())),
                     model=gpu.model,
                     source=SOURCE,
-                ))
+                )
+            )
+            for mig in gpu.migs:
+                samples.append(
+                    GpuSample(
+                        node=self.node,
+                        gpu_uuid=gpu.uuid,
+                        gpu_index=gpu.index,
+                        mig_instance_id=mig.gpu_instance_id,
+                        timestamp=timestamp,
+                        fields=self._mig_fields(gpu.index, mig, xids.get((gpu.index, mig.gpu_instance_id), ())),
+                        model=gpu.model,
+                        source=SOURCE,
+                    )
+                )
         return samples
 
     def _gpu_fields(self, gpu: _Gpu, xids: tuple[int, ...]) -> SampleFields:
@@ -341,12 +363,25 @@ class NvmlSource:
         utilisation = self._call(index, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
         memory = self._memory(index, "memory", handle)
         power = self._call(index, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
-        temperature = self._call(index, "temperature", pynvml.nvmlDeviceGetTemperature, handle,
-                                 pynvml.NVML_TEMPERATURE_GPU)
-        corrected = self._call(index, "ecc", pynvml.nvmlDeviceGetTotalEccErrors, handle,
-                               pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC)
-        uncorrected = self._call(index, "ecc", pynvml.nvmlDeviceGetTotalEccErrors, handle,
-                                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        temperature = self._call(
+            index, "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
+        )
+        corrected = self._call(
+            index,
+            "ecc",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        uncorrected = self._call(
+            index,
+            "ecc",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
         return SampleFields(
             gpu_util_pct=None if utilisation is None else float(utilisation.gpu),
             memory_util_pct=None if utilisation is None else float(utilisation.memory),

@@ -124,6 +124,12 @@ GPU_SAMPLES = TopicSpec(
 CLUSTER_STATE = TopicSpec(
     "cluster.state", events_pb2.NodeState, "node", cleanup_policy="compact", validate=validate_node_state
 )
+# The agents' static view of their node (GPUs, memory, MIG layout, NVLink islands): telemetry merges it with
+# live samples and allocations into the NodeState it publishes on cluster.state, and a node is known to
+# telemetry once it has a record here (or on cluster.state).
+NODE_INVENTORY = TopicSpec(
+    "node.inventory", events_pb2.NodeState, "node", cleanup_policy="compact", validate=validate_node_state
+)
 GPU_IDLE = TopicSpec("gpu.idle", events_pb2.GpuIdle, "job_id", retention_ms=7 * DAY_MS, validate=_job_required)
 JOB_LIFECYCLE = TopicSpec(
     "job.lifecycle", events_pb2.JobLifecycle, "job_id", retention_ms=30 * DAY_MS, validate=validate_job_lifecycle
@@ -149,6 +155,7 @@ DEAD_LETTER = TopicSpec("dead-letter", None, "original key", retention_ms=14 * D
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES,
     CLUSTER_STATE,
+    NODE_INVENTORY,
     GPU_IDLE,
     JOB_LIFECYCLE,
     JOB_FORECAST,

@@ -49,8 +49,16 @@ def inventory_from_state(state: events_pb2.NodeState) -> Inventory:
     return Inventory(
         node=state.node,
         gpus=tuple(
-            InventoryGpu(gpu.index, gpu.uuid, gpu.model, gpu.memory_mib, gpu.nvlink_island, gpu.mig_enabled,
-                         tuple(gpu.mig_slices), gpu.shareable)
+            InventoryGpu(
+                gpu.index,
+                gpu.uuid,
+                gpu.model,
+                gpu.memory_mib,
+                gpu.nvlink_island,
+                gpu.mig_enabled,
+                tuple(gpu.mig_slices),
+                gpu.shareable,
+            )
             for gpu in state.gpus
         ),
         cpu_milli=state.cpu_milli,
@@ -76,9 +84,16 @@ def node_state(view: NodeView, version: int, now: float) -> events_pb2.NodeState
         rack=view.rack,
         gpus=[
             events_pb2.GpuState(
-                index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory_mib=gpu.memory_mib,
-                nvlink_island=gpu.nvlink_island, mig_enabled=gpu.mig_enabled, mig_slices=list(gpu.mig_slices),
-                healthy=gpu.healthy, utilization_pct=gpu.utilization_pct, shareable=gpu.shareable,
+                index=gpu.index,
+                uuid=gpu.uuid,
+                model=gpu.model,
+                memory_mib=gpu.memory_mib,
+                nvlink_island=gpu.nvlink_island,
+                mig_enabled=gpu.mig_enabled,
+                mig_slices=list(gpu.mig_slices),
+                healthy=gpu.healthy,
+                utilization_pct=gpu.utilization_pct,
+                shareable=gpu.shareable,
             )
             for gpu in view.gpus
         ],

@@ -47,8 +47,9 @@ class KnownNodes:
         self.registry.record(spec.name, node, True)
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**self.settings.client_options(), group_id=None,
-                                          enable_auto_commit=False, auto_offset_reset="earliest")
+        self._consumer = AIOKafkaConsumer(
+            **self.settings.client_options(), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
         await self._consumer.start()
         for _ in range(50):  # a just-created topic takes a moment to appear in metadata (as in bus.replay)
             cluster = await self._consumer._client.fetch_all_metadata()
@@ -59,8 +60,11 @@ class KnownNodes:
         missing = [topic for topic, partitions in found.items() if not partitions]
         if missing:
             raise RuntimeError(f"registration topics missing: {', '.join(missing)}")
-        self._partitions = [TopicPartition(topic, partition) for topic, partitions in found.items()
-                            for partition in sorted(partitions or ())]
+        self._partitions = [
+            TopicPartition(topic, partition)
+            for topic, partitions in found.items()
+            for partition in sorted(partitions or ())
+        ]
         self._consumer.assign(self._partitions)
         await self._consumer.seek_to_beginning(*self._partitions)
         await self.catch_up()
@@ -85,8 +89,7 @@ class KnownNodes:
                     self._apply(spec, record.key, record.value, list(record.headers or ()))
             behind = {tp for tp in behind if await consumer.position(tp) < ends[tp]}
 
-    def _apply(self, spec: TopicSpec, key: bytes | None, value: bytes | None,
-               headers: list[tuple[str, bytes]]) -> None:
+    def _apply(self, spec: TopicSpec, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         node_key = key.decode(errors="replace") if key is not None else ""
         if value is None:  # a tombstone: the node left this topic (compaction will drop it too)
             self.registry.record(spec.name, node_key, False)

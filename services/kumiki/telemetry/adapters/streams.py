@@ -22,10 +22,12 @@ import asyncio
 import collections
 import contextlib
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import faust
@@ -35,13 +37,20 @@ from aiokafka.partitioner import murmur2
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
 from kumiki.common.bus.producer import EventProducer
-from kumiki.common.bus.topics import CLUSTER_STATE, DEAD_LETTER, GPU_IDLE, GPU_SAMPLES, JOB_LIFECYCLE, TopicSpec
+from kumiki.common.bus.topics import (
+    CLUSTER_STATE,
+    DEAD_LETTER,
+    GPU_IDLE,
+    GPU_SAMPLES,
+    JOB_LIFECYCLE,
+    NODE_INVENTORY,
+    TopicSpec,
+)
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
 from kumiki.telemetry.adapters.known_nodes import KnownNodes
-from kumiki.telemetry.topics import NODE_INVENTORY
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +73,10 @@ def faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
     ssl_context: Any = client.get("ssl_context")
     if settings.security_protocol.startswith("SASL"):
         options["broker_credentials"] = faust.SASLCredentials(
-            username=settings.sasl_username, password=settings.sasl_password,
-            mechanism=settings.sasl_mechanism, ssl_context=ssl_context,
+            username=settings.sasl_username,
+            password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism,
+            ssl_context=ssl_context,
         )
     elif ssl_context is not None:
         options["broker_credentials"] = faust.SSLCredentials(ssl_context)
@@ -125,8 +136,9 @@ class Record:
     @classmethod
     def of_faust(cls, event: Any) -> Record:
         message = event.message
-        return cls(message.topic, message.partition, message.offset, message.key, message.value,
-                   _header_list(message.headers))
+        return cls(
+            message.topic, message.partition, message.offset, message.key, message.value, _header_list(message.headers)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +201,8 @@ class TelemetryStreams:
             self.app_id,
             **faust_broker_options(settings),
             store="memory://",
+            # faust makes a data folder even for memory tables; keep it out of the working directory
+            datadir=str(Path(tempfile.gettempdir()) / f"kumiki-faust-{self.app_id}"),
             web_enabled=False,
             topic_disable_leader=True,
             processing_guarantee="at_least_once",
@@ -212,8 +226,10 @@ class TelemetryStreams:
         self.inventory_topic = _raw_topic(self.app, NODE_INVENTORY.full_name(prefix))
         self.lifecycle_topic = _raw_topic(self.app, JOB_LIFECYCLE.full_name(prefix))
         json_topic: dict[str, Any] = {
-            "key_serializer": "raw", "value_serializer": "json",
-            "internal": True, "partitions": settings.default_partitions,
+            "key_serializer": "raw",
+            "value_serializer": "json",
+            "internal": True,
+            "partitions": settings.default_partitions,
         }
         self.node_input = self.app.topic(f"{self.app_id}-node-input", **json_topic)
         self.usage_topic = self.app.topic(f"{self.app_id}-usage", **json_topic)
@@ -226,17 +242,34 @@ class TelemetryStreams:
         self.job_placements = self.app.Table("job-placements", **table)
         expires = timedelta(seconds=config.window_expires_s)
         by_bucket = self._bucket_time
-        self.node_windows = self.app.Table("node-windows", default=dict, **table).tumbling(
-            config.gpu_window_s, expires=expires).relative_to(by_bucket)
-        self.job_windows = self.app.Table("job-windows", default=dict, **table).hopping(
-            config.usage_window_s, config.usage_step_s, expires=expires).relative_to(by_bucket)
-        self.queue_windows = self.app.Table("queue-windows", default=dict, **table).hopping(
-            config.usage_window_s, config.usage_step_s, expires=expires).relative_to(by_bucket)
+        self.node_windows = (
+            self.app.Table("node-windows", default=dict, **table)
+            .tumbling(config.gpu_window_s, expires=expires)
+            .relative_to(by_bucket)
+        )
+        self.job_windows = (
+            self.app.Table("job-windows", default=dict, **table)
+            .hopping(config.usage_window_s, config.usage_step_s, expires=expires)
+            .relative_to(by_bucket)
+        )
+        self.queue_windows = (
+            self.app.Table("queue-windows", default=dict, **table)
+            .hopping(config.usage_window_s, config.usage_step_s, expires=expires)
+            .relative_to(by_bucket)
+        )
 
         if front_end == "faust":
-            self.app.agent(self.app.topic(self.samples_topic.get_topic_name(), self.inventory_topic.get_topic_name(),
-                                          key_type=bytes, value_type=bytes, key_serializer="raw",
-                                          value_serializer="raw"), name="ingest")(self._ingest)
+            self.app.agent(
+                self.app.topic(
+                    self.samples_topic.get_topic_name(),
+                    self.inventory_topic.get_topic_name(),
+                    key_type=bytes,
+                    value_type=bytes,
+                    key_serializer="raw",
+                    value_serializer="raw",
+                ),
+                name="ingest",
+            )(self._ingest)
         self.app.agent(self.lifecycle_topic, name="lifecycle")(self._lifecycle)
         self.app.agent(self.node_input, name="nodes")(self._nodes)
         self.app.agent(self.usage_topic, name="usage")(self._usage)
@@ -265,9 +298,14 @@ class TelemetryStreams:
         sent = []
         for partition, group in by_partition.items():
             for start in range(0, len(group), MAX_ITEMS_PER_RECORD):
-                part = group[start:start + MAX_ITEMS_PER_RECORD]
-                sent.append(await topic.send(key=str(part[0].get("node") or part[0].get("key")),
-                                             value={"kind": "batch", "items": part}, partition=partition))
+                part = group[start : start + MAX_ITEMS_PER_RECORD]
+                sent.append(
+                    await topic.send(
+                        key=str(part[0].get("node") or part[0].get("key")),
+                        value={"kind": "batch", "items": part},
+                        partition=partition,
+                    )
+                )
         return sent
 
     async def start(self) -> None:
@@ -276,9 +314,13 @@ class TelemetryStreams:
         await self.app.start()
         if self.front_end == "aiokafka":
             self._front = AIOKafkaConsumer(
-                self.samples_topic.get_topic_name(), self.inventory_topic.get_topic_name(),
-                **self.settings.client_options(), group_id=f"{self.app_id}-front", enable_auto_commit=False,
-                auto_offset_reset="earliest", max_poll_records=self.batch_size,
+                self.samples_topic.get_topic_name(),
+                self.inventory_topic.get_topic_name(),
+                **self.settings.client_options(),
+                group_id=f"{self.app_id}-front",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_poll_records=self.batch_size,
                 session_timeout_ms=int(self.config.session_timeout_s * 1000),
                 heartbeat_interval_ms=int(min(3.0, self.config.session_timeout_s / 3) * 1000),
             )
@@ -341,8 +383,9 @@ class TelemetryStreams:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                batches = await self._front.getmany(timeout_ms=max(1, int(remaining * 1000)),
-                                                    max_records=self.batch_size - len(records))
+                batches = await self._front.getmany(
+                    timeout_ms=max(1, int(remaining * 1000)), max_records=self.batch_size - len(records)
+                )
                 for partition, partition_records in batches.items():
                     records += partition_records
                     offsets[partition] = partition_records[-1].offset + 1
@@ -355,8 +398,9 @@ class TelemetryStreams:
                 previous.result()  # a failed commit stops the front end (and readiness)
             previous = asyncio.create_task(self._commit_after(previous, sent, offsets))
 
-    async def _commit_after(self, previous: asyncio.Task[None] | None, sent: list[Any],
-                            offsets: dict[Any, int]) -> None:
+    async def _commit_after(
+        self, previous: asyncio.Task[None] | None, sent: list[Any], offsets: dict[Any, int]
+    ) -> None:
         if previous is not None:
             await previous
         await asyncio.gather(*sent)
@@ -381,14 +425,15 @@ class TelemetryStreams:
     # -- stage 1 ----------------------------------------------------------------------------------
 
     async def dead_letter(self, record: Consumed, reason: str) -> None:
-        headers = dead_letter_headers(list(record.headers or ()), reason, record.topic, record.partition, record.offset,
-                                      self.app_id)
-        await self.producer.send_raw(DEAD_LETTER.full_name(self.settings.topic_prefix), record.key,
-                                     record.value, headers)
+        headers = dead_letter_headers(
+            list(record.headers or ()), reason, record.topic, record.partition, record.offset, self.app_id
+        )
+        await self.producer.send_raw(
+            DEAD_LETTER.full_name(self.settings.topic_prefix), record.key, record.value, headers
+        )
         self.dead_lettered += 1
         DEAD_LETTERED.labels(self.specs[record.topic].name, self.app_id).inc()
-        log.warning("dead-lettered record", extra={"topic": record.topic, "offset": record.offset,
-                                                   "reason": reason})
+        log.warning("dead-lettered record", extra={"topic": record.topic, "offset": record.offset, "reason": reason})
 
     async def ingest_batch(self, records: Sequence[Consumed]) -> list[Any]:
         """Stage 1 for one batch: decode, dead-letter, summarise, forward. Returns the send futures: the
@@ -428,8 +473,9 @@ class TelemetryStreams:
         unknown = {node for node in unknown if node not in self.known_nodes}
         rejected = [(record, reading.node) for record, reading in accepted if reading.node in unknown]
         sources = self.known_nodes.topic_names
-        await asyncio.gather(*(self.dead_letter(record, core.unknown_node_reason(node, sources))
-                               for record, node in rejected))
+        await asyncio.gather(
+            *(self.dead_letter(record, core.unknown_node_reason(node, sources)) for record, node in rejected)
+        )
         self.unknown_rejected += len(rejected)
         return [reading for _, reading in accepted if reading.node not in unknown]
 
@@ -456,8 +502,9 @@ class TelemetryStreams:
             if placement is not None and placement != previous:
                 self.job_placements[transition.job_id] = placement.to_json()
             for change in changes:
-                await self.node_input.send(key=change.node, value=change.to_json(),
-                                           partition=self.partition_for(change.node))
+                await self.node_input.send(
+                    key=change.node, value=change.to_json(), partition=self.partition_for(change.node)
+                )
 
     # -- stage 2 ----------------------------------------------------------------------------------
 
@@ -488,8 +535,7 @@ class TelemetryStreams:
                 record, found, usages = core.apply_chunk(record, chunk, self.config)
                 findings += found
                 self._chunk_metrics(chunk, now)
-                window = self.node_windows[node].apply(core.merge_node_window, core.node_window(chunk),
-                                                       _At(data))
+                window = self.node_windows[node].apply(core.merge_node_window, core.node_window(chunk), _At(data))
                 node_mean = core.WindowAggregate.from_json(window.value(_At(data)).get("node")).mean_util_pct
                 if node_mean is not None:
                     self._gauge(metrics.NODE_UTILISATION, node).set(node_mean)
@@ -516,15 +562,22 @@ class TelemetryStreams:
                 record = self._maybe_publish(record, now, states)
             self.node_records[node] = record  # serialised by faust's JSON codec (NodeRecord.__json__)
         if usage:
-            await self._send_items(self.usage_topic, [
-                (key, {"key": key, "bucket": bucket, "aggregate": aggregate.to_json()})
-                for (key, bucket), aggregate in usage.items()])
+            await self._send_items(
+                self.usage_topic,
+                [
+                    (key, {"key": key, "bucket": bucket, "aggregate": aggregate.to_json()})
+                    for (key, bucket), aggregate in usage.items()
+                ],
+            )
         publishing = []
         if states:
             publishing.append(self.producer.publish_many(CLUSTER_STATE, states))
         if findings:
-            publishing.append(self.producer.publish_many(
-                GPU_IDLE, [(finding.job_id, convert.gpu_idle(finding), finding.event_id) for finding in findings]))
+            publishing.append(
+                self.producer.publish_many(
+                    GPU_IDLE, [(finding.job_id, convert.gpu_idle(finding), finding.event_id) for finding in findings]
+                )
+            )
         await asyncio.gather(*publishing)
         self.published_states += len(states)
         self.published_idle += len(findings)
@@ -546,8 +599,9 @@ class TelemetryStreams:
             gauge = self._gauges[(family, labels)] = family.labels(*labels)
         return gauge
 
-    def _maybe_publish(self, record: core.NodeRecord, now: float,
-                       states: list[tuple[str, events_pb2.NodeState, str]]) -> core.NodeRecord:
+    def _maybe_publish(
+        self, record: core.NodeRecord, now: float, states: list[tuple[str, events_pb2.NodeState, str]]
+    ) -> core.NodeRecord:
         view = core.node_view(record)
         self._node_gauges(view)
         if view.last_seen <= 0 and record.inventory is None:
@@ -555,8 +609,9 @@ class TelemetryStreams:
         decided = core.publish_decision(record, view, now, self.config.publish_interval_s)
         if decided is None:
             return record
-        states.append((record.node, convert.node_state(view, decided.version, now),
-                       f"node-state/{record.node}/{decided.version}"))
+        states.append(
+            (record.node, convert.node_state(view, decided.version, now), f"node-state/{record.node}/{decided.version}")
+        )
         return decided
 
     def _node_gauges(self, view: core.NodeView) -> None:
@@ -576,8 +631,9 @@ class TelemetryStreams:
             record = core.NodeRecord.stored(stored)
             timeout_s = self.config.node_timeout_s
             if record is not None and not record.stale and core.check_stale(record, now, timeout_s).stale:
-                await self.node_input.send(key=node, value={"kind": "check", "node": node, "now": now},
-                                           partition=self.partition_for(node))
+                await self.node_input.send(
+                    key=node, value={"kind": "check", "node": node, "now": now}, partition=self.partition_for(node)
+                )
 
     # -- stage 3 ----------------------------------------------------------------------------------
 
@@ -594,8 +650,8 @@ class TelemetryStreams:
             return
         queue = key[6:]
         window = core.WindowAggregate.from_json(
-            self.queue_windows[queue].apply(core.merge_json, aggregate, _At(data)).value(_At(data)))
+            self.queue_windows[queue].apply(core.merge_json, aggregate, _At(data)).value(_At(data))
+        )
         if window.mean_util_pct is not None:
             metrics.QUEUE_UTILISATION.labels(queue).set(window.mean_util_pct)
-        metrics.QUEUE_GAP.labels(queue).set(
-            (window.allocated_gpu_s - window.used_gpu_s) / self.config.usage_window_s)
+        metrics.QUEUE_GAP.labels(queue).set((window.allocated_gpu_s - window.used_gpu_s) / self.config.usage_window_s)
