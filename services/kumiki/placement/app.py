@@ -4,6 +4,7 @@ follow cluster.state and run the scheduling cycle."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -56,6 +57,9 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     publisher = DecisionPublisher(runtime.producer, policy=f"{policy}/{strategy}")
     servicer = PlacementServicer(book, publisher, admission_from_env())
     nodes, _ = await rebuild(runtime.settings.kafka, book, servicer.wake)
+    # The rebuilt book is long-lived: moving it out of the collector's sight keeps full collections, and the
+    # pauses they put into Bind's latency tail, short (a later rebuild's old table is then never freed: rare).
+    gc.freeze()
     nodes.handle = NodeTable(book, servicer.wake, publisher)  # live node changes may displace jobs: publish that
     runtime.background.append(asyncio.create_task(nodes.follow(runtime.stopping), name="follow-cluster-state"))
     cycles = servicer.run_cycles(runtime.stopping, period_s)

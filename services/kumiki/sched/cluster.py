@@ -204,6 +204,7 @@ class ClusterState:
     racks: dict[str, list[int]] = field(default_factory=dict)
     free_whole: int = 0
     max_gpus: int = 0
+    allocated_capacity: float = 0.0
     # classes[free count][occupancy signature] = ascending node indices (see the module docstring)
     classes: list[dict[OccupancyClass, list[int]]] = field(default_factory=list)
     class_of: list[tuple[int, OccupancyClass] | None] = field(default_factory=list)
@@ -261,7 +262,12 @@ class ClusterState:
         return max(0.0, 1.0 - state.share_used[gpu])
 
     def allocated_gpus(self) -> float:
-        """GPU capacity in use, counting shares and MIG compute slices fractionally."""
+        """GPU capacity in use, counting shares and MIG compute slices fractionally (kept as allocations change:
+        a live service reads it for a gauge, and a scan of every GPU would stall its event loop)."""
+        return max(0.0, self.allocated_capacity)
+
+    def count_allocated_gpus(self) -> float:
+        """allocated_gpus the slow way, from every GPU: what audit checks the running total against."""
         total = 0.0
         for index, node in enumerate(self.spec.nodes):
             state = self.nodes[index]
@@ -356,6 +362,7 @@ class ClusterState:
             state.cpu_free -= pod.cpu_milli
             state.memory_free -= pod.memory_mib
             self._set_free(pod.node, before, len(state.free_gpus))
+            self.allocated_capacity += _capacity_of(pod)
         self.allocations[job] = placement
 
     def check(self, placement: Placement) -> None:
@@ -447,6 +454,9 @@ class ClusterState:
             state.cpu_free += pod.cpu_milli
             state.memory_free += pod.memory_mib
             self._set_free(pod.node, before, len(state.free_gpus))
+            self.allocated_capacity -= _capacity_of(pod)
+        if not self.allocations:
+            self.allocated_capacity = 0.0  # no float residue once nothing is held
         return placement
 
     def audit(self) -> list[str]:
@@ -475,6 +485,8 @@ class ClusterState:
                     problems.append(f"node {index} GPU {gpu} whole-allocated and shared or free")
         if free_total != self.free_whole:
             problems.append(f"free GPU count {self.free_whole} != {free_total}")
+        if abs(self.allocated_capacity - self.count_allocated_gpus()) > 1e-6:
+            problems.append(f"allocated capacity {self.allocated_capacity} != {self.count_allocated_gpus()}")
         for index in range(len(self.spec.nodes)):
             level = len(self.nodes[index].free_gpus)
             signature = self.occupancy_signature(index)
@@ -484,6 +496,15 @@ class ClusterState:
         if sorted(classified) != list(range(len(self.spec.nodes))):
             problems.append("occupancy classes do not hold every node exactly once")
         return problems
+
+
+def _capacity_of(pod: PodPlacement) -> float:
+    """GPU capacity one pod holds: whole GPUs, its share, or its MIG slice's compute (of 7)."""
+    if pod.share is not None:
+        return pod.share.fraction
+    if pod.mig is not None:
+        return int(pod.mig.profile.split("g.")[0]) / 7.0
+    return float(len(pod.gpus))
 
 
 def nodes_with_free(state: ClusterState, at_least: int) -> Iterable[int]:
