@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
 
 from kumiki.devstack.broker import start_noida
 from kumiki.devstack.processes import free_port, terminate
@@ -38,3 +42,16 @@ def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, every thread) a process has used so far; Linux /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_consumer(bootstrap: str, topic: str, **options: Any) -> AIOKafkaConsumer:
+    """A plain aiokafka consumer in a fresh group from the earliest offset: the baseline Kumiki's consumers
+    are compared with."""
+    return AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"raw-{uuid.uuid4().hex[:6]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **options,
+    )

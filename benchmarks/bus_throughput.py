@@ -16,8 +16,8 @@ import os
 import time
 import uuid
 
-from _support import broker
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from _support import broker, raw_consumer
+from aiokafka import AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
@@ -60,13 +60,7 @@ async def raw_produce(settings: KafkaSettings, topic: str, values: list[tuple[st
 
 
 async def raw_consume(settings: KafkaSettings, topic: str, count: int) -> float:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.bootstrap,
-        group_id=f"raw-{uuid.uuid4().hex[:6]}",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    consumer = raw_consumer(settings.bootstrap, topic)
     await consumer.start()
     seen = 0
     started = time.perf_counter()

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import broker, percentile
-from aiokafka import AIOKafkaConsumer
+from _support import broker, percentile, raw_consumer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -119,14 +118,7 @@ async def agent_phase(settings: KafkaSettings, nodes: int, gpus: int, ticks: int
 
 async def raw_phase(settings: KafkaSettings, total: int, with_decode: bool) -> float:
     topic = GPU_SAMPLES.full_name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.bootstrap,
-        group_id=f"raw-{uuid.uuid4().hex[:6]}",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_poll_records=2000,
-    )
+    consumer = raw_consumer(settings.bootstrap, topic, max_poll_records=2000)
     await consumer.start()
     seen = 0
     started = time.perf_counter()
