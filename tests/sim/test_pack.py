@@ -145,14 +145,16 @@ def test_node_fragmentation_counts_gpus_the_cpu_cannot_feed():
     from kumiki.sched.placement import node_fragmentation
 
     # 3 free GPUs and CPU for one 6-core pod: FGD's count is 0 (one fits), the when-filled count is
-    # 3 - 1 = 2 stranded GPUs; the score is their mean, 1.0. With 18 cores all three can be fed: 0.
+    # 3 - 1 = 2 stranded GPUs, their mean 1.0; the mix (this shape alone) needs 6 cores per GPU, so
+    # 10 cores feed 10/6 GPUs: 3 - 10/6 more. With 18 cores all three can be fed: 0.
     mix = RequestMix((DemandType(1.0, 1.0, cpu_milli=6000),))
-    assert node_fragmentation([1.0, 1.0, 1.0], 10000, 10**6, "", mix) == pytest.approx(1.0)
+    assert node_fragmentation([1.0, 1.0, 1.0], 10000, 10**6, "", mix) == pytest.approx(1.0 + 3 - 10 / 6)
     assert node_fragmentation([1.0, 1.0, 1.0], 18000, 10**6, "", mix) == pytest.approx(0.0)
     # shares: cards 0.6 and 0.3 for 0.25-GPU pods with 1 GiB each and 2 GiB free: 3 copies fit the
-    # cards (2 + 1), memory allows 2, so 0.9 - 0.5 = 0.4 is stranded when filled; FGD's count is 0
+    # cards (2 + 1), memory allows 2, so 0.9 - 0.5 = 0.4 is stranded when filled; FGD's count is 0;
+    # the mix needs 4 GiB per GPU, so 2 GiB feed 0.5 GPU: 0.4 more
     shares = RequestMix((DemandType(0.25, 1.0, memory_mib=1024),))
-    assert node_fragmentation([0.6, 0.3], 0, 2048, "", shares) == pytest.approx(0.2)
+    assert node_fragmentation([0.6, 0.3], 0, 2048, "", shares) == pytest.approx(0.2 + 0.4)
 
 
 @settings(max_examples=40, deadline=None)
@@ -194,3 +196,24 @@ def test_mix_keeps_the_popular_shapes_covering_most_gpu_pods():
     # 6 + 3 of 10 pods reach 80%; the 1-in-10 shape is left out and the weights renormalised
     assert list(prob.mix.gpu) == [1.0, 0.5]
     assert list(prob.mix.weight) == pytest.approx([6 / 9, 3 / 9])
+
+
+def test_fragmentation_adds_the_gpus_the_mix_average_cpu_cannot_feed_capped_at_free_capacity():
+    from kumiki.sched.placement import node_fragmentation
+
+    # two 1-GPU shapes, 2 and 10 cores, equally popular: the mix needs 6 cores per GPU. A node with 2
+    # free GPUs and 8 cores can feed 2 lean pods (the lean shape alone strands nothing), the heavy
+    # shape not at all (both counts 2): 0.5 * 0 + 0.5 * 2 = 1; at the mix's average 8 cores feed only
+    # 4/3 GPUs, so 2 - 4/3 more: 5/3.
+    mix = RequestMix((DemandType(1.0, 0.5, cpu_milli=2000), DemandType(1.0, 0.5, cpu_milli=10000)))
+    assert node_fragmentation([1.0, 1.0], 8000, 10**6, "", mix) == pytest.approx(5 / 3)
+    # 12 cores feed both GPUs at the average: only the heavy shape's own count (one fits, 1 GPU left
+    # when filled): 0.5 * (0 + 1) / 2
+    assert node_fragmentation([1.0, 1.0], 12000, 10**6, "", mix) == pytest.approx(0.25)
+    # no CPU: every count is 2 and the sum is capped at the 2 free GPUs
+    assert node_fragmentation([1.0, 1.0], 0, 10**6, "", mix) == pytest.approx(2.0)
+    arrays = MixArrays(
+        gpu=np.array([1.0, 1.0]), cpu=np.array([2000.0, 10000.0]), memory=np.zeros(2), weight=np.array([0.5, 0.5])
+    )
+    index = FragmentationIndex(np.array([2, 2, 2]), np.array([8000.0, 12000.0, 0.0]), np.full(3, 1e6), arrays)
+    assert list(index.frag) == pytest.approx([5 / 3, 0.25, 2.0])

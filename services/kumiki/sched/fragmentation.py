@@ -11,9 +11,14 @@ the mean of two counts of the free GPU capacity that t could not use:
   take t (share < d_t; for whole-GPU types, any partly used card);
 - when filled: what is left after packing as many copies of t as the cards (floor(f_g / d_t) per
   card, or floor(whole cards / d_t)), the CPU (floor(cpu / c_t)) and the memory allow.
-A node's fragmentation is the popularity-weighted sum over the expected request mix. The second
+A node's fragmentation is the popularity-weighted sum over the expected request mix, plus the free
+GPUs that the node's CPU and memory could not feed at the mix's average CPU and memory per GPU
+(sum of popularity x CPU over sum of popularity x GPU share), capped at the node's free capacity. The second
 count is Kumiki's addition: FGD's one-step view calls a node with 3 free GPUs and CPU for one more
 pod unfragmented, so CPU-hungry pods drain the CPU of GPU-dense nodes and strand whole GPUs later.
+The mix-average term sees what one shape alone does not: a node filled with lean pods of
+one shape still strands GPUs if the mix as a whole needs more CPU per GPU than the node has left, so
+nodes poor in CPU per GPU (P100, G2) are not drained by CPU-heavy pods that CPU-rich nodes could take.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ class FragmentationIndex:
         self.slots = np.zeros((self.types, nodes))
         self._divisor = np.where(mix.fractional, mix.gpu, 1.0)
         self._per_card = np.where(mix.fractional, np.floor(1.0 / self._divisor + EPS), 0.0)
+        demand = float(mix.weight @ mix.gpu)
+        self._cpu_per_gpu = float(mix.weight @ mix.cpu) / demand if demand > 0 else 0.0
+        self._memory_per_gpu = float(mix.weight @ mix.memory) / demand if demand > 0 else 0.0
         self.frag = np.zeros(nodes)
         self._refresh(np.arange(nodes))
 
@@ -126,7 +134,12 @@ class FragmentationIndex:
             by_memory = np.where(mix.memory[:, None] > 0, np.floor(memory[None, :] / mix.memory[:, None] + EPS), np.inf)
         copies = np.maximum(np.minimum(copies, np.minimum(by_cpu, by_memory)), 0.0)
         filled = total[None, :] - copies * mix.gpu[:, None]
-        result: FloatArray = mix.weight @ ((now + filled) / 2)
+        unfed = np.zeros_like(total)
+        if self._cpu_per_gpu > 0:
+            unfed = np.maximum(unfed, total - np.maximum(cpu, 0.0) / self._cpu_per_gpu)
+        if self._memory_per_gpu > 0:
+            unfed = np.maximum(unfed, total - np.maximum(memory, 0.0) / self._memory_per_gpu)
+        result: FloatArray = np.minimum(mix.weight @ ((now + filled) / 2) + unfed, total)
         return result
 
     # ---- candidate deltas ----------------------------------------------------------------------
