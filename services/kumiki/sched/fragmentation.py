@@ -12,13 +12,12 @@ the mean of two counts of the free GPU capacity that t could not use:
 - when filled: what is left after packing as many copies of t as the cards (floor(f_g / d_t) per
   card, or floor(whole cards / d_t)), the CPU (floor(cpu / c_t)) and the memory allow.
 A node's fragmentation is the popularity-weighted sum over the expected request mix, plus the free
-GPUs that the node's CPU and memory could not feed at the mix's average CPU and memory per GPU
-(sum of popularity x CPU over sum of popularity x GPU share), capped at the node's free capacity. The second
-count is Kumiki's addition: FGD's one-step view calls a node with 3 free GPUs and CPU for one more
-pod unfragmented, so CPU-hungry pods drain the CPU of GPU-dense nodes and strand whole GPUs later.
-The mix-average term sees what one shape alone does not: a node filled with lean pods of
-one shape still strands GPUs if the mix as a whole needs more CPU per GPU than the node has left, so
-nodes poor in CPU per GPU (P100, G2) are not drained by CPU-heavy pods that CPU-rich nodes could take.
+GPUs that the node's CPU and memory could not feed at the mix's average CPU and memory per GPU (sum
+of popularity x CPU over sum of popularity x GPU share), capped at the node's free capacity.
+The when-filled count is Kumiki's addition: FGD's one-step view calls a node with 3 free GPUs and CPU
+for one more pod unfragmented, so CPU-hungry pods drain the CPU of GPU-dense nodes and strand whole
+GPUs later. The mix-average term sees what one shape alone does not: a node filled with lean pods of
+one shape still strands GPUs if the mix as a whole needs more CPU per GPU than the node has left.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def node_fragmentation(
     memory per GPU (a node filled with lean pods of one shape still strands GPUs if the mix as a
     whole needs more CPU per GPU than it has left), the sum capped at the node's free capacity.
     On openb these take the unallocated share at full request from 5.29% (FGD's count) to 4.58%
-    (when filled) and further with the mix-average term (docs/simulator.md).
+    (when filled) and to 4.51% with the mix-average term (docs/simulator.md).
     """
     total_free = sum(free)
     kinds = [kind for kind in mix.types if not kind.mig_profile]
