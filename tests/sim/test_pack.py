@@ -198,7 +198,7 @@ def test_mix_keeps_the_popular_shapes_covering_most_gpu_pods():
     assert list(prob.mix.weight) == pytest.approx([6 / 9, 3 / 9])
 
 
-def test_fragmentation_adds_the_gpus_the_mix_average_cpu_cannot_feed_capped_at_free_capacity():
+def test_fragmentation_adds_the_gpus_the_mix_average_cpu_cannot_feed():
     from kumiki.sched.placement import node_fragmentation
 
     # two 1-GPU shapes, 2 and 10 cores, equally popular: the mix needs 6 cores per GPU. A node with 2
@@ -210,10 +210,10 @@ def test_fragmentation_adds_the_gpus_the_mix_average_cpu_cannot_feed_capped_at_f
     # 12 cores feed both GPUs at the average: only the heavy shape's own count (one fits, 1 GPU left
     # when filled): 0.5 * (0 + 1) / 2
     assert node_fragmentation([1.0, 1.0], 12000, 10**6, "", mix) == pytest.approx(0.25)
-    # no CPU: every count is 2 and the sum is capped at the 2 free GPUs
-    assert node_fragmentation([1.0, 1.0], 0, 10**6, "", mix) == pytest.approx(2.0)
+    # no CPU: every count is 2, and the 2 GPUs no CPU feeds count once more (a cost, not capped): 4
+    assert node_fragmentation([1.0, 1.0], 0, 10**6, "", mix) == pytest.approx(4.0)
     arrays = MixArrays(
         gpu=np.array([1.0, 1.0]), cpu=np.array([2000.0, 10000.0]), memory=np.zeros(2), weight=np.array([0.5, 0.5])
     )
     index = FragmentationIndex(np.array([2, 2, 2]), np.array([8000.0, 12000.0, 0.0]), np.full(3, 1e6), arrays)
-    assert list(index.frag) == pytest.approx([5 / 3, 0.25, 2.0])
+    assert list(index.frag) == pytest.approx([5 / 3, 0.25, 4.0])

@@ -138,7 +138,7 @@ class FragmentationIndex:
             unfed = np.maximum(unfed, total - np.maximum(cpu, 0.0) / self._cpu_per_gpu)
         if self._memory_per_gpu > 0:
             unfed = np.maximum(unfed, total - np.maximum(memory, 0.0) / self._memory_per_gpu)
-        result: FloatArray = np.minimum(mix.weight @ ((now + filled) / 2) + unfed, total)
+        result: FloatArray = mix.weight @ ((now + filled) / 2) + unfed  # uncapped: see node_fragmentation
         return result
 
     # ---- candidate deltas ----------------------------------------------------------------------

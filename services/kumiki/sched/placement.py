@@ -87,9 +87,12 @@ def node_fragmentation(
       FGD's one-step view misses until the last request fits.
     Plus the free GPUs that the node's CPU and memory could not feed at the mix's average CPU and
     memory per GPU (a node filled with lean pods of one shape still strands GPUs if the mix as a
-    whole needs more CPU per GPU than it has left), the sum capped at the node's free capacity.
+    whole needs more CPU per GPU than it has left). That term is deliberately not capped at the
+    node's free capacity: on a CPU- or memory-starved node it counts the stranded GPUs a second
+    time, so the score is a placement cost, not a measurement, and such nodes are filled with
+    fractional pods first instead of fresh ones being starved too.
     On openb these take the unallocated share at full request from 5.29% (FGD's count) to 4.58%
-    (when filled) and to 4.51% with the mix-average term (docs/simulator.md).
+    (when filled), 4.51% (mix-average term, capped) and 4.23% (uncapped), 10 seeds (docs/simulator.md).
     """
     total_free = sum(free)
     kinds = [kind for kind in mix.types if not kind.mig_profile]
@@ -127,7 +130,7 @@ def node_fragmentation(
         now = stranded if fits else total_free
         filled = total_free - slots * kind.gpu
         fragmented += kind.weight * (now + filled) / 2
-    return min(fragmented + unfed, total_free)
+    return fragmented + unfed
 
 
 @dataclass(slots=True)
