@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
 from kumiki.sched.forecasting import JobFeatures
 from kumiki.sched.jobs import GangRequest, JobView
-from kumiki.sched.placement import PendingReason
+from kumiki.sched.placement import PendingReason, place_gang
 from kumiki.sched.policies import POLICIES
 from kumiki.sched.scheduler import Scheduler
 
@@ -207,6 +207,15 @@ class PlacementBook:
             reason = PendingReason(command.job_id, "nodes", "the cluster has no nodes yet", "any node")
             self._queue(command, reason, now)
             return BindOutcome(reason=reason)
+        scheduler = self.scheduler
+        if not scheduler.waiting and scheduler.reservation is None and command.job_id not in self.pending:
+            # An empty queue: the pass would try this job alone, with nothing reserved; do that without queueing.
+            found = place_gang(scheduler.state, command.request, self.strategy, explain=False)
+            if isinstance(found, Placement):
+                scheduler.adopt(job_view(command, now), command.request, found, now)
+                placed = BoundJob(command, found, tuple(self.nodes[pod.node].name for pod in found.pods))
+                self.bound[command.job_id] = placed
+                return BindOutcome(job=placed)
         self._queue(command, PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape()), now)
         started = self.cycle(now)
         job = self.bound.get(command.job_id)
