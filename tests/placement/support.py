@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -13,6 +14,19 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, pl
 from kumiki.common.service import ServiceHost
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.placement.app import SPEC
+from tests.conftest import REPO_ROOT
+
+
+def placement_process_env(kafka: KafkaSettings, grpc_port: int, http_port: int) -> dict[str, str]:
+    """The environment of a `python -m kumiki.placement` child process on these ports and topics."""
+    return {
+        **os.environ,
+        "KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
+        "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port),
+        "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port),
+        "PYTHONPATH": str(REPO_ROOT / "services"),
+    }
 
 
 def settings_for(kafka: KafkaSettings, grpc_port: int = 0, http_port: int = 0) -> Settings:

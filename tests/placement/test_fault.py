@@ -4,7 +4,6 @@ saw acknowledged comes back identical, and no GPU is held twice."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import subprocess
@@ -18,22 +17,15 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import readiness
-from tests.conftest import REPO_ROOT, wait_until
-from tests.placement.support import bind_request, default_nodes, emulate
+from tests.conftest import wait_until
+from tests.placement.support import bind_request, default_nodes, emulate, placement_process_env
 from tests.placement.test_service import BOUND, assert_never_over_allocated, random_pods
 
 pytestmark = pytest.mark.slow
 
 
 def start(kafka: KafkaSettings, grpc_port: int, http_port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
-        "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port),
-        "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port),
-        "PYTHONPATH": str(REPO_ROOT / "services"),
-    }
+    env = placement_process_env(kafka, grpc_port, http_port)
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "kumiki.placement"], env=env, stdout=out, stderr=subprocess.STDOUT

@@ -83,6 +83,10 @@ class Explanation:
     job: BoundJob | None = None
 
 
+def _queued(command: BindCommand) -> PendingReason:
+    return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
+
+
 def job_view(command: BindCommand, submitted_s: float) -> JobView:
     """What the queue policy sees of a live job: its submit-time features (no run time: none is known)."""
     gpus = command.request.gpu_demand
@@ -146,8 +150,7 @@ class PlacementBook:
         if self.nodes[index] != spec:
             self.nodes[index] = spec
             return self._rebuild()
-        if self._scheduler is not None and not self._stale:
-            self._scheduler.state.cordoned = self._cordoned()
+        self._recordon()
         return []
 
     def remove_node(self, name: str) -> None:
@@ -155,8 +158,12 @@ class PlacementBook:
         index = self.index_of.get(name)
         if index is not None:
             self.healthy[index] = False
-            if self._scheduler is not None and not self._stale:
-                self._scheduler.state.cordoned = self._cordoned()
+            self._recordon()
+
+    def _recordon(self) -> None:
+        """A health change reaches the live state (a stale one gets it when rebuilt)."""
+        if self._scheduler is not None and not self._stale:
+            self._scheduler.state.cordoned = self._cordoned()
 
     def _cordoned(self) -> frozenset[int]:
         return frozenset(index for index, healthy in enumerate(self.healthy) if not healthy)
@@ -213,10 +220,8 @@ class PlacementBook:
             found = place_gang(scheduler.state, command.request, self.strategy, explain=False)
             if isinstance(found, Placement):
                 scheduler.adopt(job_view(command, now), command.request, found, now)
-                placed = BoundJob(command, found, tuple(self.nodes[pod.node].name for pod in found.pods))
-                self.bound[command.job_id] = placed
-                return BindOutcome(job=placed)
-        self._queue(command, PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape()), now)
+                return BindOutcome(job=self._bound(command, found))
+        self._queue(command, _queued(command), now)
         started = self.cycle(now)
         job = self.bound.get(command.job_id)
         if job is not None:
@@ -244,13 +249,14 @@ class PlacementBook:
             return []
         started = []
         for start in self.scheduler.schedule(now).starts:
-            pending = self.pending.pop(start.job_id)
-            job = BoundJob(
-                pending.command, start.placement, tuple(self.nodes[pod.node].name for pod in start.placement.pods)
-            )
-            self.bound[start.job_id] = job
-            started.append(job)
+            started.append(self._bound(self.pending.pop(start.job_id).command, start.placement))
         return started
+
+    def _bound(self, command: BindCommand, placement: Placement) -> BoundJob:
+        """Record a job the scheduler now runs (node names kept: they survive node re-indexing)."""
+        job = BoundJob(command, placement, tuple(self.nodes[pod.node].name for pod in placement.pods))
+        self.bound[command.job_id] = job
+        return job
 
     def hold(self, command: BindCommand, reason: PendingReason, now: float) -> None:
         """Keep a job out of the queue for a reason found outside the book (quota admission)."""
@@ -280,7 +286,7 @@ class PlacementBook:
         job = self.bound.pop(job_id)
         self.scheduler.finished(job_id)
         if requeue:
-            self._queue(job.command, PendingReason(job_id, "order", "queued", job.command.request.pods[0].shape()), now)
+            self._queue(job.command, _queued(job.command), now)
         return job
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:
@@ -315,17 +321,12 @@ class PlacementBook:
         placement = Placement(command.job_id, tuple(replace(pod, node=self.index_of[name]) for name, pod in named))
         self.withdraw(command.job_id)
         self.scheduler.adopt(job_view(command, 0.0), command.request, placement, 0.0)  # re-checks every GPU
-        job = BoundJob(command, placement, names)
-        self.bound[command.job_id] = job
-        return job
+        return self._bound(command, placement)
 
     def forget(self, job_id: str) -> None:
         """Drop a job from the book during a rebuild (it was released)."""
         self.orphans.pop(job_id, None)
-        self.withdraw(job_id)
-        if job_id in self.bound:
-            del self.bound[job_id]
-            self.scheduler.finished(job_id)
+        self.release(job_id, 0)
 
     # ---- explain -----------------------------------------------------------------------------------
     def _why_waiting(self, job_id: str) -> PendingReason:

@@ -564,9 +564,16 @@ def place_gang(
                 return placement
     if not explain:  # hot path of a scheduling pass: the caller only needs "no"
         return PendingReason(request.job_id, "gpu", "does not fit now", request.pods[0].shape())
-    wider = replace(request, required_topology="")
     if request.required_topology and isinstance(
-        place_gang(state, wider, strategy, mix=mix, excluded_nodes=excluded_nodes, explain=False), Placement
+        place_gang(
+            state,
+            replace(request, required_topology=""),
+            strategy,
+            mix=mix,
+            excluded_nodes=excluded_nodes,
+            explain=False,
+        ),
+        Placement,
     ):
         return PendingReason(
             request.job_id,

@@ -162,14 +162,19 @@ class Scheduler:
         borrower: str,
     ) -> None:
         self._unqueue(entry.view.job_id)
+        self._run(entry.view, entry.request, placement, now, borrower)
+        decisions.starts.append(Start(entry.view.job_id, placement, bool(borrower)))
+
+    def _run(self, view: JobView, request: GangRequest, placement: Placement, now: float, borrower: str) -> None:
+        """Allocate and account a job that starts now (or, adopted, already runs)."""
         self.state.allocate(placement)
         gpus = placement.whole_gpus
         nodes = placement.nodes
-        self.running[entry.view.job_id] = _Running(entry.view, entry.request, placement, now, gpus, borrower, nodes)
+        self.running[view.job_id] = _Running(view, request, placement, now, gpus, borrower, nodes)
         for node in nodes:
-            self.on_node[node].add(entry.view.job_id)
-        self.lane_usage[entry.lane] = self.lane_usage.get(entry.lane, 0.0) + gpus
-        decisions.starts.append(Start(entry.view.job_id, placement, bool(borrower)))
+            self.on_node[node].add(view.job_id)
+        lane = self.lane_of(view)
+        self.lane_usage[lane] = self.lane_usage.get(lane, 0.0) + gpus
 
     def may_preempt(self, request: GangRequest, view: JobView) -> bool:
         """Whether this policy could ever preempt the job (only then does it need periodic checkpoints)."""
@@ -522,13 +527,7 @@ class Scheduler:
         """Take in a job that already runs (rebuilt from the event log); its allocation is re-checked."""
         if view.job_id in self.waiting or view.job_id in self.running:
             raise ValueError(f"job {view.job_id} is already queued or running")
-        self.state.allocate(placement)
-        nodes = placement.nodes
-        self.running[view.job_id] = _Running(view, request, placement, now, placement.whole_gpus, "", nodes)
-        for node in nodes:
-            self.on_node[node].add(view.job_id)
-        lane = self.lane_of(view)
-        self.lane_usage[lane] = self.lane_usage.get(lane, 0.0) + placement.whole_gpus
+        self._run(view, request, placement, now, "")
 
     def withdraw(self, job_id: str) -> bool:
         """Take a waiting job out of the queue (cancelled before it started); False if it was not waiting."""

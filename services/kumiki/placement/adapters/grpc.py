@@ -75,14 +75,10 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         self, job: BoundJob, decision: events_pb2.SchedulingDecision | None = None
     ) -> placement_pb2.BindResponse:
         """`decision`: the one just published (a replayed bind has none to name)."""
-        if decision is None:
-            return placement_pb2.BindResponse(
-                outcome=placement_pb2.BindResponse.OUTCOME_BOUND, assignments=assignments(job)
-            )
         return placement_pb2.BindResponse(
             outcome=placement_pb2.BindResponse.OUTCOME_BOUND,
-            assignments=decision.assignments,
-            decision_id=decision.decision_id,
+            assignments=assignments(job) if decision is None else decision.assignments,
+            decision_id="" if decision is None else decision.decision_id,
         )
 
     async def Bind(
@@ -269,7 +265,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         started = self.book.cycle(now)
         await self._publish_started(started)
         PENDING.set(len(self.book.pending))
-        ALLOCATED.set(self.book.state.allocated_gpus())  # O(GPUs): once a cycle, not once a bind
+        ALLOCATED.set(self.book.state.allocated_gpus())
         return len(started)
 
     async def _publish_started(self, started: Sequence[BoundJob]) -> None:
