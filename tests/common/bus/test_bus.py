@@ -163,3 +163,84 @@ def test_key_hash_cache_partitions_exactly_as_kafka_default() -> None:
         partitions = list(range(1 + index % 12))
         assert cache(key, partitions, partitions) == DefaultPartitioner()(key, partitions, partitions)
     assert 0 < len(cache.hashes) <= 16
+
+
+async def read_all(settings: KafkaSettings, topic: str, count: int) -> list:  # type: ignore[type-arg]
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list = []  # type: ignore[type-arg]
+    try:
+
+        async def enough() -> bool:
+            for items in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(items)
+            return len(records) >= count
+
+        await wait_until(enough, timeout_s=30, what=f"{count} records on {topic}")
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def test_concurrent_publishes_share_rounds_and_keep_each_keys_order(kafka_settings: KafkaSettings) -> None:
+    """Group commit: 40 callers at once, each publishing its key's events one after another. Every event
+    arrives once, in its key's order, and calls made while a round was in flight went out together."""
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE])
+    callers, events_each = 40, 15
+
+    async def caller(producer: EventProducer, index: int) -> None:
+        for generation in range(1, events_each + 1):
+            change = lifecycle(f"job-{index}")
+            change.job.generation = generation
+            await producer.publish(JOB_LIFECYCLE, f"job-{index}", change, event_id=f"job-{index}/{generation}")
+
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        await asyncio.gather(*(caller(producer, index) for index in range(callers)))
+        rounds = producer.rounds_sent
+    records = await read_all(
+        kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), callers * events_each
+    )
+    assert len(records) == callers * events_each
+    by_key: dict[bytes, list[int]] = {}
+    for record in sorted(records, key=lambda record: (record.partition, record.offset)):
+        by_key.setdefault(record.key, []).append(events_pb2.JobLifecycle.FromString(record.value).job.generation)
+    assert by_key == {f"job-{index}".encode(): list(range(1, events_each + 1)) for index in range(callers)}
+    assert rounds < callers * events_each / 4, f"{rounds} rounds for {callers * events_each} calls: nothing shared"
+
+
+async def test_an_oversized_record_fails_its_caller_alone(kafka_settings: KafkaSettings) -> None:
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE])
+    huge = lifecycle("huge")
+    huge.reason = "x" * (2 * 1024 * 1024)
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        outcomes = await asyncio.gather(
+            producer.publish(JOB_LIFECYCLE, "before", lifecycle("before")),
+            producer.publish(JOB_LIFECYCLE, "huge", huge),
+            producer.publish(JOB_LIFECYCLE, "after", lifecycle("after")),
+            return_exceptions=True,
+        )
+    assert isinstance(outcomes[1], MessageSizeTooLargeError)
+    assert JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix) in str(outcomes[1]), "the error names the topic"
+    assert not isinstance(outcomes[0], BaseException) and not isinstance(outcomes[2], BaseException)
+    records = await read_all(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 2)
+    assert sorted(record.key for record in records) == [b"after", b"before"]
+
+
+async def test_stop_sends_what_callers_handed_over(kafka_settings: KafkaSettings) -> None:
+    """Calls still waiting for their round when the service stops are sent and answered, not dropped."""
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE])
+    producer = EventProducer(kafka_settings, "//kumiki/test")
+    await producer.start()
+    calls = [
+        asyncio.create_task(producer.publish(JOB_LIFECYCLE, f"k{index}", lifecycle(f"j{index}"))) for index in range(50)
+    ]
+    await asyncio.sleep(0)  # one turn of the loop: every call has queued its record, none is answered yet
+    assert not any(call.done() for call in calls)
+    await producer.stop()
+    assert all(call.done() and call.exception() is None for call in calls)
+    records = await read_all(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 50)
+    assert len(records) == 50

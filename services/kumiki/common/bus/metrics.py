@@ -14,3 +14,8 @@ HANDLER_SECONDS = Histogram(
     ["topic", "group"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+PUBLISH_ROUND_RECORDS = Histogram(
+    "kumiki_bus_publish_round_records",
+    "Records per publish round (calls made while a round is in flight share the next one)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096),
+)

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from google.protobuf.message import Message
 from opentelemetry import trace
 
 from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.cloudevents import CloudEventAttributes, format_time
-from kumiki.common.bus.metrics import PUBLISHED
+from kumiki.common.bus.metrics import PUBLISH_ROUND_RECORDS, PUBLISHED
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
 from kumiki.common.tracing import inject_headers, recording
 
 tracer = trace.get_tracer("kumiki.bus")
+# The client's default request limit, stated so a record over it is refused before it joins a batch (a
+# rejected batch fails every record in it, so an oversized one must not take its neighbours down with it).
+MAX_REQUEST_BYTES = 1024 * 1024
 
 
 class KeyHashCache:
@@ -50,25 +57,46 @@ class OutgoingEvent:
     event_id: str | None = None
 
 
+@dataclass(slots=True)
+class _Waiting:
+    """Records of one publish call, encoded and queued for the next round, and the future its caller awaits."""
+
+    records: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
+    done: asyncio.Future[None]
+
+
 class EventProducer:
-    """One per process. `publish` returns once the broker has the record on all in-sync replicas."""
+    """One per process. `publish` returns once the broker has the record on all in-sync replicas.
+
+    Group commit: calls made while a round of records is on its way to the broker wait for it and go out
+    together in the next round. A round is handed to the client in one burst, so its sender wakes once per
+    round instead of once per record: a process answering many small requests (a bind is two events) spends
+    its CPU on the requests rather than on the client's bookkeeping, and waits at most one extra round trip.
+    """
 
     def __init__(self, settings: KafkaSettings, source: str) -> None:
         self.settings = settings
         self.source = source
+        self._partitioner = KeyHashCache()
         self._producer = AIOKafkaProducer(
             **settings.client_options(),
             acks="all",
             enable_idempotence=settings.idempotent_producer,
             linger_ms=settings.linger_ms,
             max_batch_size=256 * 1024,
-            partitioner=KeyHashCache(),
+            max_request_size=MAX_REQUEST_BYTES,
+            partitioner=self._partitioner,
         )
+        self._queued: list[_Waiting] = []
+        self._rounds: asyncio.Task[None] | None = None
+        self.rounds_sent = 0  # publish calls per round = how much group commit saves
 
     async def start(self) -> None:
         await start_client(self._producer, self.settings)
 
     async def stop(self) -> None:
+        if self._rounds is not None:
+            await asyncio.wait([self._rounds])  # what callers already handed over still goes out
         await self._producer.stop()
 
     async def __aenter__(self) -> EventProducer:
@@ -134,18 +162,82 @@ class EventProducer:
         moment = time or datetime.now(UTC)
         stamp = format_time(moment)
         trace_headers = inject_headers()
-        futures = []
+        encoded = []
         sent = []
         for record in records:
             value, headers, attributes = self._record(record, moment, stamp, trace_headers)
-            topic = record.spec.full_name(self.settings.topic_prefix)
-            futures.append(await self._producer.send(topic, value, key=record.key.encode(), headers=headers))
+            topic, key = record.spec.full_name(self.settings.topic_prefix), record.key.encode()
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+            if size > MAX_REQUEST_BYTES:  # refused here, before any of the call's records is queued
+                raise MessageSizeTooLargeError(f"{topic}: a record of {size} bytes, over {MAX_REQUEST_BYTES}")
+            encoded.append((topic, key, value, headers))
             sent.append(attributes)
-        for future in futures:  # all were sent before the first wait: one round trip for the lot
-            await future
+        waiting = _Waiting(encoded, asyncio.get_running_loop().create_future())
+        self._queued.append(waiting)
+        if self._rounds is None:
+            self._rounds = asyncio.create_task(self._send_rounds(), name="kumiki-producer-rounds")
+        await asyncio.shield(waiting.done)  # a cancelled caller's records still go out with their round
         for record in records:
             PUBLISHED.labels(record.spec.name).inc()
         return sent
+
+    async def _send_rounds(self) -> None:
+        """Send what is queued as one round and wait for the broker's answer; repeat until nothing is queued."""
+        round_: list[_Waiting] = []
+        try:
+            while self._queued:
+                round_, self._queued = self._queued, []
+                await self._send_round(round_)
+        finally:
+            self._rounds = None
+            for waiting in [*round_, *self._queued]:  # cancelled at shutdown: every caller gets an answer
+                if not waiting.done.done():
+                    waiting.done.set_exception(ConnectionError("producer stopped before the record was acknowledged"))
+            self._queued = []
+
+    async def _send_round(self, round_: list[_Waiting]) -> None:
+        """One record batch per partition (the client's per-record path costs more than the encoding);
+        a caller hears success when every batch holding one of its records is acknowledged."""
+        partitions: dict[str, list[int]] = {}
+        open_batches: dict[tuple[str, int], Any] = {}
+        acknowledged: dict[Any, asyncio.Future[Any]] = {}  # batch -> the client's future for it
+
+        async def submit(topic: str, partition: int) -> None:
+            batch = open_batches.pop((topic, partition))
+            acknowledged[batch] = await self._producer.send_batch(batch, topic, partition=partition)
+
+        needs: list[tuple[_Waiting, list[Any]]] = []
+        for waiting in round_:
+            try:  # the only refusal left: no metadata for a topic (unknown, or the broker is away)
+                for topic, *_ in waiting.records:
+                    if topic not in partitions:
+                        partitions[topic] = sorted(await self._producer.partitions_for(topic))
+            except Exception as error:
+                waiting.done.set_exception(error)
+                continue
+            batches = []
+            for topic, key, value, headers in waiting.records:
+                partition = self._partitioner(key, partitions[topic], partitions[topic])
+                batch = open_batches.get((topic, partition))
+                if batch is None or batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                    if batch is not None:  # full: it goes now, and the record starts the next one
+                        await submit(topic, partition)
+                    batch = open_batches[(topic, partition)] = self._producer.create_batch()
+                    batch.append(timestamp=None, key=key, value=value, headers=headers)  # a first record always fits
+                batches.append(batch)
+            needs.append((waiting, batches))
+        for topic, partition in list(open_batches):
+            await submit(topic, partition)
+        self.rounds_sent += 1
+        PUBLISH_ROUND_RECORDS.observe(sum(len(waiting.records) for waiting, _ in needs))
+        if acknowledged:
+            await asyncio.wait(acknowledged.values())
+        for waiting, batches in needs:
+            failed = next((problem for batch in batches if (problem := acknowledged[batch].exception())), None)
+            if failed is None:
+                waiting.done.set_result(None)
+            else:
+                waiting.done.set_exception(failed)
 
     async def send_raw(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
