@@ -109,3 +109,21 @@ async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, t
     assert "scheduling.decisions" in publish.name
     assert publish.parent_span_id == bind.span_id, "the event is published inside the Bind span"
     assert consumed == [trace_id], "the consumer's span continues the same trace"
+
+
+def test_inject_headers_carries_what_there_is_and_nothing_else() -> None:
+    """The fast path for 'nothing to carry' must not drop baggage or a span's context."""
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    from kumiki.common.tracing import inject_headers
+
+    assert inject_headers() == []
+    token = otel_context.attach(baggage.set_baggage("tenant", "team-a"))
+    try:
+        assert inject_headers() == [("baggage", b"tenant=team-a")]
+    finally:
+        otel_context.detach(token)
+    with trace.get_tracer("test").start_as_current_span("decide") as span:
+        headers = dict(inject_headers())
+    assert f"{span.get_span_context().trace_id:032x}" in headers["traceparent"].decode()

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import grpc
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -43,7 +43,9 @@ def recording() -> bool:
 
 
 def inject_headers() -> list[tuple[str, bytes]]:
-    """The current trace context as Kafka headers (traceparent, tracestate)."""
+    """The current trace context as Kafka headers (traceparent, tracestate, baggage)."""
+    if not trace.get_current_span().get_span_context().is_valid and not baggage.get_all():
+        return []  # nothing to carry: skips the propagators, a few microseconds on every publish
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return [(key, value.encode()) for key, value in carrier.items()]
