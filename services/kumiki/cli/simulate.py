@@ -23,7 +23,7 @@ checkpoints every {DEFAULT_CHECKPOINT.interval_s:g} s of progress, each checkpoi
 {DEFAULT_CHECKPOINT.checkpoint_cost_s:g} s; a preempted job loses the progress since its last checkpoint
 and pays {DEFAULT_CHECKPOINT.restore_cost_s:g} s to restore. Placement is consolidated: a job of up to
 one node's GPUs runs on one node, a larger one on whole nodes.
-Policies: {", ".join(POLICIES)}. The `kumiki` policy uses kumiki.forecast.models.build_default_forecaster.
+Policies: {", ".join(POLICIES)}. `kumiki` and `forecast-backfill` use kumiki.forecast.models.build_default_forecaster.
 """
 
 
@@ -137,7 +137,8 @@ def default_forecaster() -> RuntimeForecaster:
         from kumiki.forecast.models import build_default_forecaster
     except ImportError as error:
         raise UsageError(
-            f"--policy kumiki needs kumiki.forecast.models ({error}); use kumiki-oracle or kumiki-noforecast"
+            f"--policy kumiki and forecast-backfill need kumiki.forecast.models ({error});"
+            " use kumiki-oracle or kumiki-noforecast"
         ) from None
     return build_default_forecaster()
 
@@ -187,7 +188,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     spec = uniform_cluster(nodes, gpus_per_node, nodes_per_rack=nodes_per_rack)
-    forecaster = default_forecaster() if "kumiki" in policies else None
+    if any(POLICIES[name].uses_forecast for name in policies):
+        default_forecaster()  # a missing forecasting extra is a usage error before any run starts
 
     console = Console(stderr=True)
     results = []
@@ -221,7 +223,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                 spec,
                 jobs,
                 config,
-                forecaster=forecaster if name == "kumiki" else None,
+                # a fresh forecaster per policy: it learns online, and one run must not learn from another's
+                forecaster=default_forecaster() if POLICIES[name].uses_forecast else None,
                 progress=_advancer(progress, task),
             )
             result = simulator.run()
