@@ -85,3 +85,32 @@ async def test_invalid_requests_name_the_field(service: tuple[forecast_pb2_grpc.
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stub.Predict(forecast_pb2.PredictRequest(job=common_pb2.JobRef(job_id="j", generation=1), gpus=math.nan))
     assert error.value.details().startswith("gpus: must be a finite number >= 0")
+
+
+async def test_predict_carries_the_calibrated_spread_once_there_is_one(database_settings: DatabaseSettings) -> None:
+    """log_sigma is unset before the model has errors to calibrate on, then it is the model's own value."""
+    from kumiki.sched.forecasting import JobFeatures
+
+    pool = await create_pool(database_settings)
+    forecaster = build_default_forecaster()
+    server = grpc.aio.server()
+    forecast_pb2_grpc.add_ForecasterServicer_to_server(ForecasterServicer(ForecastBook(forecaster), pool), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    request = forecast_pb2.PredictRequest(
+        job=common_pb2.JobRef(job_id="next", generation=1), queue="team-a", user="alice", gpus=8, name="bert"
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = forecast_pb2_grpc.ForecasterStub(channel)
+            cold = await stub.Predict(request)
+            assert not cold.HasField("log_sigma")
+            for index in range(60):  # bert jobs of 0.5, 1 and 1.5 h: a spread to calibrate on
+                job = JobFeatures(f"bert-{index}", "team-a", "alice", 8.0, "bert", 1000.0 + index)
+                forecaster.observe(job, 1800.0 * (1 + index % 3), 5000.0 + 100 * index)
+            warm = await stub.Predict(request)
+    finally:
+        await server.stop(None)
+        await pool.close()
+    assert warm.HasField("log_sigma") and 0 < warm.log_sigma < 2
+    assert warm.p50_s < warm.p90_s

@@ -46,7 +46,11 @@ class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
             raise
         forecast = self.book.forecaster.predict(features)
         return forecast_pb2.PredictResponse(
-            p50_s=forecast.p50_s, p90_s=forecast.p90_s, model=forecast.model, model_version=forecast.model_version
+            p50_s=forecast.p50_s,
+            p90_s=forecast.p90_s,
+            model=forecast.model,
+            model_version=forecast.model_version,
+            log_sigma=forecast.log_sigma,
         )
 
     async def Demand(

@@ -69,6 +69,7 @@ class LifecycleHandler:
                     model=forecast.model,
                     model_version=forecast.model_version,
                     at=timestamp(),
+                    log_sigma=forecast.log_sigma,
                 ),
             )
         elif message.state in FINAL_STATES:

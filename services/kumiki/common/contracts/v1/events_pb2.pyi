@@ -513,6 +513,7 @@ class RuntimeForecast(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
+    LOG_SIGMA_FIELD_NUMBER: _builtins.int
     p50_s: _builtins.float
     """Median predicted run time, seconds."""
     p90_s: _builtins.float
@@ -521,6 +522,8 @@ class RuntimeForecast(_message.Message):
     """Model that produced it, e.g. "kumiki-ensemble"."""
     model_version: _builtins.int
     """Version of that model (increments with every refit)."""
+    log_sigma: _builtins.float
+    """Calibrated spread of log run time around p50_s (log-normal sigma); unset when the model gives none."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -538,12 +541,15 @@ class RuntimeForecast(_message.Message):
         model: _builtins.str = ...,
         model_version: _builtins.int = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
+        log_sigma: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "at", b"at", "job", b"job", "log_sigma", b"log_sigma"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job", b"job", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "at", b"at", "job", b"job", "log_sigma", b"log_sigma", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__log_sigma: _TypeAlias = _typing.Literal["log_sigma"]  # noqa: Y015
+    _WhichOneofArgType__log_sigma: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__log_sigma) -> _WhichOneofReturnType__log_sigma | None: ...
 
 Global___RuntimeForecast: _TypeAlias = RuntimeForecast  # noqa: Y015
 

@@ -69,6 +69,7 @@ class PredictResponse(_message.Message):
     P90_S_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    LOG_SIGMA_FIELD_NUMBER: _builtins.int
     p50_s: _builtins.float
     """Median run time, seconds."""
     p90_s: _builtins.float
@@ -77,6 +78,10 @@ class PredictResponse(_message.Message):
     """Model used."""
     model_version: _builtins.int
     """Its version."""
+    log_sigma: _builtins.float
+    """Calibrated spread of log run time around the median (a log-normal sigma fitted to the model's own past
+    errors); unset when the model gives none. Schedulers that weigh uncertainty use it instead of the p90.
+    """
     def __init__(
         self,
         *,
@@ -84,12 +89,15 @@ class PredictResponse(_message.Message):
         p90_s: _builtins.float = ...,
         model: _builtins.str = ...,
         model_version: _builtins.int = ...,
+        log_sigma: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "log_sigma", b"log_sigma"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "log_sigma", b"log_sigma", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__log_sigma: _TypeAlias = _typing.Literal["log_sigma"]  # noqa: Y015
+    _WhichOneofArgType__log_sigma: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__log_sigma) -> _WhichOneofReturnType__log_sigma | None: ...
 
 Global___PredictResponse: _TypeAlias = PredictResponse  # noqa: Y015
 
