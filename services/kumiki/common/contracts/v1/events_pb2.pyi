@@ -627,7 +627,7 @@ class SchedulingDecision(_message.Message):
     queue: _builtins.str
     """Queue of the job."""
     policy: _builtins.str
-    """Policy that decided ("kumiki", "fifo-backfill", ...)."""
+    """What decided: the queue policy, then "/" and the placement strategy ("fifo-backfill/kumiki")."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """The job decided on."""
