@@ -27,27 +27,27 @@ def lifecycle(job_id: str, queue: str = "team-a") -> events_pb2.JobLifecycle:
     )
 
 
-async def read_dead_letters(settings: KafkaSettings, count: int) -> list:  # type: ignore[type-arg]
+async def read_all(settings: KafkaSettings, topic: str, count: int) -> list:  # type: ignore[type-arg]
     consumer = AIOKafkaConsumer(
-        DEAD_LETTER.full_name(settings.topic_prefix),
-        bootstrap_servers=settings.bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
+        topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
     )
     await consumer.start()
     records: list = []  # type: ignore[type-arg]
     try:
 
         async def enough() -> bool:
-            batch = await consumer.getmany(timeout_ms=200)
-            for items in batch.values():
+            for items in (await consumer.getmany(timeout_ms=200)).values():
                 records.extend(items)
             return len(records) >= count
 
-        await wait_until(enough, timeout_s=30, what=f"{count} dead-lettered records")
+        await wait_until(enough, timeout_s=30, what=f"{count} records on {topic}")
     finally:
         await consumer.stop()
     return records
+
+
+async def read_dead_letters(settings: KafkaSettings, count: int) -> list:  # type: ignore[type-arg]
+    return await read_all(settings, DEAD_LETTER.full_name(settings.topic_prefix), count)
 
 
 async def test_topics_are_created_once(kafka_settings: KafkaSettings) -> None:
@@ -163,25 +163,6 @@ def test_key_hash_cache_partitions_exactly_as_kafka_default() -> None:
         partitions = list(range(1 + index % 12))
         assert cache(key, partitions, partitions) == DefaultPartitioner()(key, partitions, partitions)
     assert 0 < len(cache.hashes) <= 16
-
-
-async def read_all(settings: KafkaSettings, topic: str, count: int) -> list:  # type: ignore[type-arg]
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    records: list = []  # type: ignore[type-arg]
-    try:
-
-        async def enough() -> bool:
-            for items in (await consumer.getmany(timeout_ms=200)).values():
-                records.extend(items)
-            return len(records) >= count
-
-        await wait_until(enough, timeout_s=30, what=f"{count} records on {topic}")
-    finally:
-        await consumer.stop()
-    return records
 
 
 async def test_concurrent_publishes_share_rounds_and_keep_each_keys_order(kafka_settings: KafkaSettings) -> None:
