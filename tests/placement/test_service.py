@@ -11,6 +11,8 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.topics import JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.common.service import ServiceHost
@@ -249,6 +251,66 @@ async def test_restart_rebuilds_the_same_table(kafka: KafkaSettings) -> None:
             replay = await stub.Bind(next(r for r in requests if r.job.job_id == job))
             assert replay.outcome == BOUND and list(replay.assignments) == assignments
         assert host_book(host).audit() == []
+
+
+async def test_waiting_jobs_wait_again_after_a_restart_in_their_order(kafka: KafkaSettings) -> None:
+    """A restart forgets no waiting job: each joins the queue again with its arrival time and its required
+    topology (from its SUBMITTED event); one withdrawn before the restart stays gone."""
+    shape = NodeShape("H100-80GB", 8, 81920, 8, 96_000, 1_048_576)
+    await emulate(kafka, emulated_nodes(2, shapes=(shape,)))
+    same_node = common_pb2.TopologyConstraint(level=common_pb2.TOPOLOGY_LEVEL_NODE, required=True)
+    async with running_placement(kafka) as (host, stub):
+        await wait_until(lambda: len(host_book(host).nodes) == 2, what="the nodes")
+        assert (await stub.Bind(bind_request("big", [whole(8), whole(8)]))).outcome == BOUND
+        assert (await stub.Bind(bind_request("first", [whole(8)]))).outcome == PENDING
+        assert (await stub.Bind(bind_request("withdrawn", [whole(2)]))).outcome == PENDING
+        assert (await stub.Bind(bind_request("second", [whole(4), whole(4)], topology=same_node))).outcome == PENDING
+        assert (await stub.Bind(bind_request("first", [whole(8)]))).outcome == PENDING  # a retry: not a new arrival
+        gone = await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="withdrawn", generation=1)))
+        assert gone.released and gone.gpus_freed == 0
+        arrived = {job: host_book(host).pending[job].submitted_s for job in ("first", "second")}
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: set(book.pending) == {"first", "second"} and not book.held_jobs(), what="re-admission")
+        assert {job: book.pending[job].submitted_s for job in arrived} == pytest.approx(arrived, abs=1e-6)
+        assert book.pending["second"].command.request.required_topology == "node"
+        positions = {
+            job: (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).queue_position for job in arrived
+        }
+        assert positions == {"first": 1, "second": 2}
+        assert (await stub.Explain(placement_pb2.ExplainRequest(job_id="withdrawn"))).status == "unknown"
+        await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="big", generation=1)))
+
+        async def both_bound() -> bool:
+            answers = [await stub.Explain(placement_pb2.ExplainRequest(job_id=job)) for job in arrived]
+            return all(answer.status == "bound" for answer in answers)
+
+        await wait_until(both_bound, timeout_s=30, what="the cycle to start both waiting jobs")
+        second = await stub.Explain(placement_pb2.ExplainRequest(job_id="second"))
+        assert len({assignment.node for assignment in second.assignments}) == 1, "its required topology held"
+        assert book.audit() == []
+
+
+async def test_rebuild_queues_only_what_placement_was_asked_to_place(kafka: KafkaSettings) -> None:
+    """Another system's SUBMITTED is not placement's to queue, and a record no bind could have written is
+    skipped with a warning: either way the service starts and serves."""
+    await emulate(kafka, default_nodes(1))
+    foreign = events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id="announced", generation=1), state=events_pb2.JOB_STATE_SUBMITTED, queue="team-a"
+    )
+    broken = events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id="broken", generation=1), state=events_pb2.JOB_STATE_SUBMITTED, queue="team-a"
+    )  # no pods: not a request
+    await ensure_topics(kafka, [JOB_LIFECYCLE])
+    async with EventProducer(kafka, "//kumiki/binder/b-1") as producer:
+        await producer.publish(JOB_LIFECYCLE, "announced", foreign)
+    async with EventProducer(kafka, "//kumiki/placement/old-instance") as producer:
+        await producer.publish(JOB_LIFECYCLE, "broken", broken)
+    async with running_placement(kafka) as (host, stub):
+        assert host_book(host).pending == {}
+        for job in ("announced", "broken"):
+            assert (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).status == "unknown"
+        assert (await stub.Bind(bind_request("real", [whole(1)]))).outcome == BOUND
 
 
 async def test_unhealthy_node_receives_no_work(kafka: KafkaSettings) -> None:

@@ -275,6 +275,15 @@ class PlacementBook:
             if scheduler is not None:
                 scheduler.submit(job_view(pending.command, pending.submitted_s), pending.command.request)
 
+    def restore_pending(self, command: BindCommand, submitted_s: float) -> None:
+        """A job that waited before a restart waits again with its arrival time; held until the cycle has asked
+        admission again (quota may have changed while placement was down)."""
+        if command.job_id in self.bound or command.job_id in self.pending:
+            return
+        shape = command.request.pods[0].shape()
+        reason = PendingReason(command.job_id, "restart", "waits again after a restart; admission asked again", shape)
+        self.pending[command.job_id] = PendingJob(command, reason, submitted_s, held=True)
+
     def held_jobs(self) -> list[PendingJob]:
         """Jobs quota held back, in arrival order (the cycle asks quota again for each)."""
         return sorted((job for job in self.pending.values() if job.held), key=lambda job: job.submitted_s)
@@ -291,7 +300,6 @@ class PlacementBook:
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:
         """Free a job's allocation; None when it holds none for that generation (releasing twice is fine)."""
-        self.withdraw(job_id)
         job = self.bound.get(job_id)
         if job is None or (generation and job.command.generation != generation):
             return None
@@ -326,6 +334,7 @@ class PlacementBook:
     def forget(self, job_id: str) -> None:
         """Drop a job from the book during a rebuild (it was released)."""
         self.orphans.pop(job_id, None)
+        self.withdraw(job_id)
         self.release(job_id, 0)
 
     # ---- explain -----------------------------------------------------------------------------------

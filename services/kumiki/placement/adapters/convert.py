@@ -4,6 +4,7 @@ problem becomes InvalidRequest naming the field, so the servicer can answer INVA
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest, timestamp
@@ -22,6 +23,9 @@ TOPOLOGY_FROM_WIRE = {
     common_pb2.TOPOLOGY_LEVEL_NODE: "node",
     common_pb2.TOPOLOGY_LEVEL_RACK: "rack",
 }
+
+
+TOPOLOGY_TO_WIRE = {name: level for level, name in TOPOLOGY_FROM_WIRE.items() if name}
 
 
 class InvalidNodeState(ValueError):
@@ -156,37 +160,55 @@ def lifecycle(
     """A job.lifecycle event that carries everything needed to rebuild the allocation after a restart.
 
     `placed`: `assignments(job)` when the caller already has them."""
-    command = job.command
-    return events_pb2.JobLifecycle(
+    event = command_lifecycle(job.command, state, reason)
+    event.assignments.extend(assignments(job) if placed is None else placed)
+    return event
+
+
+def command_lifecycle(
+    command: BindCommand, state: int, reason: str = "", at_s: float | None = None
+) -> events_pb2.JobLifecycle:
+    """A job.lifecycle event with the whole request (SUBMITTED re-queues a waiting job after a restart)."""
+    event = events_pb2.JobLifecycle(
         job=common_pb2.JobRef(job_id=command.job_id, generation=command.generation),
         state=state,  # type: ignore[arg-type]
-        at=timestamp(),
+        at=timestamp() if at_s is None else timestamp(datetime.fromtimestamp(at_s, UTC)),
         queue=command.queue,
         user=command.user,
         priority_tier=command.priority_tier,
         preemptible=command.preemptible,
         pods=[pod_resources(pod) for pod in command.request.pods],
         min_members=command.request.min_members,
-        assignments=assignments(job) if placed is None else placed,
         gpus=command.request.gpu_demand,
         name=command.name,
         reason=reason,
     )
+    if command.request.required_topology:
+        event.topology.level = TOPOLOGY_TO_WIRE[command.request.required_topology]
+        event.topology.required = True
+    return event
 
 
-def restore_from_lifecycle(event: events_pb2.JobLifecycle) -> tuple[BindCommand, list[tuple[str, PodPlacement]]]:
-    """The bind a BOUND event recorded, as a command and named pod placements."""
+def command_from_lifecycle(event: events_pb2.JobLifecycle) -> BindCommand:
+    """The bind request a lifecycle event recorded (`command_lifecycle` read back)."""
     pods = tuple(pod_request(index, pod) for index, pod in enumerate(event.pods))
-    command = BindCommand(
+    required = TOPOLOGY_FROM_WIRE.get(event.topology.level, "") if event.topology.required else ""
+    return BindCommand(
         job_id=event.job.job_id,
         generation=event.job.generation,
         queue=event.queue,
-        request=GangRequest(event.job.job_id, pods, event.min_members),
+        request=GangRequest(event.job.job_id, pods, event.min_members, required_topology=required),
         priority_tier=event.priority_tier,
         preemptible=event.preemptible,
         user=event.user,
         name=event.name,
     )
+
+
+def restore_from_lifecycle(event: events_pb2.JobLifecycle) -> tuple[BindCommand, list[tuple[str, PodPlacement]]]:
+    """The bind a BOUND event recorded, as a command and named pod placements."""
+    command = command_from_lifecycle(event)
+    pods = command.request.pods
     placed = []
     for assignment in event.assignments:
         pod = pods[assignment.pod_index]
@@ -210,7 +232,12 @@ def restore_from_lifecycle(event: events_pb2.JobLifecycle) -> tuple[BindCommand,
     return command, placed
 
 
-SPECIAL_CODES = {"reservation": "reserved_for_other_job", "nodes": "no_nodes", "gpu_model": "gpu_model_unavailable"}
+SPECIAL_CODES = {
+    "reservation": "reserved_for_other_job",
+    "nodes": "no_nodes",
+    "gpu_model": "gpu_model_unavailable",
+    "restart": "awaiting_admission",
+}
 
 
 def pending_reason(reason: PendingReason) -> common_pb2.PendingReason:

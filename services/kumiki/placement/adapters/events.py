@@ -12,10 +12,12 @@ from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, SCHEDULING_DECISIONS
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
-from kumiki.common.grpcutil import timestamp
+from kumiki.common.grpcutil import InvalidRequest, timestamp
 from kumiki.placement.adapters.convert import (
     InvalidNodeState,
     assignments,
+    command_from_lifecycle,
+    command_lifecycle,
     lifecycle,
     node_healthy,
     node_spec,
@@ -23,6 +25,7 @@ from kumiki.placement.adapters.convert import (
     restore_from_lifecycle,
 )
 from kumiki.placement.core import BindCommand, BoundJob, PlacementBook
+from kumiki.sched.jobs import RequestError
 from kumiki.sched.placement import PendingReason
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,10 @@ RELEASING_STATES = {
     events_pb2.JOB_STATE_FAILED,
     events_pb2.JOB_STATE_PREEMPTED,
 }
+
+
+PLACEMENT_SOURCE = "//kumiki/placement/"  # ce_source of what placement publishes (kumiki.common.service)
+TRACKED_STATES = {events_pb2.JOB_STATE_SUBMITTED, events_pb2.JOB_STATE_BOUND, *RELEASING_STATES}
 
 
 class DecisionPublisher:
@@ -58,31 +65,47 @@ class DecisionPublisher:
         placed = assignments(job)
         decision = self._decision(kind, job.command)
         decision.assignments.extend(placed)
-        await self._publish_pair(job, lifecycle(job, events_pb2.JOB_STATE_BOUND, placed=placed), "bound", decision)
+        change = lifecycle(job, events_pb2.JOB_STATE_BOUND, placed=placed)
+        await self._publish_pair(job.command, change, "bound", decision)
         return decision
 
     async def _publish_pair(
-        self, job: BoundJob, change: events_pb2.JobLifecycle, verb: str, decision: events_pb2.SchedulingDecision
+        self, command: BindCommand, change: events_pb2.JobLifecycle, verb: str, decision: events_pb2.SchedulingDecision
     ) -> None:
-        """The allocation change and the decision that explains it, acknowledged together."""
-        key = job.command.job_id
+        """The lifecycle change and the decision that explains it, acknowledged together."""
+        key = command.job_id
         await self.producer.publish_records(
             [
-                OutgoingEvent(JOB_LIFECYCLE, key, change, f"{key}/{job.command.generation}/{verb}"),
+                OutgoingEvent(JOB_LIFECYCLE, key, change, f"{key}/{command.generation}/{verb}"),
                 OutgoingEvent(SCHEDULING_DECISIONS, key, decision, decision.decision_id),
             ]
         )
 
-    async def pending(self, command: BindCommand, reason: PendingReason) -> str:
+    async def pending(self, command: BindCommand, reason: PendingReason, submitted_s: float | None = None) -> str:
+        """`submitted_s`: the job has just joined the queue, so its SUBMITTED event (the whole request and its
+        arrival time, what a restarted placement re-queues it from) goes out with the decision."""
         decision = self._decision(events_pb2.DECISION_KIND_PENDING, command)
         decision.reasons.append(pending_reason(reason))
-        await self.producer.publish(SCHEDULING_DECISIONS, command.job_id, decision, event_id=decision.decision_id)
+        if submitted_s is None:
+            await self.producer.publish(SCHEDULING_DECISIONS, command.job_id, decision, event_id=decision.decision_id)
+        else:
+            change = command_lifecycle(command, events_pb2.JOB_STATE_SUBMITTED, at_s=submitted_s)
+            await self._publish_pair(command, change, "submitted", decision)
         return decision.decision_id
 
     async def released(self, job: BoundJob, reason: str) -> str:
         decision = self._decision(events_pb2.DECISION_KIND_RELEASE, job.command)
         decision.reasons.append(common_pb2.PendingReason(code="released", message=reason))
-        await self._publish_pair(job, lifecycle(job, events_pb2.JOB_STATE_RELEASED, reason), "released", decision)
+        change = lifecycle(job, events_pb2.JOB_STATE_RELEASED, reason)
+        await self._publish_pair(job.command, change, "released", decision)
+        return decision.decision_id
+
+    async def withdrawn(self, command: BindCommand, reason: str) -> str:
+        """A waiting job left the queue unplaced: RELEASED without assignments, so a restart does not re-queue it."""
+        decision = self._decision(events_pb2.DECISION_KIND_RELEASE, command)
+        decision.reasons.append(common_pb2.PendingReason(code="withdrawn", message=reason))
+        change = command_lifecycle(command, events_pb2.JOB_STATE_RELEASED, reason)
+        await self._publish_pair(command, change, "withdrawn", decision)
         return decision.decision_id
 
 
@@ -119,38 +142,52 @@ class NodeTable:
 
 
 class AllocationLog:
-    """job.lifecycle → the book's allocations (rebuild after a restart).
+    """job.lifecycle → the book's allocations and waiting jobs (rebuild after a restart).
 
     Events of one job are ordered (one key, one partition) but events of different jobs are not: a job bound
     into GPUs that another job released may be read before that release. So the log first settles each job's
-    last word, and only the allocations still held at the end, which never overlap, go into the book.
+    last word, and only the allocations still held at the end, which never overlap, go into the book; jobs
+    whose last word is SUBMITTED were waiting, and wait again in their arrival order.
     """
 
     def __init__(self, book: PlacementBook) -> None:
         self.book = book
         self.latest: dict[str, events_pb2.JobLifecycle] = {}
+        self.skipped = 0
 
     async def __call__(self, key: str, event: Event | None) -> None:
         if event is None:
             return
         message = event.payload
         assert isinstance(message, events_pb2.JobLifecycle)
-        if message.state != events_pb2.JOB_STATE_BOUND and message.state not in RELEASING_STATES:
+        if message.state not in TRACKED_STATES:
             return
+        if message.state == events_pb2.JOB_STATE_SUBMITTED and not event.attributes.source.startswith(PLACEMENT_SOURCE):
+            return  # another system announcing a job: placement queues only what it was asked to place
         current = self.latest.get(message.job.job_id)
         if current is None or message.job.generation >= current.job.generation:
             self.latest[message.job.job_id] = message
 
-    def apply(self) -> int:
-        """Restore every job whose last event is BOUND; returns how many."""
+    def apply(self) -> tuple[int, int]:
+        """Restore every job whose last event is BOUND, then re-queue those whose last event is SUBMITTED;
+        returns how many of each."""
         restored = 0
+        waiting = []
         for message in self.latest.values():
-            if message.state == events_pb2.JOB_STATE_BOUND:
-                command, pods = restore_from_lifecycle(message)
-                self.book.forget(command.job_id)
-                self.book.restore(command, pods)
-                restored += 1
-        return restored
+            try:
+                if message.state == events_pb2.JOB_STATE_BOUND:
+                    command, pods = restore_from_lifecycle(message)
+                    self.book.forget(command.job_id)
+                    self.book.restore(command, pods)
+                    restored += 1
+                elif message.state == events_pb2.JOB_STATE_SUBMITTED:
+                    waiting.append((message.at.ToNanoseconds() / 1e9, command_from_lifecycle(message)))
+            except (InvalidRequest, RequestError, ValueError) as error:  # a record no bind could have written
+                self.skipped += 1
+                log.warning("lifecycle event not restored", extra={"job": message.job.job_id, "reason": str(error)})
+        for submitted_s, command in sorted(waiting, key=lambda item: item[0]):
+            self.book.restore_pending(command, submitted_s)
+        return restored, len(waiting)
 
 
 async def rebuild(settings: KafkaSettings, book: PlacementBook, on_change: asyncio.Event) -> tuple[TopicReader, int]:
@@ -165,9 +202,14 @@ async def rebuild(settings: KafkaSettings, book: PlacementBook, on_change: async
         replayed = await allocations.catch_up()
     finally:
         await allocations.stop()
-    log_of_allocations.apply()
+    _, waiting = log_of_allocations.apply()
     problems = book.audit()
     if problems:
         raise RuntimeError(f"rebuilt allocation table is inconsistent: {problems[:5]}")
-    log.info("placement rebuilt", extra={"nodes": len(book.nodes), "bound": len(book.bound), "events": replayed})
+    log.info(
+        "placement rebuilt",
+        extra={"nodes": len(book.nodes), "bound": len(book.bound), "waiting": waiting, "events": replayed},
+    )
+    if waiting:
+        on_change.set()  # the first cycle asks admission for them again and places what fits
     return nodes, replayed

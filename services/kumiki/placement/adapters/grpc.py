@@ -171,13 +171,15 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             BIND_SECONDS.observe(time.perf_counter() - started)
 
     async def _bind(self, command: BindCommand) -> placement_pb2.BindResponse:
+        waiting = self.book.pending.get(command.job_id)
+        arrives = waiting is None or waiting.command.generation != command.generation  # not a caller's retry
         existing = self.book.bound.get(command.job_id)
         if existing is None or existing.command.generation != command.generation:
             denied = await self.admission.admit(command)
             if denied is not None:
                 reason = PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
                 self.book.hold(command, reason, time.time())
-                return await self._pending(command, reason)
+                return await self._pending(command, reason, arrives)
         try:
             outcome = self.book.bind(command, time.time())
         except BindConflict as error:
@@ -193,10 +195,21 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             BINDS_BOUND.inc()
             return self._bound_response(outcome.job, decision)
         assert outcome.reason is not None
-        return await self._pending(command, outcome.reason)
+        return await self._pending(command, outcome.reason, arrives)
 
-    async def _pending(self, command: BindCommand, reason: PendingReason) -> placement_pb2.BindResponse:
-        decision_id = await self.publisher.pending(command, reason)
+    async def _pending(self, command: BindCommand, reason: PendingReason, arrives: bool) -> placement_pb2.BindResponse:
+        """`arrives`: the job has just joined the queue, and is not durable until its SUBMITTED event is."""
+        waiting = self.book.pending.get(command.job_id)
+        submitted_s = waiting.submitted_s if arrives and waiting is not None else None
+        try:
+            decision_id = await self.publisher.pending(command, reason, submitted_s)
+        except Exception as error:
+            if submitted_s is None:
+                raise
+            self.book.withdraw(command.job_id)  # a restart would not know it: the caller retries instead
+            raise BindRefused(
+                grpc.StatusCode.UNAVAILABLE, f"the event log did not acknowledge the job's arrival: {error}"
+            ) from None
         BINDS_PENDING.inc()
         PENDING.set(len(self.book.pending))
         return placement_pb2.BindResponse(
@@ -220,7 +233,12 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     ) -> placement_pb2.ReleaseResponse:
         if not request.job.job_id:
             await abort_invalid(context, InvalidRequest("job.job_id", "required"))
-        withdrawn = self.book.withdraw(request.job.job_id)
+        waiting = self.book.pending.get(request.job.job_id)
+        withdrawn = waiting is not None and request.job.generation in (0, waiting.command.generation)
+        if waiting is not None and withdrawn:
+            self.book.withdraw(request.job.job_id)
+            await self.publisher.withdrawn(waiting.command, request.reason or "withdrawn before it was placed")
+            PENDING.set(len(self.book.pending))
         job = self.book.release(request.job.job_id, request.job.generation)
         if job is None:
             return placement_pb2.ReleaseResponse(released=withdrawn, gpus_freed=0.0)

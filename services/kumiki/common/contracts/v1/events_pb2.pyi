@@ -428,6 +428,7 @@ class JobLifecycle(_message.Message):
     LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    TOPOLOGY_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     """The state entered."""
     queue: _builtins.str
@@ -472,6 +473,10 @@ class JobLifecycle(_message.Message):
     def version(self) -> _common_pb2.EntityVersion:
         """Entity version of the job."""
 
+    @_builtins.property
+    def topology(self) -> _common_pb2.TopologyConstraint:
+        """The gang's required topology (SUBMITTED carries it, so a restarted placement re-queues the job as asked)."""
+
     def __init__(
         self,
         *,
@@ -492,10 +497,11 @@ class JobLifecycle(_message.Message):
         lost_gpu_seconds: _builtins.float = ...,
         reason: _builtins.str = ...,
         version: _common_pb2.EntityVersion | None = ...,
+        topology: _common_pb2.TopologyConstraint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job", b"job", "version", b"version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job", b"job", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "at", b"at", "gpu_model", b"gpu_model", "gpus", b"gpus", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "min_members", b"min_members", "name", b"name", "pods", b"pods", "preemptible", b"preemptible", "priority_tier", b"priority_tier", "queue", b"queue", "reason", b"reason", "runtime_s", b"runtime_s", "state", b"state", "user", b"user", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "at", b"at", "gpu_model", b"gpu_model", "gpus", b"gpus", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "min_members", b"min_members", "name", b"name", "pods", b"pods", "preemptible", b"preemptible", "priority_tier", b"priority_tier", "queue", b"queue", "reason", b"reason", "runtime_s", b"runtime_s", "state", b"state", "topology", b"topology", "user", b"user", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
