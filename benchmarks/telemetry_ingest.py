@@ -42,6 +42,7 @@ from kumiki.agent.core import GpuDevice, GpuInventory, GpuSample, SampleFields
 from kumiki.common.bus import EventProducer, decode, ensure_topics
 from kumiki.common.bus.topics import ALL_TOPICS, GPU_SAMPLES
 from kumiki.common.config import KafkaSettings
+from kumiki.telemetry.adapters.gc_policy import TimedCollection
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
 
@@ -142,6 +143,9 @@ async def faust_phase(
             settings, TelemetryConfig(), producer, front_end=front_end, name=f"telemetry-{front_end}"
         )
         await streams.start()
+        await streams.wait_recovered(60)
+        collection = TimedCollection()  # as the service runs its worker (kumiki.telemetry.app)
+        collection.start()
         task = progress.add_task(f"worker, {front_end} front end", total=total)
         cpu_started = time.process_time()
         first: float | None = None
@@ -152,6 +156,7 @@ async def faust_phase(
             progress.update(task, completed=streams.samples_applied)
         elapsed = time.perf_counter() - (first or time.perf_counter())
         cpu = time.process_time() - cpu_started
+        await collection.stop()
         await streams.stop()
         return elapsed, cpu, streams
 
@@ -223,8 +228,10 @@ async def live_phase(
         streams = MeasuredStreams(live, config, producer, name="telemetry-live")
         streams.ages = []
         await streams.start()
+        collection = TimedCollection()  # as the service runs its worker (kumiki.telemetry.app)
         try:
             await streams.wait_recovered(60)
+            collection.start()
             context = multiprocessing.get_context("spawn")
             go = context.Event()
             shares = [(nodes[i::producers], context.Event(), context.Value("q", -1)) for i in range(producers)]
@@ -258,6 +265,7 @@ async def live_phase(
             cpu_s = time.process_time() - cpu_started
             queue_wait_s = run_queue_wait_s() - wait_started
         finally:
+            await collection.stop()
             await streams.stop()
     ages = sorted(streams.ages)
     return {

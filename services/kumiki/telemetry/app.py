@@ -17,6 +17,7 @@ import grpc
 from kumiki.common.bus import ensure_topics
 from kumiki.common.bus.topics import NODE_INVENTORY
 from kumiki.common.service import Runtime, ServiceSpec
+from kumiki.telemetry.adapters.gc_policy import TimedCollection
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
 
@@ -24,14 +25,19 @@ RECOVERY_TIMEOUT_S = 120.0
 
 
 async def _watch(streams: TelemetryStreams) -> None:
-    """Lives as long as the faust app; raising here makes /readyz fail and the process exit."""
+    """Lives as long as the faust app; raising here makes /readyz fail and the process exit. Once the tables
+    are rebuilt, it hands garbage collection to a timer (gc_policy: a third of the worker's CPU otherwise)."""
+    collection = TimedCollection()
     try:
         while True:
             reason = streams.crash_reason()
             if reason is not None:
                 raise RuntimeError(f"faust app crashed: {reason!r}")
+            if not collection.started and streams.recovered:
+                collection.start()
             await asyncio.sleep(1.0)
     finally:
+        await collection.stop()
         await streams.stop()
 
 

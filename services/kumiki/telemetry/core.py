@@ -179,22 +179,26 @@ class GpuChunk:
     xids: list[int] = field(default_factory=list)
 
     def add(self, reading: Reading) -> None:
+        _, _, _, _, timestamp, utilization_pct, memory_used_mib, memory_total_mib, ecc_uncorrected, xids, _ = reading
         self.samples += 1
-        self.first_ts = min(self.first_ts, reading.timestamp)
-        newest = reading.timestamp >= self.last_ts
-        if reading.utilization_pct is not None:
+        if timestamp < self.first_ts:
+            self.first_ts = timestamp
+        newest = timestamp >= self.last_ts
+        if utilization_pct is not None:
             self.util_n += 1
-            self.util_sum += reading.utilization_pct
-            self.util_max = max(self.util_max, reading.utilization_pct)
+            self.util_sum += utilization_pct
+            if utilization_pct > self.util_max:
+                self.util_max = utilization_pct
             if newest:
-                self.last_util = reading.utilization_pct
+                self.last_util = utilization_pct
         if newest:
-            self.last_ts = reading.timestamp
-            self.memory_used_mib = reading.memory_used_mib
-            self.memory_total_mib = reading.memory_total_mib
-        if reading.ecc_uncorrected is not None:
-            self.ecc_uncorrected = max(self.ecc_uncorrected or 0, reading.ecc_uncorrected)
-        self.xids.extend(reading.xid_errors)
+            self.last_ts = timestamp
+            self.memory_used_mib = memory_used_mib
+            self.memory_total_mib = memory_total_mib
+        if ecc_uncorrected is not None:
+            self.ecc_uncorrected = max(self.ecc_uncorrected or 0, ecc_uncorrected)
+        if xids:
+            self.xids.extend(xids)
 
     def to_json(self) -> list[Any]:
         """An array in field order: the internal topic carries one per GPU per chunk, names would double it."""
@@ -250,15 +254,17 @@ def gpu_key(gpu_uuid: str, mig_instance_id: int | None) -> str:
 def summarise(readings: Iterable[Reading], bucket_s: float) -> list[NodeChunk]:
     """Group a consumed batch by (node, bucket): the hot path sends one record per group, not per sample."""
     chunks: dict[tuple[str, float], NodeChunk] = {}
+    floor = math.floor
     for reading in readings:
-        bucket = math.floor(reading.timestamp / bucket_s) * bucket_s
-        chunk = chunks.get((reading.node, bucket))
+        node, gpu_uuid, gpu_index, mig, timestamp, _, _, _, _, _, model = reading
+        bucket = floor(timestamp / bucket_s) * bucket_s
+        chunk = chunks.get((node, bucket))
         if chunk is None:
-            chunk = chunks[(reading.node, bucket)] = NodeChunk(reading.node, bucket)
-        key = gpu_key(reading.gpu_uuid, reading.mig_instance_id)
+            chunk = chunks[(node, bucket)] = NodeChunk(node, bucket)
+        key = gpu_uuid if mig is None else f"{gpu_uuid}/mig-{mig}"  # gpu_key
         gpu = chunk.gpus.get(key)
         if gpu is None:
-            gpu = chunk.gpus[key] = GpuChunk(reading.gpu_index, reading.mig_instance_id, reading.model)
+            gpu = chunk.gpus[key] = GpuChunk(gpu_index, mig, model)
         gpu.add(reading)
     return list(chunks.values())
 

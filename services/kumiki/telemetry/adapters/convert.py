@@ -30,18 +30,20 @@ def unix_seconds(stamp: Timestamp) -> float:
 
 
 def reading_from_sample(sample: events_pb2.GpuSample) -> Reading:
+    has = sample.HasField
+    stamp = sample.sampled_at
     return Reading(
-        node=sample.node,
-        gpu_uuid=sample.gpu_uuid,
-        gpu_index=sample.gpu_index,
-        mig_instance_id=sample.mig_instance_id if sample.HasField("mig_instance_id") else None,
-        timestamp=unix_seconds(sample.sampled_at),
-        utilization_pct=sample.gpu_utilization_pct if sample.HasField("gpu_utilization_pct") else None,
-        memory_used_mib=sample.memory_used_mib if sample.HasField("memory_used_mib") else None,
-        memory_total_mib=sample.memory_total_mib if sample.HasField("memory_total_mib") else None,
-        ecc_uncorrected=sample.ecc_uncorrected if sample.HasField("ecc_uncorrected") else None,
-        xid_errors=tuple(sample.xid_errors),
-        model=sample.gpu_model,
+        sample.node,
+        sample.gpu_uuid,
+        sample.gpu_index,
+        sample.mig_instance_id if has("mig_instance_id") else None,
+        stamp.seconds + stamp.nanos / 1e9,  # unix_seconds
+        sample.gpu_utilization_pct if has("gpu_utilization_pct") else None,
+        sample.memory_used_mib if has("memory_used_mib") else None,
+        sample.memory_total_mib if has("memory_total_mib") else None,
+        sample.ecc_uncorrected if has("ecc_uncorrected") else None,
+        tuple(sample.xid_errors),
+        sample.gpu_model,
     )
 
 

@@ -51,6 +51,7 @@ from kumiki.common.contracts.v1 import events_pb2
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
 from kumiki.telemetry.adapters.known_nodes import KnownNodes
+from kumiki.telemetry.adapters.samples import FastSamples
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,8 @@ class TelemetryStreams:
             spec.full_name(prefix): spec for spec in (GPU_SAMPLES, NODE_INVENTORY, JOB_LIFECYCLE)
         }
         self.samples_topic = _raw_topic(self.app, GPU_SAMPLES.full_name(prefix))
+        self._samples_topic_name = GPU_SAMPLES.full_name(prefix)
+        self._fast_samples = FastSamples()
         self.inventory_topic = _raw_topic(self.app, NODE_INVENTORY.full_name(prefix))
         self.lifecycle_topic = _raw_topic(self.app, JOB_LIFECYCLE.full_name(prefix))
         json_topic: dict[str, Any] = {
@@ -440,7 +443,14 @@ class TelemetryStreams:
         caller commits the batch's offsets only once they are all acknowledged."""
         accepted: list[tuple[Consumed, core.Reading]] = []
         items: list[tuple[str, Json]] = []
+        fast = self._fast_samples.reading
+        samples_topic = self._samples_topic_name
         for record in records:
+            if record.topic == samples_topic:
+                reading = fast(record.key, record.value, record.headers)
+                if reading is not None:  # else decode() decides, and names the reason of a reject
+                    accepted.append((record, reading))
+                    continue
             try:
                 payload = decode(self.specs[record.topic], record.key, record.value, record.headers).payload
             except RejectedRecord as error:
