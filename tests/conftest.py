@@ -16,6 +16,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.devstack.broker import start_noida
@@ -145,3 +147,23 @@ async def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.0
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def read_records(settings: KafkaSettings, topic: str, count: int) -> list[ConsumerRecord]:
+    """At least `count` records of a topic from its beginning (raw: tests check bytes, headers, keys)."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list[ConsumerRecord] = []
+    try:
+
+        async def enough() -> bool:
+            for items in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(items)
+            return len(records) >= count
+
+        await wait_until(enough, timeout_s=30, what=f"{count} records on {topic}")
+    finally:
+        await consumer.stop()
+    return records

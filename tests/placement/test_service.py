@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import defaultdict
 from dataclasses import replace
 
@@ -20,7 +21,7 @@ from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.placement.core import PlacementBook
 from kumiki.sched.cluster import PodPlacement
 from kumiki.sched.mig import profile_for
-from tests.conftest import wait_until
+from tests.conftest import read_records, wait_until
 from tests.placement.support import bind_request, default_nodes, emulate, running_placement, whole
 
 BOUND = placement_pb2.BindResponse.OUTCOME_BOUND
@@ -311,6 +312,39 @@ async def test_rebuild_queues_only_what_placement_was_asked_to_place(kafka: Kafk
         for job in ("announced", "broken"):
             assert (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).status == "unknown"
         assert (await stub.Bind(bind_request("real", [whole(1)]))).outcome == BOUND
+
+
+async def test_release_says_how_the_job_ended(kafka: KafkaSettings) -> None:
+    """COMPLETED and FAILED go out with the run time since the bind (what forecasts learn from); a final
+    state that is not an ending is refused, naming the field, and frees nothing."""
+    await emulate(kafka, default_nodes(1))
+    async with running_placement(kafka) as (host, stub):
+        await wait_until(lambda: len(host_book(host).nodes) == 1, what="the nodes")
+        for job in ("done", "broke"):
+            assert (await stub.Bind(bind_request(job, [whole(1)]))).outcome == BOUND
+        bound_s = host_book(host).bound["done"].bound_s
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            await stub.Release(
+                placement_pb2.ReleaseRequest(
+                    job=common_pb2.JobRef(job_id="done", generation=1), final_state=events_pb2.JOB_STATE_RUNNING
+                )
+            )
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert invalid.value.details().startswith("final_state")
+        assert "done" in host_book(host).bound
+        done = common_pb2.JobRef(job_id="done", generation=1)
+        await stub.Release(
+            placement_pb2.ReleaseRequest(job=done, reason="exit 0", final_state=events_pb2.JOB_STATE_COMPLETED)
+        )
+        broke = common_pb2.JobRef(job_id="broke", generation=1)
+        await stub.Release(placement_pb2.ReleaseRequest(job=broke, final_state=events_pb2.JOB_STATE_FAILED))
+        released_s = time.time()
+    records = await read_records(kafka, JOB_LIFECYCLE.full_name(kafka.topic_prefix), 4)
+    events = [events_pb2.JobLifecycle.FromString(record.value) for record in records]
+    last = {event.job.job_id: event for event in events}  # one partition per job: its events in order
+    assert last["done"].state == events_pb2.JOB_STATE_COMPLETED and last["done"].reason == "exit 0"
+    assert 0 < last["done"].runtime_s <= released_s - bound_s
+    assert last["broke"].state == events_pb2.JOB_STATE_FAILED and last["broke"].runtime_s > 0
 
 
 async def test_unhealthy_node_receives_no_work(kafka: KafkaSettings) -> None:

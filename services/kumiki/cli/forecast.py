@@ -54,32 +54,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "evaluate", help="replay a trace in submit order and score each model's forecasts (no look-ahead)"
     )
     evaluate.add_argument("--trace", required=True, help="job trace CSV (../shared/traces schema)")
-    evaluate.add_argument(
-        "--out", required=True, help="directory for report.json, predictions.csv, report.md, PNG"
-    )
-    evaluate.add_argument(
-        "--start-s", type=_seconds, default=None, help="jobs submitted before this only train"
-    )
-    evaluate.add_argument(
-        "--end-s", type=_seconds, default=None, help="jobs submitted from this on are ignored"
-    )
+    evaluate.add_argument("--out", required=True, help="directory for report.json, predictions.csv, report.md, PNG")
+    evaluate.add_argument("--start-s", type=_seconds, default=None, help="jobs submitted before this only train")
+    evaluate.add_argument("--end-s", type=_seconds, default=None, help="jobs submitted from this on are ignored")
     evaluate.add_argument(
         "--models",
         default=None,
         help=f"comma-separated subset of {','.join(default_factories())} (default: all)",
     )
     evaluate.set_defaults(handler=_evaluate)
-    demand = commands.add_parser(
-        "demand", help="per-queue arrivals and GPU-hours per hour: backtest and forecast"
-    )
+    demand = commands.add_parser("demand", help="per-queue arrivals and GPU-hours per hour: backtest and forecast")
     demand.add_argument("--trace", required=True, help="job trace CSV (../shared/traces schema)")
     demand.add_argument("--out", required=True, help="directory for report.json, report.md and demand.png")
-    demand.add_argument(
-        "--horizon-hours", type=_hours, default=24, help="hours to forecast past the trace's end"
-    )
-    demand.add_argument(
-        "--holdout-hours", type=_hours, default=24, help="last hours of the trace held out to score"
-    )
+    demand.add_argument("--horizon-hours", type=_hours, default=24, help="hours to forecast past the trace's end")
+    demand.add_argument("--holdout-hours", type=_hours, default=24, help="last hours of the trace held out to score")
     demand.set_defaults(handler=_demand)
 
 
@@ -184,9 +172,7 @@ def _write_predictions(path: Path, predictions: Sequence[Prediction]) -> None:
         writer = csv.writer(handle)
         writer.writerow(["job_id", "model", "p50_s", "p90_s"])
         for prediction in predictions:
-            writer.writerow(
-                [prediction.job_id, prediction.model, f"{prediction.p50_s:.3f}", f"{prediction.p90_s:.3f}"]
-            )
+            writer.writerow([prediction.job_id, prediction.model, f"{prediction.p50_s:.3f}", f"{prediction.p90_s:.3f}"])
 
 
 def _better_baseline(evaluation: Evaluation) -> tuple[str, float] | None:
@@ -305,9 +291,7 @@ def _demand(args: argparse.Namespace) -> int:
     hourly = demand_model.hourly_demand(arrivals, start, end)
     hours = len(next(iter(hourly.values())).arrivals)
     if args.holdout_hours >= hours:
-        raise UsageError(
-            f"--holdout-hours: the trace spans {hours} h, hold out fewer, got {args.holdout_hours}"
-        )
+        raise UsageError(f"--holdout-hours: the trace spans {hours} h, hold out fewer, got {args.holdout_hours}")
     with _progress() as progress:
         task = progress.add_task(f"Holt-Winters per queue ({len(hourly)} queues)", total=2)
         scores = demand_model.backtest(hourly, args.holdout_hours)
@@ -336,9 +320,7 @@ def _demand_report(
             "actual_total": item.actual_total,
             "predicted_total": sum(item.predicted),
         }
-        summed = totals.setdefault(item.metric, {}).setdefault(
-            item.model, {"mae": 0.0, "abs_total_error": 0.0}
-        )
+        summed = totals.setdefault(item.metric, {}).setdefault(item.model, {"mae": 0.0, "abs_total_error": 0.0})
         summed["mae"] += item.mae
         summed["abs_total_error"] += abs(sum(item.predicted) - item.actual_total)
     return {

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from kumiki.cli.main import UsageError
 from kumiki.common.config import ConfigError, KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 
 console = Console(stderr=True)
@@ -27,6 +27,14 @@ def _positive(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected >= 1, got {number}")
     return number
+
+
+# `kumiki placement release --outcome`: how the job ended
+OUTCOMES = {
+    "released": events_pb2.JOB_STATE_RELEASED,
+    "completed": events_pb2.JOB_STATE_COMPLETED,
+    "failed": events_pb2.JOB_STATE_FAILED,
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -54,6 +62,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     release = commands.add_parser("release", help="free a job's allocation")
     release.add_argument("job_id")
     release.add_argument("--generation", type=int, default=0, help="0 = whatever generation holds it")
+    release.add_argument(
+        "--outcome",
+        choices=tuple(OUTCOMES),
+        default="released",
+        help="how the job ended: completed and failed publish that state with the run time (forecasts learn it)",
+    )
+    release.add_argument("--reason", default="", help="free-form reason recorded with the release")
     release.set_defaults(handler=_release)
     explain = commands.add_parser("explain", help="why is a job waiting (or where it runs)")
     explain.add_argument("job_id")
@@ -100,7 +115,11 @@ def _bind(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    request = placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id=args.job_id, generation=args.generation))
+    request = placement_pb2.ReleaseRequest(
+        job=common_pb2.JobRef(job_id=args.job_id, generation=args.generation),
+        reason=args.reason or args.outcome,
+        final_state=OUTCOMES[args.outcome],
+    )
     return _run(args.address, "Release", request)
 
 

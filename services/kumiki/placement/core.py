@@ -48,6 +48,7 @@ class BoundJob:
     command: BindCommand
     placement: Placement
     node_names: tuple[str, ...]  # per pod of `placement.pods`: names survive node re-indexing
+    bound_s: float = 0.0  # when it was bound (a restart keeps it: run times count from the bind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,7 @@ class PlacementBook:
         displaced = []
         for job_id, job in list(self.bound.items()):
             try:
-                scheduler.adopt(job_view(job.command, 0.0), job.command.request, job.placement, 0.0)
+                scheduler.adopt(job_view(job.command, job.bound_s), job.command.request, job.placement, job.bound_s)
             except AllocationError:
                 del self.bound[job_id]
                 displaced.append(job)
@@ -191,7 +192,9 @@ class PlacementBook:
             if all(name in self.index_of for name in job.node_names):
                 del self.orphans[job_id]
                 self.restore(
-                    job.command, [(name, pod) for name, pod in zip(job.node_names, job.placement.pods, strict=True)]
+                    job.command,
+                    [(name, pod) for name, pod in zip(job.node_names, job.placement.pods, strict=True)],
+                    job.bound_s,
                 )
 
     # ---- binds ---------------------------------------------------------------------------------
@@ -220,7 +223,7 @@ class PlacementBook:
             found = place_gang(scheduler.state, command.request, self.strategy, explain=False)
             if isinstance(found, Placement):
                 scheduler.adopt(job_view(command, now), command.request, found, now)
-                return BindOutcome(job=self._bound(command, found))
+                return BindOutcome(job=self._bound(command, found, now))
         self._queue(command, _queued(command), now)
         started = self.cycle(now)
         job = self.bound.get(command.job_id)
@@ -249,12 +252,12 @@ class PlacementBook:
             return []
         started = []
         for start in self.scheduler.schedule(now).starts:
-            started.append(self._bound(self.pending.pop(start.job_id).command, start.placement))
+            started.append(self._bound(self.pending.pop(start.job_id).command, start.placement, now))
         return started
 
-    def _bound(self, command: BindCommand, placement: Placement) -> BoundJob:
+    def _bound(self, command: BindCommand, placement: Placement, bound_s: float) -> BoundJob:
         """Record a job the scheduler now runs (node names kept: they survive node re-indexing)."""
-        job = BoundJob(command, placement, tuple(self.nodes[pod.node].name for pod in placement.pods))
+        job = BoundJob(command, placement, tuple(self.nodes[pod.node].name for pod in placement.pods), bound_s)
         self.bound[command.job_id] = job
         return job
 
@@ -316,7 +319,9 @@ class PlacementBook:
             self._scheduler.withdraw(job_id)
         return True
 
-    def restore(self, command: BindCommand, pods: Iterable[tuple[str, PodPlacement]]) -> BoundJob | None:
+    def restore(
+        self, command: BindCommand, pods: Iterable[tuple[str, PodPlacement]], bound_s: float = 0.0
+    ) -> BoundJob | None:
         """Re-apply a bind from the event log (node given by name); None if it is already in the book."""
         if command.job_id in self.bound:
             return None
@@ -324,12 +329,12 @@ class PlacementBook:
         names = tuple(name for name, _ in named)
         if not all(name in self.index_of for name in names):
             placement = Placement(command.job_id, tuple(pod for _, pod in named))
-            self.orphans[command.job_id] = BoundJob(command, placement, names)
+            self.orphans[command.job_id] = BoundJob(command, placement, names, bound_s)
             return None
         placement = Placement(command.job_id, tuple(replace(pod, node=self.index_of[name]) for name, pod in named))
         self.withdraw(command.job_id)
-        self.scheduler.adopt(job_view(command, 0.0), command.request, placement, 0.0)  # re-checks every GPU
-        return self._bound(command, placement)
+        self.scheduler.adopt(job_view(command, bound_s), command.request, placement, bound_s)  # re-checks every GPU
+        return self._bound(command, placement, bound_s)
 
     def forget(self, job_id: str) -> None:
         """Drop a job from the book during a rebuild (it was released)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-from aiokafka import AIOKafkaConsumer
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -15,7 +14,7 @@ from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.tracing import configure_tracing
-from tests.conftest import wait_until
+from tests.conftest import read_records, wait_until
 
 EXPORTER = InMemorySpanExporter()
 configure_tracing("test", None, EXPORTER)
@@ -27,27 +26,8 @@ def lifecycle(job_id: str, queue: str = "team-a") -> events_pb2.JobLifecycle:
     )
 
 
-async def read_all(settings: KafkaSettings, topic: str, count: int) -> list:  # type: ignore[type-arg]
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    records: list = []  # type: ignore[type-arg]
-    try:
-
-        async def enough() -> bool:
-            for items in (await consumer.getmany(timeout_ms=200)).values():
-                records.extend(items)
-            return len(records) >= count
-
-        await wait_until(enough, timeout_s=30, what=f"{count} records on {topic}")
-    finally:
-        await consumer.stop()
-    return records
-
-
 async def read_dead_letters(settings: KafkaSettings, count: int) -> list:  # type: ignore[type-arg]
-    return await read_all(settings, DEAD_LETTER.full_name(settings.topic_prefix), count)
+    return await read_records(settings, DEAD_LETTER.full_name(settings.topic_prefix), count)
 
 
 async def test_topics_are_created_once(kafka_settings: KafkaSettings) -> None:
@@ -180,7 +160,7 @@ async def test_concurrent_publishes_share_rounds_and_keep_each_keys_order(kafka_
     async with EventProducer(kafka_settings, "//kumiki/test") as producer:
         await asyncio.gather(*(caller(producer, index) for index in range(callers)))
         rounds = producer.rounds_sent
-    records = await read_all(
+    records = await read_records(
         kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), callers * events_each
     )
     assert len(records) == callers * events_each
@@ -207,7 +187,7 @@ async def test_an_oversized_record_fails_its_caller_alone(kafka_settings: KafkaS
     assert isinstance(outcomes[1], MessageSizeTooLargeError)
     assert JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix) in str(outcomes[1]), "the error names the topic"
     assert not isinstance(outcomes[0], BaseException) and not isinstance(outcomes[2], BaseException)
-    records = await read_all(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 2)
+    records = await read_records(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 2)
     assert sorted(record.key for record in records) == [b"after", b"before"]
 
 
@@ -223,5 +203,5 @@ async def test_stop_sends_what_callers_handed_over(kafka_settings: KafkaSettings
     assert not any(call.done() for call in calls)
     await producer.stop()
     assert all(call.done() and call.exception() is None for call in calls)
-    records = await read_all(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 50)
+    records = await read_records(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 50)
     assert len(records) == 50

@@ -155,14 +155,40 @@ def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
 
 
 def lifecycle(
-    job: BoundJob, state: int, reason: str = "", placed: list[common_pb2.PodAssignment] | None = None
+    job: BoundJob,
+    state: int,
+    reason: str = "",
+    placed: list[common_pb2.PodAssignment] | None = None,
+    runtime_s: float = 0.0,
 ) -> events_pb2.JobLifecycle:
     """A job.lifecycle event that carries everything needed to rebuild the allocation after a restart.
 
     `placed`: `assignments(job)` when the caller already has them."""
     event = command_lifecycle(job.command, state, reason)
     event.assignments.extend(assignments(job) if placed is None else placed)
+    event.runtime_s = runtime_s
     return event
+
+
+# How Release may say a job ended (anything else is not an ending placement can report).
+FINAL_STATES = {
+    events_pb2.JOB_STATE_UNSPECIFIED: events_pb2.JOB_STATE_RELEASED,
+    events_pb2.JOB_STATE_RELEASED: events_pb2.JOB_STATE_RELEASED,
+    events_pb2.JOB_STATE_COMPLETED: events_pb2.JOB_STATE_COMPLETED,
+    events_pb2.JOB_STATE_FAILED: events_pb2.JOB_STATE_FAILED,
+}
+
+
+def release_state(request: placement_pb2.ReleaseRequest) -> int:
+    """The lifecycle state a Release publishes; InvalidRequest names the field."""
+    if not request.job.job_id:
+        raise InvalidRequest("job.job_id", "required")
+    state = FINAL_STATES.get(request.final_state)
+    if state is None:
+        raise InvalidRequest(
+            "final_state", f"JOB_STATE_COMPLETED, JOB_STATE_FAILED or JOB_STATE_RELEASED, got {request.final_state}"
+        )
+    return state
 
 
 def command_lifecycle(

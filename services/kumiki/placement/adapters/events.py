@@ -93,10 +93,13 @@ class DecisionPublisher:
             await self._publish_pair(command, change, "submitted", decision)
         return decision.decision_id
 
-    async def released(self, job: BoundJob, reason: str) -> str:
+    async def released(
+        self, job: BoundJob, reason: str, state: int = events_pb2.JOB_STATE_RELEASED, runtime_s: float = 0.0
+    ) -> str:
+        """`state`: RELEASED, or how the job ended (COMPLETED, FAILED) with its run time since the bind."""
         decision = self._decision(events_pb2.DECISION_KIND_RELEASE, job.command)
         decision.reasons.append(common_pb2.PendingReason(code="released", message=reason))
-        change = lifecycle(job, events_pb2.JOB_STATE_RELEASED, reason)
+        change = lifecycle(job, state, reason, runtime_s=runtime_s)
         await self._publish_pair(job.command, change, "released", decision)
         return decision.decision_id
 
@@ -178,7 +181,7 @@ class AllocationLog:
                 if message.state == events_pb2.JOB_STATE_BOUND:
                     command, pods = restore_from_lifecycle(message)
                     self.book.forget(command.job_id)
-                    self.book.restore(command, pods)
+                    self.book.restore(command, pods, message.at.ToNanoseconds() / 1e9)
                     restored += 1
                 elif message.state == events_pb2.JOB_STATE_SUBMITTED:
                     waiting.append((message.at.ToNanoseconds() / 1e9, command_from_lifecycle(message)))

@@ -23,7 +23,7 @@ from kumiki.common.contracts.v1 import events_pb2, placement_pb2, placement_pb2_
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
 from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
-from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason
+from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason, release_state
 from kumiki.placement.adapters.events import DecisionPublisher
 from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook
 from kumiki.sched.placement import PendingReason
@@ -231,8 +231,11 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     async def Release(
         self, request: placement_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> placement_pb2.ReleaseResponse:
-        if not request.job.job_id:
-            await abort_invalid(context, InvalidRequest("job.job_id", "required"))
+        try:
+            state = release_state(request)
+        except InvalidRequest as error:
+            await abort_invalid(context, error)
+            raise
         waiting = self.book.pending.get(request.job.job_id)
         withdrawn = waiting is not None and request.job.generation in (0, waiting.command.generation)
         if waiting is not None and withdrawn:
@@ -242,7 +245,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         job = self.book.release(request.job.job_id, request.job.generation)
         if job is None:
             return placement_pb2.ReleaseResponse(released=withdrawn, gpus_freed=0.0)
-        await self.publisher.released(job, request.reason or "released")
+        ran_s = max(0.0, time.time() - job.bound_s) if state != events_pb2.JOB_STATE_RELEASED else 0.0
+        await self.publisher.released(job, request.reason or "released", state, ran_s)
         self.wake.set()  # the freed capacity goes to the queue on the next pass, right away
         return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 

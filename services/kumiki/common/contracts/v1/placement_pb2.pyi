@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kumiki.common.contracts.v1 import common_pb2 as _common_pb2
+from kumiki.common.contracts.v1 import events_pb2 as _events_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -179,8 +180,13 @@ class ReleaseRequest(_message.Message):
 
     JOB_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    FINAL_STATE_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why: "completed", "failed", "cancelled", "preempted"."""
+    final_state: _events_pb2.JobState.ValueType
+    """How the job ended: JOB_STATE_COMPLETED or JOB_STATE_FAILED publish that state with the run time since the
+    bind (what the forecast service learns from); unset or JOB_STATE_RELEASED: freed without an ending.
+    """
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt whose allocation is freed."""
@@ -190,10 +196,11 @@ class ReleaseRequest(_message.Message):
         *,
         job: _common_pb2.JobRef | None = ...,
         reason: _builtins.str = ...,
+        final_state: _events_pb2.JobState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_state", b"final_state", "job", b"job", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
