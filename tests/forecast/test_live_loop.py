@@ -1,0 +1,72 @@
+"""The forecasting loop across live services: placement announces a job that has to wait (SUBMITTED on
+job.lifecycle), the forecast service forecasts it on job.forecast; placement reports how jobs ended (Release
+with COMPLETED and the run time since the bind) and the forecast service records and learns those run times."""
+
+from __future__ import annotations
+
+import time
+
+import asyncpg
+import pytest
+
+from kumiki.common.bus.topics import JOB_FORECAST
+from kumiki.common.config import DatabaseSettings, KafkaSettings, ServerSettings, Settings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
+from kumiki.common.service import ServiceHost
+from kumiki.devstack.cluster import NodeShape, emulated_nodes
+from kumiki.forecast.app import SPEC as FORECAST
+from tests.conftest import read_records, wait_until
+from tests.placement.support import bind_request, emulate, running_placement, whole
+
+pytestmark = pytest.mark.slow
+
+
+async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, database_settings: DatabaseSettings) -> None:
+    started = time.monotonic()
+    await emulate(kafka, emulated_nodes(1, shapes=(NodeShape("H100-80GB", 8, 81920, 8, 96_000, 1_048_576),)))
+    forecast = ServiceHost(FORECAST, Settings("forecast", kafka, database_settings, ServerSettings(), instance="f-1"))
+    await forecast.start()
+    try:
+        async with running_placement(kafka) as (host, stub):
+            assert host.runtime is not None
+            book = host.runtime.components["book"]
+            await wait_until(lambda: len(book.nodes) == 1, what="the node")  # type: ignore[attr-defined]
+            blocker = await stub.Bind(bind_request("blocker", [whole(8)], name="bert-pretrain"))
+            waits = await stub.Bind(bind_request("waits", [whole(8)], name="bert-pretrain"))
+            assert (blocker.outcome, waits.outcome) == (
+                placement_pb2.BindResponse.OUTCOME_BOUND,
+                placement_pb2.BindResponse.OUTCOME_PENDING,
+            )
+            (record,) = await read_records(kafka, JOB_FORECAST.full_name(kafka.topic_prefix), 1)
+            forecast_of_waiting = events_pb2.RuntimeForecast.FromString(record.value)
+            assert forecast_of_waiting.job.job_id == "waits", "only the job that waits was announced"
+            assert 0 < forecast_of_waiting.p50_s <= forecast_of_waiting.p90_s and forecast_of_waiting.model
+            for job in ("blocker", "waits"):
+                if job == "waits":  # the cycle starts it once the blocker's GPUs are free
+
+                    async def bound() -> bool:
+                        explained = await stub.Explain(placement_pb2.ExplainRequest(job_id="waits"))
+                        return explained.status == "bound"
+
+                    await wait_until(bound, what="the waiting job to start")
+                await stub.Release(
+                    placement_pb2.ReleaseRequest(
+                        job=common_pb2.JobRef(job_id=job, generation=1), final_state=events_pb2.JOB_STATE_COMPLETED
+                    )
+                )
+        pool = forecast.runtime.pool  # type: ignore[union-attr]
+        assert isinstance(pool, asyncpg.Pool)
+
+        async def learned() -> list[asyncpg.Record]:
+            rows = await pool.fetch(
+                "SELECT job_id, final_state, runtime_s, p50_s FROM forecast.job_history ORDER BY job_id"
+            )
+            return rows if [row["job_id"] for row in rows if row["runtime_s"]] == ["blocker", "waits"] else []
+
+        await wait_until(learned, what="both completions in the forecast service's history")
+        rows = {row["job_id"]: row for row in await learned()}
+        assert {row["final_state"] for row in rows.values()} == {"completed"}
+        assert rows["waits"]["p50_s"] == pytest.approx(forecast_of_waiting.p50_s), "its forecast was recorded"
+        assert all(0 < row["runtime_s"] < time.monotonic() - started for row in rows.values()), "run times since binds"
+    finally:
+        await forecast.stop()
