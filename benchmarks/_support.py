@@ -1,7 +1,8 @@
-"""Shared by the benchmark scripts: a broker to run against, and latency summaries."""
+"""Shared by the benchmark scripts: a broker to run against, the traces, and latency summaries."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import uuid
@@ -14,6 +15,18 @@ from aiokafka import AIOKafkaConsumer
 
 from kumiki.devstack.broker import start_noida
 from kumiki.devstack.processes import free_port, terminate
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"  # ../shared/traces beside the checkout
+PHILLY = TRACES / "philly-slice.csv"
+
+
+def trace_jobs(description: str) -> list[Any]:
+    """`--trace` (default: the Philly slice) parsed from the command line and loaded, validated."""
+    from kumiki.sim.trace import load_jobs
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--trace", default=str(PHILLY), help="job trace CSV (../shared/traces schema)")
+    return list(load_jobs(parser.parse_args().trace))
 
 
 @contextmanager

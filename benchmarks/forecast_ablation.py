@@ -8,13 +8,12 @@ trace, with the ratio of its error to the default forecaster's (run in the same 
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
+
+from _support import trace_jobs
 
 from kumiki.forecast.evaluate import replay
 from kumiki.forecast.models import DEFAULT_EXPERTS, CalibrationConfig, KumikiConfig, KumikiForecaster
-from kumiki.sim.trace import load_jobs
 
 VARIANTS = {
     "default (burst + median of short, long, global)": KumikiConfig(),
@@ -29,11 +28,7 @@ VARIANTS = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_trace = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-slice.csv"
-    parser.add_argument("--trace", default=str(default_trace))
-    args = parser.parse_args()
-    jobs = load_jobs(args.trace)
+    jobs = trace_jobs(__doc__.splitlines()[0])
     print("| variant | after 2 days | x default | p90 cov | full trace | x default | p90 cov |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     reference: tuple[float, float] | None = None

@@ -9,23 +9,18 @@ window, each model's median |log error|, its ratio to the better baseline and it
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
+
+from _support import trace_jobs
 
 from kumiki.forecast.evaluate import default_factories, replay
-from kumiki.sim.trace import load_jobs
 
 DAY_S = 86_400.0
 BASELINES = ("global-median", "last-two")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_trace = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-slice.csv"
-    parser.add_argument("--trace", default=str(default_trace))
-    args = parser.parse_args()
-    jobs = load_jobs(args.trace)
+    jobs = trace_jobs(__doc__.splitlines()[0])
     last_submit = max(job.submit_s or 0.0 for job in jobs)
     windows: list[tuple[str, float | None, float | None]] = [
         ("after 2 days", 2 * DAY_S, None),
@@ -48,11 +43,7 @@ def main() -> int:
         ]
         ratio = scores["kumiki"].median_abs_log_error / better
         met += ratio <= 0.8 and 0.85 <= scores["kumiki"].p90_coverage <= 0.95
-        print(
-            f"{label:14s} {scores['kumiki'].jobs:6d} "
-            + " ".join(f"{c:>22s}" for c in cells)
-            + f"  {ratio:.3f}"
-        )
+        print(f"{label:14s} {scores['kumiki'].jobs:6d} " + " ".join(f"{c:>22s}" for c in cells) + f"  {ratio:.3f}")
     print("cells: median |log error|, ratio to the better baseline of the window, p90 coverage")
     print(f"target (<= 0.8x better baseline, coverage 85-95%) met in {met} of {len(windows)} windows")
     return 0

@@ -8,17 +8,16 @@ on 100,000 rows against a refit on the default 4,000-row window.
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import sys
 import time
-from pathlib import Path
+
+from _support import trace_jobs
 
 from kumiki.forecast.demand import forecast_series
 from kumiki.forecast.evaluate import default_factories, job_features, replay
 from kumiki.forecast.models import QuantileRegression, QuantRegConfig, build_default_forecaster
-from kumiki.sim.trace import load_jobs
 
 
 def replay_cpu(jobs: list, name: str) -> float:  # type: ignore[type-arg]
@@ -46,18 +45,12 @@ def refit_seconds(rows: int, seed: int = 1) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_trace = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-slice.csv"
-    parser.add_argument("--trace", default=str(default_trace))
-    args = parser.parse_args()
-    jobs = load_jobs(args.trace)
+    jobs = trace_jobs(__doc__.splitlines()[0])
     print(f"replay of {len(jobs)} jobs through predict + observe (CPU seconds, best of 3):")
     baseline = min(replay_cpu(jobs, "global-median") for _ in range(3))
     for name in default_factories():
         cpu = min(replay_cpu(jobs, name) for _ in range(3))
-        print(
-            f"  {name:15s} {cpu:6.3f} s   x{cpu / baseline:5.2f} global-median   {1e6 * cpu / len(jobs):6.1f} us/job"
-        )
+        print(f"  {name:15s} {cpu:6.3f} s   x{cpu / baseline:5.2f} global-median   {1e6 * cpu / len(jobs):6.1f} us/job")
 
     forecaster = build_default_forecaster()
     features = [job_features(job) for job in jobs]
@@ -75,9 +68,7 @@ def main() -> int:
 
     small = min(refit_seconds(4_000) for _ in range(3))
     large = min(refit_seconds(100_000) for _ in range(3))
-    print(
-        f"QuantReg p50+p90 refit: 4,000 rows {small:.3f} s; 100,000 rows {large:.3f} s (x{large / small:.1f})"
-    )
+    print(f"QuantReg p50+p90 refit: 4,000 rows {small:.3f} s; 100,000 rows {large:.3f} s (x{large / small:.1f})")
 
     series = [float(10 + 5 * math.sin(2 * math.pi * hour / 24) + (hour % 7)) for hour in range(24 * 7)]
     started = time.perf_counter()

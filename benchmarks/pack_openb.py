@@ -13,11 +13,12 @@ import json
 import time
 from pathlib import Path
 
+from _support import TRACES
+
 from kumiki.cli.main import main as kumiki
 from kumiki.sim.pack import prepare, run_pack
 from kumiki.sim.trace import load_jobs, load_nodes
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 TARGET = 0.044
 # hkust-adsl/kubernetes-scheduler-simulator, experiments/analysis/expected_results/analysis_allo_discrete.csv,
 # openb_pod_list_default at 100% arrived GPU workload (GPU allocation 95.14% / 95.06% for FGD and

@@ -33,10 +33,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
-from _support import broker, percentile, process_cpu_s
+from _support import PHILLY, broker, percentile, process_cpu_s
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -48,7 +47,6 @@ from kumiki.devstack.processes import free_port, port_open, terminate
 from kumiki.placement.adapters.convert import bind_command, node_spec
 from kumiki.placement.core import PlacementBook
 
-PHILLY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly-slice.csv"
 MIG_SHARE = {"1g.10gb": 1 / 7, "2g.20gb": 2 / 7, "3g.40gb": 3 / 7}
 
 

@@ -18,9 +18,9 @@ import csv
 import json
 from pathlib import Path
 
-from kumiki.cli.main import main as kumiki
+from _support import TRACES
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+from kumiki.cli.main import main as kumiki
 
 
 def vc_nodes() -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -15,6 +16,14 @@ class InvalidRequest(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+
+
+def require_job(job: Any, *, generation: bool = True) -> None:
+    """A request's JobRef: an id, and (unless `generation` is False) a generation from 1 on."""
+    if not job.job_id:
+        raise InvalidRequest("job.job_id", "required")
+    if generation and job.generation < 1:
+        raise InvalidRequest("job.generation", "must be >= 1")
 
 
 async def abort_invalid(context: grpc.aio.ServicerContext, error: InvalidRequest) -> None:

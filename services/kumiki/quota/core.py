@@ -25,7 +25,7 @@ from decimal import Decimal
 from enum import Enum
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, quota_pb2
-from kumiki.common.grpcutil import InvalidRequest
+from kumiki.common.grpcutil import InvalidRequest, require_job
 
 ANY_MODEL = ""
 EPSILON = 1e-9
@@ -362,10 +362,7 @@ class Admission:
 
 
 def validate_admit(request: quota_pb2.AdmitRequest) -> None:
-    if not request.job.job_id:
-        raise InvalidRequest("job.job_id", "required")
-    if request.job.generation < 1:
-        raise InvalidRequest("job.generation", "must be >= 1")
+    require_job(request.job)
     if not request.queue:
         raise InvalidRequest("queue", "required")
     if not math.isfinite(request.gpus) or request.gpus < 0:

@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
-from kumiki.common.grpcutil import InvalidRequest, timestamp
+from kumiki.common.grpcutil import InvalidRequest, require_job, timestamp
 from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
 from kumiki.sched.jobs import GangRequest, PodRequest, RequestError
@@ -61,10 +61,7 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
 
 def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
     """A validated core command from a Bind request."""
-    if not request.job.job_id:
-        raise InvalidRequest("job.job_id", "required")
-    if request.job.generation < 1:
-        raise InvalidRequest("job.generation", "must be >= 1")
+    require_job(request.job)
     if not request.queue:
         raise InvalidRequest("queue", "required")
     if not request.pods:
@@ -181,8 +178,7 @@ FINAL_STATES = {
 
 def release_state(request: placement_pb2.ReleaseRequest) -> int:
     """The lifecycle state a Release publishes; InvalidRequest names the field."""
-    if not request.job.job_id:
-        raise InvalidRequest("job.job_id", "required")
+    require_job(request.job, generation=False)  # 0: whatever generation holds it
     state = FINAL_STATES.get(request.final_state)
     if state is None:
         raise InvalidRequest(
