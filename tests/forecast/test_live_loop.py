@@ -59,7 +59,8 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
 
         async def learned() -> list[asyncpg.Record]:
             rows = await pool.fetch(
-                "SELECT job_id, final_state, runtime_s, p50_s FROM forecast.job_history ORDER BY job_id"
+                "SELECT job_id, final_state, runtime_s, p50_s, submitted_at, finished_at FROM forecast.job_history"
+                " ORDER BY job_id"
             )
             return rows if [row["job_id"] for row in rows if row["runtime_s"]] == ["blocker", "waits"] else []
 
@@ -67,6 +68,8 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
         rows = {row["job_id"]: row for row in await learned()}
         assert {row["final_state"] for row in rows.values()} == {"completed"}
         assert rows["waits"]["p50_s"] == pytest.approx(forecast_of_waiting.p50_s), "its forecast was recorded"
+        blocker = rows["blocker"]  # never announced: its start is read off its end and run time
+        assert (blocker["finished_at"] - blocker["submitted_at"]).total_seconds() == pytest.approx(blocker["runtime_s"])
         assert all(0 < row["runtime_s"] < time.monotonic() - started for row in rows.values()), "run times since binds"
     finally:
         await forecast.stop()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
@@ -32,6 +33,11 @@ def features_of(message: events_pb2.JobLifecycle) -> JobFeatures:
     )
 
 
+def _identity(message: events_pb2.JobLifecycle) -> tuple[str, int, str, str, str, float]:
+    """The job_history columns every lifecycle row starts with."""
+    return message.job.job_id, message.job.generation, message.queue, message.user, message.name, message.gpus
+
+
 class LifecycleHandler:
     def __init__(self, book: ForecastBook, producer: EventProducer) -> None:
         self.book = book
@@ -48,12 +54,7 @@ class LifecycleHandler:
             await connection.execute(
                 "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, submitted_at,"
                 " p50_s, p90_s, model) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) ON CONFLICT DO NOTHING",
-                message.job.job_id,
-                message.job.generation,
-                message.queue,
-                message.user,
-                message.name,
-                message.gpus,
+                *_identity(message),
                 at,
                 forecast.p50_s,
                 forecast.p90_s,
@@ -73,18 +74,17 @@ class LifecycleHandler:
                 ),
             )
         elif message.state in FINAL_STATES:
-            learned = self.book.finished(message.job.job_id, message.runtime_s, at.timestamp(), features_of(message))
+            # a job first seen at its end (bound at once, never queued): it started at least its run time ago
+            started = at - timedelta(seconds=max(0.0, message.runtime_s))
+            fallback = replace(features_of(message), submit_s=started.timestamp())
+            learned = self.book.finished(message.job.job_id, message.runtime_s, at.timestamp(), fallback)
             await connection.execute(
                 "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, submitted_at,"
-                " finished_at, final_state, runtime_s) VALUES ($1,$2,$3,$4,$5,$6,$7,$7,$8,$9)"
+                " finished_at, final_state, runtime_s) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
                 " ON CONFLICT (job_id, generation) DO UPDATE SET finished_at = EXCLUDED.finished_at,"
                 " final_state = EXCLUDED.final_state, runtime_s = EXCLUDED.runtime_s",
-                message.job.job_id,
-                message.job.generation,
-                message.queue,
-                message.user,
-                message.name,
-                message.gpus,
+                *_identity(message),
+                started,
                 at,
                 FINAL_STATES[message.state],
                 message.runtime_s if learned else None,
