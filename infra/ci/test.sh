@@ -9,14 +9,21 @@ export KUMIKI_HOME="${KUMIKI_CI_HOME:-$ROOT/.kumiki/ci}"
 PY="${PYTHON:-python3}"
 
 need=()
-for pkg in postgresql maven default-jre-headless gcc; do
+# prometheus: its promtool checks and unit-tests the chart's alerting rules (tests/charts)
+for pkg in postgresql maven default-jre-headless gcc prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # the tests start their own Postgres and need no Prometheus server: keep packages from starting daemons
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1
+  fi
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
   # the Debian package starts its own cluster on 5432; the tests use their own, so stop it
   command -v pg_ctlcluster >/dev/null && (pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r v c; do pg_ctlcluster "$v" "$c" stop || true; done)
 fi
