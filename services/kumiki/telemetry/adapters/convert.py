@@ -17,6 +17,8 @@ from kumiki.telemetry.core import (
     Transition,
 )
 
+_new_tuple = tuple.__new__
+
 
 def timestamp(seconds: float) -> Timestamp:
     stamp = Timestamp()
@@ -30,20 +32,25 @@ def unix_seconds(stamp: Timestamp) -> float:
 
 
 def reading_from_sample(sample: events_pb2.GpuSample) -> Reading:
+    """Called for every sample: the tuple is built without the NamedTuple's Python-level __new__."""
     has = sample.HasField
     stamp = sample.sampled_at
-    return Reading(
-        sample.node,
-        sample.gpu_uuid,
-        sample.gpu_index,
-        sample.mig_instance_id if has("mig_instance_id") else None,
-        stamp.seconds + stamp.nanos / 1e9,  # unix_seconds
-        sample.gpu_utilization_pct if has("gpu_utilization_pct") else None,
-        sample.memory_used_mib if has("memory_used_mib") else None,
-        sample.memory_total_mib if has("memory_total_mib") else None,
-        sample.ecc_uncorrected if has("ecc_uncorrected") else None,
-        tuple(sample.xid_errors),
-        sample.gpu_model,
+    xids = sample.xid_errors
+    return _new_tuple(
+        Reading,
+        (
+            sample.node,
+            sample.gpu_uuid,
+            sample.gpu_index,
+            sample.mig_instance_id if has("mig_instance_id") else None,
+            stamp.seconds + stamp.nanos / 1e9,  # unix_seconds
+            sample.gpu_utilization_pct if has("gpu_utilization_pct") else None,
+            sample.memory_used_mib if has("memory_used_mib") else None,
+            sample.memory_total_mib if has("memory_total_mib") else None,
+            sample.ecc_uncorrected if has("ecc_uncorrected") else None,
+            tuple(xids) if xids else (),
+            sample.gpu_model,
+        ),
     )
 
 

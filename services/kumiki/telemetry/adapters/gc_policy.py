@@ -20,8 +20,8 @@ import contextlib
 import gc
 import time
 
-YOUNG_EVERY_S = 2.0
-FULL_EVERY_S = 300.0
+YOUNG_EVERY_S = 5.0
+FULL_EVERY_S = 600.0
 
 
 class TimedCollection:

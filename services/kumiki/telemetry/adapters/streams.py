@@ -446,7 +446,8 @@ class TelemetryStreams:
     async def ingest_batch(self, records: Sequence[Consumed]) -> list[Any]:
         """Stage 1 for one batch: decode, dead-letter, summarise, forward. Returns the send futures: the
         caller commits the batch's offsets only once they are all acknowledged."""
-        accepted: list[tuple[Consumed, core.Reading]] = []
+        sampled: list[Consumed] = []  # the records of `readings`, index for index
+        readings: list[core.Reading] = []
         items: list[tuple[str, Json]] = []
         fast = self._fast_samples.reading
         samples_topic = self._samples_topic_name
@@ -454,7 +455,8 @@ class TelemetryStreams:
             if record.topic == samples_topic:
                 reading = fast(record.key, record.value, record.headers)
                 if reading is not None:  # else decode() decides, and names the reason of a reject
-                    accepted.append((record, reading))
+                    sampled.append(record)
+                    readings.append(reading)
                     continue
             try:
                 payload = decode(self.specs[record.topic], record.key, record.value, record.headers).payload
@@ -462,37 +464,47 @@ class TelemetryStreams:
                 await self.dead_letter(record, f"undecodable: {error}")
                 continue
             if isinstance(payload, events_pb2.GpuSample):
-                accepted.append((record, convert.reading_from_sample(payload)))
+                sampled.append(record)
+                readings.append(convert.reading_from_sample(payload))
             else:
                 assert isinstance(payload, events_pb2.NodeState)
                 inventory = convert.inventory_from_state(payload)
                 self.known_nodes.add(NODE_INVENTORY, inventory.node)
                 items.append((inventory.node, inventory.to_json()))
-        readings = await self._registered(accepted)
-        if readings:
+        # Registration is checked per chunk (one per node), not per sample.
+        chunks = core.summarise(readings, self.config.bucket_s)
+        unknown = {chunk.node for chunk in chunks if chunk.node not in self.known_nodes}
+        if unknown:
+            unknown = await self._dead_letter_unknown(unknown, sampled, readings)
+            chunks = [chunk for chunk in chunks if chunk.node not in unknown]
+        if chunks:
+            gpus = [gpu for chunk in chunks for gpu in chunk.gpus.values()]
+            count = sum(gpu.samples for gpu in gpus)
             now = self.clock()
-            metrics.SAMPLE_LAG.set(max(0.0, now - max(reading.timestamp for reading in readings)))
-            metrics.SAMPLE_LAG_SECONDS.observe(max(0.0, now - min(reading.timestamp for reading in readings)))
-            metrics.SAMPLES.inc(len(readings))
-            CONSUMED.labels(GPU_SAMPLES.name, self.app_id).inc(len(readings))
-            self.samples_seen += len(readings)
-            items += [(chunk.node, chunk.to_json()) for chunk in core.summarise(readings, self.config.bucket_s)]
+            metrics.SAMPLE_LAG.set(max(0.0, now - max(gpu.last_ts for gpu in gpus)))
+            metrics.SAMPLE_LAG_SECONDS.observe(max(0.0, now - min(gpu.first_ts for gpu in gpus)))
+            metrics.SAMPLES.inc(count)
+            CONSUMED.labels(GPU_SAMPLES.name, self.app_id).inc(count)
+            self.samples_seen += count
+            items += [(chunk.node, chunk.to_json()) for chunk in chunks]
         return await self._send_items(self.node_input, items)
 
-    async def _registered(self, accepted: list[tuple[Consumed, core.Reading]]) -> list[core.Reading]:
-        """The readings of registered nodes; the others go to the dead-letter topic, original bytes intact."""
-        unknown = {reading.node for _, reading in accepted if reading.node not in self.known_nodes}
-        if not unknown:
-            return [reading for _, reading in accepted]
+    async def _dead_letter_unknown(
+        self, missing: set[str], sampled: Sequence[Consumed], readings: Sequence[core.Reading]
+    ) -> set[str]:
+        """The nodes still unregistered once the registry has caught up; their samples go to the dead-letter
+        topic, original bytes intact."""
         await self.known_nodes.catch_up()  # registrations published before these samples are read now
-        unknown = {node for node in unknown if node not in self.known_nodes}
-        rejected = [(record, reading.node) for record, reading in accepted if reading.node in unknown]
+        unknown = {node for node in missing if node not in self.known_nodes}
+        rejected = [
+            (record, reading.node) for record, reading in zip(sampled, readings, strict=True) if reading.node in unknown
+        ]
         sources = self.known_nodes.topic_names
         await asyncio.gather(
             *(self.dead_letter(record, core.unknown_node_reason(node, sources)) for record, node in rejected)
         )
         self.unknown_rejected += len(rejected)
-        return [reading for _, reading in accepted if reading.node not in unknown]
+        return unknown
 
     def _decode(self, event: Any) -> Any:
         record = Record.of_faust(event)
