@@ -324,6 +324,8 @@ Sums = list[float]  # the WindowAggregate fields in order: node windows store ar
 def _sums(value: Mapping[str, Any] | Sequence[float] | None) -> Sums:
     if not value:
         return [0, 0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    if type(value) is list:  # the usual case, first: the Mapping check below is an abstract-class one
+        return value
     if isinstance(value, Mapping):  # a window written before node windows stored arrays
         return [value[name] for name in WindowAggregate.__slots__]
     return list(value)

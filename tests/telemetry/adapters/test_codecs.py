@@ -32,3 +32,15 @@ def test_the_same_bytes_as_fausts_json_codec_and_the_same_record_back() -> None:
     assert written == codecs.get_codec("json").dumps(value)
     assert NodeRecord.from_json(NodeRecordJson().loads(written)) == value
     assert NodeRecordJson().loads(written) == codecs.get_codec("json").loads(written)
+
+
+def test_a_changed_inventory_is_written_anew_not_from_the_rendered_one() -> None:
+    codec = NodeRecordJson()
+    first = record()
+    assert codec.dumps(first) == codec.dumps(first) == codecs.get_codec("json").dumps(first)  # reused
+    assert first.inventory is not None
+    moved = core.apply_inventory(first, Inventory("n1", first.inventory.gpus[:1], rack="r2"))
+    written = codec.dumps(moved)
+    assert written == codecs.get_codec("json").dumps(moved)
+    assert NodeRecord.from_json(codec.loads(written)) == moved
+    assert written != codec.dumps(first) == codecs.get_codec("json").dumps(first)  # each its own inventory
