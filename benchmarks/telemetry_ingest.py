@@ -382,7 +382,8 @@ async def main() -> None:
                     console.log(
                         f"live {rate:,}/s window {window:g}s run {run + 1}: sent {live['rate']:,.0f}/s, "
                         f"age p50 "
-                        f"{live['p50']:.2f}s p99 {live['p99']:.2f}s, backlog at stop "
+                        f"{live['p50']:.2f}s p99 {live['p99']:.2f}s, worker CPU "
+                        f"{live['cpu_s'] / live['sent'] * 1e6:.0f} µs a sample, backlog at stop "
                         f"{live['backlog_at_stop']:,.0f}, drained {live['drain_s']:.2f}s"
                     )
     if lives:
@@ -395,6 +396,7 @@ async def main() -> None:
             "offered/s",
             "sent/s",
             "worker CPU",
+            "CPU a sample",
             "worker waiting for a CPU",
             "age in node state p50 / p99 / max",
             "not in state at stop",
@@ -408,6 +410,7 @@ async def main() -> None:
                 f"{live['offered']:,.0f}",
                 f"{live['rate']:,.0f}",
                 f"{live['cpu_s'] / (args.live_s + live['drain_s']):.0%} of a core",
+                f"{live['cpu_s'] / live['sent'] * 1e6:.0f} µs",
                 f"{live['queue_wait_s'] / (args.live_s + live['drain_s']):.0%} of the time",
                 f"{live['p50']:.2f} / {live['p99']:.2f} / {live['max']:.2f} s",
                 f"{live['backlog_at_stop']:,.0f}",
