@@ -8,7 +8,8 @@
      lifecycle   job.lifecycle → JobPlacement table (by job) → AllocationChange per node → node-input.
   2. nodes       node-input: NodeRecord table (one write per node per record), per-GPU and per-node tumbling
                  windows, cluster.state and gpu.idle through the bus EventProducer (awaited together per
-                 record), usage per job and queue → <app>-usage in batch records.
+                 record), usage per job and queue → <app>-usage in batch records. The two node tables'
+                 changelog records go out in record batches of faust's producer (`_write_changelog`).
   3. usage       <app>-usage: per-job and per-queue hopping windows, queue gauges.
 A timer asks (through node-input, so the node agent's partition owner decides) whether silent nodes are stale.
 
