@@ -1,6 +1,7 @@
 """Bind latency and throughput of the placement service, next to a naive first-fit baseline in the same run.
 
-    python benchmarks/placement_bind.py [--nodes 1000] [--groups 5000] [--concurrency 32] [--bootstrap HOST:PORT]
+    python benchmarks/placement_bind.py [--nodes 1000] [--groups 5000] [--concurrency 32] [--warmup-events 100000]
+        [--bootstrap HOST:PORT]
 
 Cluster: `--nodes` emulated nodes x 8 GPUs, four node shapes (A100 with two NVLink islands, H100 with one,
 shareable V100, A100 in MIG mode), 16 nodes a rack. Requests: `--groups` pod groups whose GPU counts follow
@@ -9,7 +10,8 @@ the Philly slice (1 to 16 GPUs; over 8 as whole-node pods), plus 10% fractional 
 Two measurements, each against the baseline (whole GPUs and shares taken from the first node that fits,
 by scanning every node; no topology, no events):
 1. the decision alone, in this process: PlacementBook.bind vs the naive function;
-2. through gRPC: `python -m kumiki.placement` (publishing every bind to the broker before answering) vs
+2. through gRPC (after `--warmup-events` through the broker, so a freshly started broker's JVM is warm):
+   `python -m kumiki.placement` (publishing every bind to the broker before answering) vs
    the naive placer behind the same gRPC service, each in its own process: unary Bind with 1 call in
    flight (latency), then with `--concurrency` calls in flight, then BindStream (one stream,
    `--concurrency` requests in flight on it). Each server's CPU time per bind is read from /proc: on a
@@ -40,8 +42,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.topics import JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.devstack.processes import free_port, port_open, terminate
 from kumiki.placement.adapters.convert import bind_command, node_spec
@@ -228,6 +232,26 @@ async def through_grpc(port: int, reqs: list[placement_pb2.BindRequest], mode: s
     return Run(latencies, elapsed, bound, server_cpu(port) - cpu_before)
 
 
+async def warm_up_broker(bootstrap: str, events: int = 20_000, callers: int = 32) -> None:
+    """Publish through the broker before measuring: a JVM that has just started answers its first produce
+    requests slowly (classes load, code is compiled), which belongs to nobody's Bind latency."""
+    kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-warmup-{uuid.uuid4().hex[:6]}.")
+    await ensure_topics(kafka, [JOB_LIFECYCLE])
+    change = events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id="warm", generation=1), state=events_pb2.JOB_STATE_BOUND
+    )
+    remaining = events
+
+    async def caller(producer: EventProducer) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await producer.publish(JOB_LIFECYCLE, f"warm-{remaining % 64}", change)
+
+    async with EventProducer(kafka, "//kumiki/bench") as producer:
+        await asyncio.gather(*(caller(producer) for _ in range(callers)))
+
+
 SERVERS: dict[int, int] = {}  # gRPC port -> server pid
 
 
@@ -254,8 +278,11 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--bootstrap", default=os.environ.get("KUMIKI_KAFKA_BOOTSTRAP"))
+    parser.add_argument("--warmup-events", type=int, default=100_000, help="events through the broker first")
     parser.add_argument("--serve-naive", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.warmup_events < 0:
+        parser.error(f"--warmup-events: must be >= 0, got {args.warmup_events}")
     for name in ("nodes", "groups", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: must be >= 1")
@@ -268,6 +295,7 @@ def main() -> None:
 
     modes = (("unary", 1), ("unary", args.concurrency), ("stream", args.concurrency))
     with broker(args.bootstrap) as bootstrap:
+        asyncio.run(warm_up_broker(bootstrap, args.warmup_events))
         measured: dict[tuple[str, str, int], Run] = {}
         for label, start in (("kumiki", start_kumiki), ("naive first-fit", start_naive)):
             for mode, in_flight in modes:  # a fresh server each
