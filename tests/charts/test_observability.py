@@ -21,7 +21,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.charts.test_chart import CHART, HELM, HELM_INSTALL, KUBE_VERSION, _kubernetes_schemas, find_tool
+from tests.charts.test_chart import (
+    CHART,
+    HELM,
+    HELM_INSTALL,
+    KUBE_VERSION,
+    _kubernetes_schemas,
+    find_tool,
+    rejected,
+    render,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES_ROOT = REPO_ROOT / "services"
@@ -410,28 +419,6 @@ def test_the_unit_tests_catch_a_changed_threshold_or_duration(
 # -- the chart templates -------------------------------------------------------------------------------------
 
 
-def _helm_template(*args: str) -> list[Json]:
-    assert HELM is not None
-    result = subprocess.run(
-        [HELM, "template", "kumiki", str(CHART), "--namespace", "kumiki", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def _helm_refuses(*args: str) -> str:
-    assert HELM is not None
-    result = subprocess.run(
-        [HELM, "template", "kumiki", str(CHART), *args], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode != 0, f"rendered although it should not: {args}"
-    return result.stderr
-
-
 ENABLED = ("--set", "grafana.dashboards.enabled=true", "--set", "prometheusRule.enabled=true")
 
 
@@ -439,7 +426,7 @@ ENABLED = ("--set", "grafana.dashboards.enabled=true", "--set", "prometheusRule.
 def enabled_manifests() -> list[Json]:
     if HELM is None:
         pytest.skip(f"helm not installed (PATH or ~/go/bin): {HELM_INSTALL}")
-    return _helm_template(*ENABLED)
+    return render(*ENABLED)
 
 
 def _dashboard_configmaps(manifests: list[Json]) -> list[Json]:
@@ -448,7 +435,7 @@ def _dashboard_configmaps(manifests: list[Json]) -> list[Json]:
 
 @needs_helm
 def test_by_default_neither_the_dashboard_nor_the_rules_are_rendered() -> None:
-    manifests = _helm_template()
+    manifests = render()
     assert _dashboard_configmaps(manifests) == []
     assert [m for m in manifests if m["kind"] == "PrometheusRule"] == []
 
@@ -465,7 +452,7 @@ def test_the_dashboard_configmap_carries_the_file_byte_for_byte_with_the_sidecar
 
 @needs_helm
 def test_the_dashboard_label_namespace_and_annotations_are_values() -> None:
-    manifests = _helm_template(
+    manifests = render(
         "--set", "grafana.dashboards.enabled=true",
         "--set", "grafana.dashboards.label=team/dashboards",
         "--set", "grafana.dashboards.labelValue=kumiki",
@@ -484,7 +471,7 @@ def test_the_prometheusrule_spec_is_the_rule_file(enabled_manifests: list[Json])
     (rule,) = [m for m in enabled_manifests if m["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["spec"] == _rules()
-    labelled = _helm_template(*ENABLED, "--set", "prometheusRule.labels.release=prometheus")
+    labelled = render(*ENABLED, "--set", "prometheusRule.labels.release=prometheus")
     (rule,) = [m for m in labelled if m["kind"] == "PrometheusRule"]
     assert rule["metadata"]["labels"]["release"] == "prometheus"
     assert rule["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kumiki"
@@ -513,7 +500,7 @@ def test_promtool_accepts_the_rendered_prometheusrule_spec(enabled_manifests: li
     ],
 )
 def test_the_schema_refuses_a_bad_observability_value(setting: str, path: str) -> None:
-    assert f"at '{path}'" in _helm_refuses("--set", setting)
+    assert f"at '{path}'" in rejected("--set", setting)
 
 
 # A schema for monitoring.coreos.com/v1 PrometheusRule, written from the Prometheus Operator's API reference
