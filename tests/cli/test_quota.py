@@ -110,3 +110,16 @@ async def test_load_is_all_or_nothing_and_report_sums_the_ledger(
                 }
     finally:
         await pool.close()
+
+
+def test_messages_stay_on_one_line_whatever_the_terminal_width(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A long path once wrapped a message at 80 columns, so scripts (and a test) matching it failed."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    copy = deep / "queues.yaml"
+    copy.write_text(EXAMPLE.read_text())
+    code, _, err = run(["quota", "load", "--check", "--file", str(copy)], capsys)
+    assert code == 0
+    assert f"{copy}: 7 queues valid" in err.splitlines()[0]

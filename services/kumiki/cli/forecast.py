@@ -19,12 +19,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kumiki.cli.main import UsageError
+from kumiki.cli.main import UsageError, message_console
 from kumiki.forecast import demand as demand_model
 from kumiki.forecast.evaluate import Evaluation, Prediction, baseline_factories, default_factories, replay
 from kumiki.sim.trace import TraceError, TraceJob, load_jobs
 
-console = Console(stderr=True)
+console = message_console()
 
 
 def _seconds(value: str) -> float:

@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from rich.console import Console
+
 # Modules that define `register(subparsers)`; each adds one or more subcommands.
 COMMAND_MODULES = (
     "kumiki.cli.stack",
@@ -19,6 +21,12 @@ COMMAND_MODULES = (
 
 class UsageError(Exception):
     """A command-line value that is wrong; printed as one line naming the option."""
+
+
+def message_console() -> Console:
+    """Where commands say what they did (stderr). Messages are never wrapped at the terminal's width: a piped
+    or logged message stays one line that a script or a test can match (tables and bars still fit the width)."""
+    return Console(stderr=True, soft_wrap=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,14 +9,13 @@ import os
 
 import grpc
 from google.protobuf.json_format import MessageToDict
-from rich.console import Console
 
-from kumiki.cli.main import UsageError
+from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 
-console = Console(stderr=True)
+console = message_console()
 
 
 def _positive(value: str) -> int:

@@ -22,13 +22,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from kumiki.cli.main import UsageError
+from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, DatabaseSettings
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
 from kumiki.quota.adapters.store import QuotaStore, UsageRow, write_config
 from kumiki.quota.core import QueueConfigError, QuotaConfig, parse_config, team_of
 
-console = Console(stderr=True)
+console = message_console()
 out_console = Console()
 GROUPINGS = ("team", "queue", "model")
 

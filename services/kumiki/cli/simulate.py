@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kumiki.cli.main import UsageError
+from kumiki.cli.main import UsageError, message_console
 from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel
 from kumiki.sched.placement import STRATEGIES
@@ -145,7 +145,6 @@ def default_forecaster() -> RuntimeForecaster:
 
 # ---- simulate -------------------------------------------------------------------------------------
 def run_simulate(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kumiki.sched.cluster import uniform_cluster
@@ -191,7 +190,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if any(POLICIES[name].uses_forecast for name in policies):
         default_forecaster()  # a missing forecasting extra is a usage error before any run starts
 
-    console = Console(stderr=True)
+    console = message_console()
     results = []
     report: dict[str, Any] = {
         "policies": {},
@@ -267,7 +266,6 @@ def _queue_table(policies: dict[str, Any]) -> str:
 
 # ---- pack -----------------------------------------------------------------------------------------
 def run_pack(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kumiki.sim.pack import PackError, pack_report, prepare
@@ -289,7 +287,7 @@ def run_pack(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    console = Console(stderr=True)
+    console = message_console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("pack runs", total=len(strategies) * seeds)

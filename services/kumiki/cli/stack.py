@@ -10,7 +10,7 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from kumiki.cli.main import UsageError
+from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import KafkaSettings
 from kumiki.devstack.broker import BROKER_KINDS
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
@@ -18,7 +18,7 @@ from kumiki.devstack.postgres import DATABASE_KINDS
 from kumiki.devstack.processes import StackError
 from kumiki.devstack.stack import StackState, bring_down, bring_up, stack_home, status_rows
 
-console = Console(stderr=True)
+console = message_console()
 
 
 def _default_database() -> str:
