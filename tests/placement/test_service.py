@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.topics import JOB_LIFECYCLE
@@ -193,10 +194,18 @@ def host_book(host: ServiceHost) -> PlacementBook:
     return book
 
 
+def queue_wait(queue: str) -> tuple[float, float]:
+    """(binds counted, seconds waited in total) of kumiki_placement_queue_wait_seconds for a queue."""
+    labels = {"queue": queue}
+    count = REGISTRY.get_sample_value("kumiki_placement_queue_wait_seconds_count", labels) or 0.0
+    return count, REGISTRY.get_sample_value("kumiki_placement_queue_wait_seconds_sum", labels) or 0.0
+
+
 async def test_two_large_gangs_at_once_one_runs_one_waits(kafka: KafkaSettings) -> None:
     """volcano-sh/volcano#3373 through the real server: never both stuck half-placed."""
     shape = NodeShape("H100-80GB", 8, 81920, 8, 96_000, 1_048_576)
     await emulate(kafka, emulated_nodes(3, shapes=(shape,)))
+    counted, waited = queue_wait("team-a")
     async with running_placement(kafka) as (host, stub):
         await wait_until(lambda: len(host_book(host).nodes) == 3, what="the nodes")
         first, second = await asyncio.gather(
@@ -223,6 +232,10 @@ async def test_two_large_gangs_at_once_one_runs_one_waits(kafka: KafkaSettings) 
         await wait_until(now_bound, timeout_s=30, what="the scheduling cycle to bind the waiting gang")
         again = await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id=running, generation=1)))
         assert not again.released, "releasing twice frees nothing"
+        bound_now = host_book(host).bound[waiting]
+    after_count, after_waited = queue_wait("team-a")
+    assert after_count == counted + 2, "both gangs' binds are counted in their queue's wait"
+    assert after_waited - waited == pytest.approx(bound_now.waited_s) and bound_now.waited_s > 0
 
 
 def by_name(book: PlacementBook) -> dict[str, tuple[tuple[str, ...], tuple[PodPlacement, ...]]]:
@@ -345,6 +358,10 @@ async def test_release_says_how_the_job_ended(kafka: KafkaSettings) -> None:
     assert last["done"].state == events_pb2.JOB_STATE_COMPLETED and last["done"].reason == "exit 0"
     assert 0 < last["done"].runtime_s <= released_s - bound_s
     assert last["broke"].state == events_pb2.JOB_STATE_FAILED and last["broke"].runtime_s > 0
+    completions = REGISTRY.get_sample_value(
+        "kumiki_placement_job_completion_seconds_count", {"queue": "team-a", "final_state": "completed"}
+    )
+    assert completions is not None and completions >= 1, "a completed job's completion time is counted"
 
 
 async def test_unhealthy_node_receives_no_work(kafka: KafkaSettings) -> None:

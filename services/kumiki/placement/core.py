@@ -49,6 +49,7 @@ class BoundJob:
     placement: Placement
     node_names: tuple[str, ...]  # per pod of `placement.pods`: names survive node re-indexing
     bound_s: float = 0.0  # when it was bound (a restart keeps it: run times count from the bind)
+    waited_s: float = 0.0  # how long it waited in the queue before this bind (0: placed on arrival)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +253,14 @@ class PlacementBook:
             return []
         started = []
         for start in self.scheduler.schedule(now).starts:
-            started.append(self._bound(self.pending.pop(start.job_id).command, start.placement, now))
+            waiting = self.pending.pop(start.job_id)
+            started.append(self._bound(waiting.command, start.placement, now, now - waiting.submitted_s))
         return started
 
-    def _bound(self, command: BindCommand, placement: Placement, bound_s: float) -> BoundJob:
+    def _bound(self, command: BindCommand, placement: Placement, bound_s: float, waited_s: float = 0.0) -> BoundJob:
         """Record a job the scheduler now runs (node names kept: they survive node re-indexing)."""
-        job = BoundJob(command, placement, tuple(self.nodes[pod.node].name for pod in placement.pods), bound_s)
+        names = tuple(self.nodes[pod.node].name for pod in placement.pods)
+        job = BoundJob(command, placement, names, bound_s, max(0.0, waited_s))
         self.bound[command.job_id] = job
         return job
 

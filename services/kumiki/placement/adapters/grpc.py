@@ -45,8 +45,33 @@ BINDS_INVALID, BINDS_CONFLICT, BINDS_REPLAYED, BINDS_BOUND, BINDS_PENDING = (
     BINDS.labels(outcome) for outcome in ("invalid", "conflict", "replayed", "bound", "pending")
 )
 PENDING = Gauge("kumiki_placement_pending_jobs", "Jobs waiting for placement")
+QUEUE_WAIT = Histogram(
+    "kumiki_placement_queue_wait_seconds",
+    "Time from a job's arrival to its bind, by queue (0 for jobs placed on arrival)",
+    ["queue"],
+    buckets=(0.001, 1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600),
+)
+JOB_COMPLETION = Histogram(
+    "kumiki_placement_job_completion_seconds",
+    "Job completion time (queue wait + run time) of jobs released as completed or failed, by queue",
+    ["queue", "final_state"],
+    buckets=(60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600, 7 * 24 * 3600, 30 * 24 * 3600),
+)
+FINAL_STATE_NAMES: dict[int, str] = {events_pb2.JOB_STATE_COMPLETED: "completed", events_pb2.JOB_STATE_FAILED: "failed"}
 ALLOCATED = Gauge("kumiki_placement_allocated_gpus", "GPU capacity allocated (fractions and MIG counted)")
 CYCLE_BINDS = Counter("kumiki_placement_cycle_binds_total", "Pending jobs bound by the scheduling cycle")
+
+
+_QUEUE_WAIT_BY_QUEUE: dict[str, Histogram] = {}  # label children bound once per queue (the hot path)
+
+
+def _waited(job: BoundJob) -> None:
+    """Count a published bind's wait in its queue."""
+    queue = job.command.queue
+    child = _QUEUE_WAIT_BY_QUEUE.get(queue)
+    if child is None:
+        child = _QUEUE_WAIT_BY_QUEUE[queue] = QUEUE_WAIT.labels(queue)
+    child.observe(job.waited_s)
 
 
 def _nobody_reads(task: asyncio.Task[placement_pb2.BindStreamResponse]) -> None:
@@ -193,6 +218,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         if outcome.job is not None:
             decision = await self._publish_bound(outcome.job)
             BINDS_BOUND.inc()
+            _waited(outcome.job)
             return self._bound_response(outcome.job, decision)
         assert outcome.reason is not None
         return await self._pending(command, outcome.reason, arrives)
@@ -247,6 +273,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             return placement_pb2.ReleaseResponse(released=withdrawn, gpus_freed=0.0)
         ran_s = max(0.0, time.time() - job.bound_s) if state != events_pb2.JOB_STATE_RELEASED else 0.0
         await self.publisher.released(job, request.reason or "released", state, ran_s)
+        if state in FINAL_STATE_NAMES:
+            JOB_COMPLETION.labels(job.command.queue, FINAL_STATE_NAMES[state]).observe(job.waited_s + ran_s)
         self.wake.set()  # the freed capacity goes to the queue on the next pass, right away
         return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
@@ -305,3 +333,4 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 )
                 continue
             CYCLE_BINDS.inc()
+            _waited(job)
