@@ -14,6 +14,7 @@ import grpc
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
+from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.topics import JOB_LIFECYCLE, QUOTA_STATE, SCHEDULING_DECISIONS
@@ -168,6 +169,17 @@ async def test_publishes_reclaim_decisions_and_quota_state(
     # 16 borrowed: 6 from unguaranteed capacity, the rest from team-a's unused guarantee (8 of its 10)
     assert states["org/team-a"].lent_gpus == pytest.approx(8.0)
     assert states["org/team-a"].fair_share_gpus >= 2
+    for queue, state in states.items():  # the gauges say what quota.state says
+        gauge = {
+            kind: REGISTRY.get_sample_value("kumiki_quota_queue_gpus", {"queue": queue, "kind": kind})
+            for kind in ("guaranteed", "used", "borrowed", "lent")
+        }
+        assert gauge == {
+            "guaranteed": state.guaranteed_gpus,
+            "used": state.used_gpus,
+            "borrowed": state.borrowed_gpus,
+            "lent": pytest.approx(state.lent_gpus),
+        }, queue
     await pool.close()
 
 
@@ -240,3 +252,14 @@ async def test_service_process_end_to_end(
         process.terminate()
         process.wait(timeout=30)
         await pool.close()
+
+
+def test_a_queue_gone_from_the_tree_loses_its_gauges() -> None:
+    from kumiki.quota.adapters.publisher import export_statuses
+    from kumiki.quota.core import QueueStatus
+
+    labels = {"queue": "org/gone", "kind": "guaranteed"}
+    exported = export_statuses([QueueStatus("org/gone", 4.0, 0.0, 1.0, 0.0, 0.0, 2.0)], set())
+    assert REGISTRY.get_sample_value("kumiki_quota_queue_gpus", labels) == 4.0
+    assert export_statuses([], exported) == set()
+    assert REGISTRY.get_sample_value("kumiki_quota_queue_gpus", labels) is None

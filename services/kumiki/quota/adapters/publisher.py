@@ -13,6 +13,8 @@ import contextlib
 import logging
 import time
 
+from prometheus_client import Gauge
+
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import QUOTA_STATE, SCHEDULING_DECISIONS
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
@@ -21,6 +23,33 @@ from kumiki.quota.adapters.store import NoConfig, QuotaStore, unpublished_reclai
 from kumiki.quota.core import QueueStatus, Resources, fair_shares, queue_statuses
 
 log = logging.getLogger(__name__)
+
+QUEUE_GPUS = Gauge(
+    "kumiki_quota_queue_gpus",
+    "A queue's GPUs by kind: guaranteed, limit (0 = none), used, borrowed, lent, fair_share (as on quota.state)",
+    ["queue", "kind"],
+)
+QUEUE_GPU_KINDS = ("guaranteed", "limit", "used", "borrowed", "lent", "fair_share")
+
+
+def export_statuses(statuses: list[QueueStatus], exported: set[str]) -> set[str]:
+    """Set the per-queue gauges; a queue gone from the tree loses its series. Returns the queues exported."""
+    for status in statuses:
+        values = (
+            status.guaranteed_gpus,
+            status.limit_gpus,
+            status.used_gpus,
+            status.borrowed_gpus,
+            status.lent_gpus,
+            status.fair_share_gpus,
+        )
+        for kind, value in zip(QUEUE_GPU_KINDS, values, strict=True):
+            QUEUE_GPUS.labels(status.queue, kind).set(value)
+    current = {status.queue for status in statuses}
+    for queue in exported - current:
+        for kind in QUEUE_GPU_KINDS:
+            QUEUE_GPUS.remove(queue, kind)
+    return current
 
 
 def reclaim_event(row: dict[str, object]) -> events_pb2.SchedulingDecision:
@@ -58,6 +87,7 @@ class Publisher:
         self.interval_s = interval_s
         self.half_life_s = half_life_s
         self._last: dict[str, QueueStatus] = {}
+        self._exported: set[str] = set()
         self.reclaims_published = 0
 
     async def run(self) -> None:
@@ -102,6 +132,7 @@ class Publisher:
         for queue, gpus in self.store.pending_demand().items():
             demand[queue] = demand.get(queue, Resources()) + Resources(gpus=gpus)
         statuses = queue_statuses(config, holdings, fair_shares(config, demand, usage))
+        self._exported = export_statuses(statuses, self._exported)
         changed = [status for status in statuses if self._last.get(status.queue) != status]
         if not changed:
             return 0
