@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +29,21 @@ def trace_jobs(description: str) -> list[Any]:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--trace", default=str(PHILLY), help="job trace CSV (../shared/traces schema)")
     return list(load_jobs(parser.parse_args().trace))
+
+
+async def publish_from_callers(producer: Any, spec: Any, items: Sequence[tuple[str, Any]], callers: int) -> float:
+    """`callers` concurrent callers each publishing one event at a time and waiting for its acknowledgement
+    (how a service answering requests publishes); returns the seconds it took."""
+    queue = list(items)
+
+    async def caller() -> None:
+        while queue:
+            key, message = queue.pop()
+            await producer.publish(spec, key, message)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return time.perf_counter() - started
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 
-from _support import broker, raw_consumer
+from _support import broker, publish_from_callers, raw_consumer
 from aiokafka import AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
@@ -84,21 +84,6 @@ async def raw_produce_calls(
     return elapsed
 
 
-async def bus_produce_calls(
-    producer: EventProducer, items: list[tuple[str, events_pb2.JobLifecycle]], callers: int
-) -> float:
-    queue = list(items)
-
-    async def caller() -> None:
-        while queue:
-            key, message = queue.pop()
-            await producer.publish(JOB_LIFECYCLE, key, message)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(callers)))
-    return time.perf_counter() - started
-
-
 async def raw_consume(settings: KafkaSettings, topic: str, count: int) -> float:
     consumer = raw_consumer(settings.bootstrap, topic)
     await consumer.start()
@@ -151,7 +136,7 @@ async def measure(events: int, callers: int, bootstrap: str) -> dict[str, float]
         started = time.perf_counter()
         await producer.publish_many(JOB_LIFECYCLE, items)
         results["produce (kumiki bus)"] = time.perf_counter() - started
-        results[f"{calls} (kumiki bus)"] = await bus_produce_calls(producer, items, callers)
+        results[f"{calls} (kumiki bus)"] = await publish_from_callers(producer, JOB_LIFECYCLE, items, callers)
         results["consume (raw aiokafka)"] = await raw_consume(raw, raw_topic, 2 * events)
         results["consume (kumiki bus)"] = await bus_consume(base, 2 * events, producer)
     return results

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
-from _support import PHILLY, broker, percentile, process_cpu_s
+from _support import PHILLY, broker, percentile, process_cpu_s, publish_from_callers
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -240,16 +240,9 @@ async def warm_up_broker(bootstrap: str, events: int = 20_000, callers: int = 32
     change = events_pb2.JobLifecycle(
         job=common_pb2.JobRef(job_id="warm", generation=1), state=events_pb2.JOB_STATE_BOUND
     )
-    remaining = events
-
-    async def caller(producer: EventProducer) -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            await producer.publish(JOB_LIFECYCLE, f"warm-{remaining % 64}", change)
-
+    items = [(f"warm-{n % 64}", change) for n in range(events)]
     async with EventProducer(kafka, "//kumiki/bench") as producer:
-        await asyncio.gather(*(caller(producer) for _ in range(callers)))
+        await publish_from_callers(producer, JOB_LIFECYCLE, items, callers)
 
 
 SERVERS: dict[int, int] = {}  # gRPC port -> server pid

@@ -459,22 +459,15 @@ def plot(path: str, rates: dict[str, float], lives: list[dict[str, float]]) -> N
                     continue
                 label = f"window {window:g}s" + ("" if kept else ", fell behind")
                 fill = colour if kept else "none"
-                axis.scatter(
-                    [live["rate"] for live in runs],
-                    [live["p50"] for live in runs],
-                    marker="o",
-                    edgecolors=colour,
-                    facecolors=fill,
-                    label=f"p50, {label}",
-                )
-                axis.scatter(
-                    [live["rate"] for live in runs],
-                    [live["p99"] for live in runs],
-                    marker="^",
-                    edgecolors=colour,
-                    facecolors=fill,
-                    label=f"p99, {label}",
-                )
+                for quantile, marker in (("p50", "o"), ("p99", "^")):
+                    axis.scatter(
+                        [live["rate"] for live in runs],
+                        [live[quantile] for live in runs],
+                        marker=marker,
+                        edgecolors=colour,
+                        facecolors=fill,
+                        label=f"{quantile}, {label}",
+                    )
         axis.axvline(TARGET, color="red", linestyle="--", label=f"target {TARGET:,}/s")
         axis.set_yscale("log")
         axis.set_xlim(left=0, right=TARGET * 1.1)

@@ -11,7 +11,7 @@ import asyncio
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -149,10 +149,14 @@ async def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.0
         await asyncio.sleep(interval_s)
 
 
-async def read_records(settings: KafkaSettings, topic: str, count: int) -> list[ConsumerRecord]:
-    """At least `count` records of a topic from its beginning (raw: tests check bytes, headers, keys)."""
+async def read_records(
+    settings: KafkaSettings, topics: str | Sequence[str], count: int, timeout_s: float = 30.0
+) -> list[ConsumerRecord]:
+    """At least `count` records of one topic or several, from the beginning (raw: tests check bytes, headers,
+    keys); fails naming the topics when they do not arrive."""
+    names = [topics] if isinstance(topics, str) else list(topics)
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        *names, **settings.client_options(), auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
     )
     await consumer.start()
     records: list[ConsumerRecord] = []
@@ -163,7 +167,7 @@ async def read_records(settings: KafkaSettings, topic: str, count: int) -> list[
                 records.extend(items)
             return len(records) >= count
 
-        await wait_until(enough, timeout_s=30, what=f"{count} records on {topic}")
+        await wait_until(enough, timeout_s=timeout_s, what=f"{count} records on {', '.join(names)}")
     finally:
         await consumer.stop()
     return records

@@ -14,7 +14,6 @@ from pathlib import Path
 import asyncpg
 import grpc
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import JOB_FORECAST, JOB_LIFECYCLE
@@ -22,7 +21,7 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, forecast_pb2, forecast_pb2_grpc
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import SERVICES
-from tests.conftest import wait_until
+from tests.conftest import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -71,26 +70,11 @@ async def test_up_status_event_down_up_keeps_history(stack_home: Path) -> None:
         name="bert",
     )
     submitted.at.GetCurrentTime()
-    forecasts = AIOKafkaConsumer(
-        JOB_FORECAST.full_name(kafka.topic_prefix),
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await forecasts.start()
-    try:
-        async with EventProducer(kafka, "//kumiki/test") as producer:
-            await producer.publish(JOB_LIFECYCLE, "team-a/train-1", submitted)
-        found: list[events_pb2.RuntimeForecast] = []
-
-        async def forecast_published() -> bool:
-            for records in (await forecasts.getmany(timeout_ms=200)).values():
-                found.extend(events_pb2.RuntimeForecast.FromString(r.value) for r in records)
-            return any(f.job.job_id == "team-a/train-1" for f in found)
-
-        await wait_until(forecast_published, timeout_s=60, what="a job.forecast for the submitted job")
-    finally:
-        await forecasts.stop()
+    async with EventProducer(kafka, "//kumiki/test") as producer:
+        await producer.publish(JOB_LIFECYCLE, "team-a/train-1", submitted)
+    records = await read_records(kafka, JOB_FORECAST.full_name(kafka.topic_prefix), 1, timeout_s=60)
+    found = [events_pb2.RuntimeForecast.FromString(record.value) for record in records]
+    assert [forecast.job.job_id for forecast in found] == ["team-a/train-1"]
     assert 0 < found[0].p50_s <= found[0].p90_s
 
     forecast_port = state["services"]["forecast"]["grpc_port"]

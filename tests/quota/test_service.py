@@ -13,7 +13,6 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from aiokafka import AIOKafkaConsumer
 from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer, ensure_topics
@@ -26,7 +25,7 @@ from kumiki.quota.adapters.grpc import QuotaServicer
 from kumiki.quota.adapters.publisher import Publisher
 from kumiki.quota.adapters.store import QuotaStore, write_config
 from kumiki.quota.core import AdmitRequest, parse_config
-from tests.conftest import REPO_ROOT, wait_until
+from tests.conftest import REPO_ROOT, read_records, wait_until
 from tests.quota.helpers import TOKENS, admit_request, bearer, migrated_pool, tree
 
 
@@ -114,19 +113,7 @@ async def test_mtls_common_name_is_the_identity(database_settings: DatabaseSetti
 
 
 async def read_topic(kafka: KafkaSettings, topic: str, count: int) -> list[bytes]:
-    consumer = AIOKafkaConsumer(
-        topic, **kafka.client_options(), auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
-    )
-    await consumer.start()
-    values: list[bytes] = []
-    try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while len(values) < count and asyncio.get_running_loop().time() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            values.extend(record.value for records in batches.values() for record in records)
-    finally:
-        await consumer.stop()
-    return values
+    return [record.value for record in await read_records(kafka, topic, count)]
 
 
 @pytest.mark.kafka

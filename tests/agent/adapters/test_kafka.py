@@ -3,13 +3,12 @@ by the bus codec (Apache Kafka and noida-db)."""
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer
-
 from kumiki.agent.adapters.kafka import KafkaSink, inventory_message, nvlink_islands, sample_message
 from kumiki.agent.core import GpuDevice, GpuInventory, GpuPair, GpuSample, MigInstance, SampleFields
 from kumiki.common.bus import decode
 from kumiki.common.bus.topics import GPU_SAMPLES, NODE_INVENTORY
 from kumiki.common.config import KafkaSettings
+from tests.conftest import read_records
 
 GIB = 1024**3
 
@@ -72,15 +71,8 @@ async def test_samples_and_inventory_round_trip_through_the_broker(kafka_setting
     finally:
         await sink.close()
     specs = {spec.full_name(kafka_settings.topic_prefix): spec for spec in (GPU_SAMPLES, NODE_INVENTORY)}
-    consumer = AIOKafkaConsumer(*specs, bootstrap_servers=kafka_settings.bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        events = []
-        while len(events) < 4:
-            for records in (await consumer.getmany(timeout_ms=1000)).values():
-                events += [decode(specs[r.topic], r.key, r.value, list(r.headers)) for r in records]
-    finally:
-        await consumer.stop()
+    records = await read_records(kafka_settings, list(specs), 4)
+    events = [decode(specs[r.topic], r.key, r.value, list(r.headers)) for r in records]
     by_topic = {event.topic.name: [] for event in events}
     for event in events:
         by_topic[event.topic.name].append(event)

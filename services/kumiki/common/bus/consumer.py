@@ -32,6 +32,7 @@ from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED, DUPLICATES, HANDL
 from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import DEAD_LETTER, TopicSpec
 from kumiki.common.config import KafkaSettings
+from kumiki.common.metrics import labelled
 from kumiki.common.tracing import extract_context
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class EventConsumer:
             return
         event = Event(event.topic, event.key, event.payload, event.attributes, headers, record.partition, record.offset)
         if event.attributes.id in self._seen:
-            DUPLICATES.labels(spec.name, self.group_id).inc()
+            labelled(DUPLICATES, spec.name, self.group_id).inc()
             return
         with tracer.start_as_current_span(
             f"consume {spec.name}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER
@@ -182,7 +183,7 @@ class EventConsumer:
             return
         self._remember(event.attributes.id)
         self.handled += 1
-        CONSUMED.labels(spec.name, self.group_id).inc()
+        labelled(CONSUMED, spec.name, self.group_id).inc()
 
     async def _call_handler(self, event: Event, connection: asyncpg.Connection | None) -> str | None:
         """None when handled; the dead-letter reason otherwise."""
@@ -207,7 +208,7 @@ class EventConsumer:
                     return f"handler failed after {attempt} attempts: {error!r}"
                 await asyncio.sleep(0.05 * 2**attempt)
             finally:
-                HANDLER_SECONDS.labels(event.topic.name, self.group_id).observe(time.perf_counter() - started)
+                labelled(HANDLER_SECONDS, event.topic.name, self.group_id).observe(time.perf_counter() - started)
         return None
 
     def _remember(self, event_id: str) -> None:

@@ -20,6 +20,7 @@ from kumiki.common.bus.cloudevents import CloudEventAttributes, format_time
 from kumiki.common.bus.metrics import PUBLISH_ROUND_RECORDS, PUBLISHED
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
+from kumiki.common.metrics import labelled
 from kumiki.common.tracing import inject_headers, recording
 
 tracer = trace.get_tracer("kumiki.bus")
@@ -55,6 +56,40 @@ class OutgoingEvent:
     key: str
     payload: Message
     event_id: str | None = None
+
+
+class RecordBatches:
+    """Records of one burst gathered into one record batch per partition of an aiokafka producer and handed
+    over with `send_batch`: the client's per-record path (a future and a sender wake-up per record) costs more
+    than encoding the record. A full batch goes at once and the record starts the next one; batches of one
+    partition are queued in order."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self.open: dict[tuple[str, int], Any] = {}
+        self.sent: dict[Any, asyncio.Future[Any]] = {}  # batch -> the client's future for it
+
+    async def add(
+        self, topic: str, partition: int, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Any:
+        """Append a record; returns the batch that holds it (look up its future in `sent` after `send`)."""
+        batch = self.open.get((topic, partition))
+        if batch is None or batch.append(timestamp=None, key=key, value=value, headers=list(headers)) is None:
+            if batch is not None:  # full: it goes now
+                await self._submit(topic, partition)
+            batch = self.open[(topic, partition)] = self.producer.create_batch()
+            batch.append(timestamp=None, key=key, value=value, headers=list(headers))  # a first record always fits
+        return batch
+
+    async def send(self) -> list[asyncio.Future[Any]]:
+        """Hand every open batch to the client; returns the futures of all batches of the burst."""
+        for topic, partition in list(self.open):
+            await self._submit(topic, partition)
+        return list(self.sent.values())
+
+    async def _submit(self, topic: str, partition: int) -> None:
+        batch = self.open.pop((topic, partition))
+        self.sent[batch] = await self.producer.send_batch(batch, topic, partition=partition)
 
 
 @dataclass(slots=True)
@@ -178,7 +213,7 @@ class EventProducer:
             self._rounds = asyncio.create_task(self._send_rounds(), name="kumiki-producer-rounds")
         await asyncio.shield(waiting.done)  # a cancelled caller's records still go out with their round
         for record in records:
-            PUBLISHED.labels(record.spec.name).inc()
+            labelled(PUBLISHED, record.spec.name).inc()
         return sent
 
     async def _send_rounds(self) -> None:
@@ -196,16 +231,10 @@ class EventProducer:
             self._queued = []
 
     async def _send_round(self, round_: list[_Waiting]) -> None:
-        """One record batch per partition (the client's per-record path costs more than the encoding);
-        a caller hears success when every batch holding one of its records is acknowledged."""
+        """One record batch per partition; a caller hears success when every batch holding one of its records
+        is acknowledged."""
         partitions: dict[str, list[int]] = {}
-        open_batches: dict[tuple[str, int], Any] = {}
-        acknowledged: dict[Any, asyncio.Future[Any]] = {}  # batch -> the client's future for it
-
-        async def submit(topic: str, partition: int) -> None:
-            batch = open_batches.pop((topic, partition))
-            acknowledged[batch] = await self._producer.send_batch(batch, topic, partition=partition)
-
+        batches = RecordBatches(self._producer)
         needs: list[tuple[_Waiting, list[Any]]] = []
         for waiting in round_:
             try:  # the only refusal left: no metadata for a topic (unknown, or the broker is away)
@@ -215,25 +244,18 @@ class EventProducer:
             except Exception as error:
                 waiting.done.set_exception(error)
                 continue
-            batches = []
+            holding = []
             for topic, key, value, headers in waiting.records:
                 partition = self._partitioner(key, partitions[topic], partitions[topic])
-                batch = open_batches.get((topic, partition))
-                if batch is None or batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
-                    if batch is not None:  # full: it goes now, and the record starts the next one
-                        await submit(topic, partition)
-                    batch = open_batches[(topic, partition)] = self._producer.create_batch()
-                    batch.append(timestamp=None, key=key, value=value, headers=headers)  # a first record always fits
-                batches.append(batch)
-            needs.append((waiting, batches))
-        for topic, partition in list(open_batches):
-            await submit(topic, partition)
+                holding.append(await batches.add(topic, partition, key, value, headers))
+            needs.append((waiting, holding))
+        futures = await batches.send()
         self.rounds_sent += 1
         PUBLISH_ROUND_RECORDS.observe(sum(len(waiting.records) for waiting, _ in needs))
-        if acknowledged:
-            await asyncio.wait(acknowledged.values())
-        for waiting, batches in needs:
-            failed = next((problem for batch in batches if (problem := acknowledged[batch].exception())), None)
+        if futures:
+            await asyncio.wait(futures)
+        for waiting, holding in needs:
+            failed = next((problem for batch in holding if (problem := batches.sent[batch].exception())), None)
             if failed is None:
                 waiting.done.set_result(None)
             else:

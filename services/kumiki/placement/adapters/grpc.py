@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from kumiki.common.contracts.v1 import events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
+from kumiki.common.metrics import labelled
 from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
 from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason, release_state
@@ -57,21 +58,13 @@ JOB_COMPLETION = Histogram(
     ["queue", "final_state"],
     buckets=(60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600, 7 * 24 * 3600, 30 * 24 * 3600),
 )
-FINAL_STATE_NAMES: dict[int, str] = {events_pb2.JOB_STATE_COMPLETED: "completed", events_pb2.JOB_STATE_FAILED: "failed"}
 ALLOCATED = Gauge("kumiki_placement_allocated_gpus", "GPU capacity allocated (fractions and MIG counted)")
 CYCLE_BINDS = Counter("kumiki_placement_cycle_binds_total", "Pending jobs bound by the scheduling cycle")
 
 
-_QUEUE_WAIT_BY_QUEUE: dict[str, Histogram] = {}  # label children bound once per queue (the hot path)
-
-
 def _waited(job: BoundJob) -> None:
     """Count a published bind's wait in its queue."""
-    queue = job.command.queue
-    child = _QUEUE_WAIT_BY_QUEUE.get(queue)
-    if child is None:
-        child = _QUEUE_WAIT_BY_QUEUE[queue] = QUEUE_WAIT.labels(queue)
-    child.observe(job.waited_s)
+    labelled(QUEUE_WAIT, job.command.queue).observe(job.waited_s)
 
 
 def _nobody_reads(task: asyncio.Task[placement_pb2.BindStreamResponse]) -> None:
@@ -271,10 +264,12 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         job = self.book.release(request.job.job_id, request.job.generation)
         if job is None:
             return placement_pb2.ReleaseResponse(released=withdrawn, gpus_freed=0.0)
-        ran_s = max(0.0, time.time() - job.bound_s) if state != events_pb2.JOB_STATE_RELEASED else 0.0
+        ended = state != events_pb2.JOB_STATE_RELEASED  # COMPLETED or FAILED (release_state allows no other)
+        ran_s = max(0.0, time.time() - job.bound_s) if ended else 0.0
         await self.publisher.released(job, request.reason or "released", state, ran_s)
-        if state in FINAL_STATE_NAMES:
-            JOB_COMPLETION.labels(job.command.queue, FINAL_STATE_NAMES[state]).observe(job.waited_s + ran_s)
+        if ended:
+            final_state = events_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()  # type: ignore[arg-type]
+            labelled(JOB_COMPLETION, job.command.queue, final_state).observe(job.waited_s + ran_s)
         self.wake.set()  # the freed capacity goes to the queue on the next pass, right away
         return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 

@@ -37,7 +37,7 @@ from aiokafka.partitioner import murmur2
 
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
-from kumiki.common.bus.producer import EventProducer
+from kumiki.common.bus.producer import EventProducer, RecordBatches
 from kumiki.common.bus.topics import (
     CLUSTER_STATE,
     DEAD_LETTER,
@@ -49,6 +49,7 @@ from kumiki.common.bus.topics import (
 )
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
+from kumiki.common.metrics import labelled
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
 from kumiki.telemetry.adapters.codecs import NodeRecordJson
@@ -194,7 +195,6 @@ class TelemetryStreams:
         self.unknown_rejected = 0
         self.partitions = settings.default_partitions
         self._partition_of: dict[str, int] = {}
-        self._gauges: dict[tuple[Any, tuple[str, ...]], Any] = {}
         # Flow control: the newest node-input offset stage 2 has folded, per partition this worker holds.
         self._folded: dict[int, int] = {}
         self._folded_changed = asyncio.Event()
@@ -441,7 +441,7 @@ class TelemetryStreams:
             DEAD_LETTER.full_name(self.settings.topic_prefix), record.key, record.value, headers
         )
         self.dead_lettered += 1
-        DEAD_LETTERED.labels(self.specs[record.topic].name, self.app_id).inc()
+        labelled(DEAD_LETTERED, self.specs[record.topic].name, self.app_id).inc()
         log.warning("dead-lettered record", extra={"topic": record.topic, "offset": record.offset, "reason": reason})
 
     async def ingest_batch(self, records: Sequence[Consumed]) -> list[Any]:
@@ -485,7 +485,7 @@ class TelemetryStreams:
             metrics.SAMPLE_LAG.set(max(0.0, now - max(gpu.last_ts for gpu in gpus)))
             metrics.SAMPLE_LAG_SECONDS.observe(max(0.0, now - min(gpu.first_ts for gpu in gpus)))
             metrics.SAMPLES.inc(count)
-            CONSUMED.labels(GPU_SAMPLES.name, self.app_id).inc(count)
+            labelled(CONSUMED, GPU_SAMPLES.name, self.app_id).inc(count)
             self.samples_seen += count
             items += [(chunk.node, chunk.to_json()) for chunk in chunks]
         return await self._send_items(self.node_input, items)
@@ -568,9 +568,9 @@ class TelemetryStreams:
                 window = self._merge_node_window(node, chunk, partition, window_writes)
                 node_mean = core.WindowAggregate.from_json(window.get("node")).mean_util_pct
                 if node_mean is not None:
-                    self._gauge(metrics.NODE_UTILISATION, node).set(node_mean)
+                    labelled(metrics.NODE_UTILISATION, node).set(node_mean)
                 for share in usages:
-                    metrics.IDLE_GPU_HOURS.labels(share.queue).inc(share.aggregate.idle_gpu_s / 3600.0)
+                    labelled(metrics.IDLE_GPU_HOURS, share.queue).inc(share.aggregate.idle_gpu_s / 3600.0)
                     for key in (f"job/{share.job_id}", f"queue/{share.queue}"):
                         merged = usage.get((key, share.bucket), core.WindowAggregate()).merge(share.aggregate)
                         usage[(key, share.bucket)] = merged
@@ -645,16 +645,13 @@ class TelemetryStreams:
             return
         topic = table.changelog_topic
         name = topic.get_topic_name()
-        producer = self.app.producer._ensure_producer()  # the aiokafka producer faust flushes on commit
-        batch = producer.create_batch()
+        batches = RecordBatches(self.app.producer._ensure_producer())  # the aiokafka producer faust flushes on commit
         for key, value in writes:
             key_bytes = topic.prepare_key(key, table.key_serializer)[0]
             value_bytes = topic.prepare_value(value, table.value_serializer)[0]
-            if batch.append(key=key_bytes, value=value_bytes, timestamp=None) is None:  # full
-                (await producer.send_batch(batch, name, partition=partition)).add_done_callback(self._changelog_sent)
-                batch = producer.create_batch()
-                batch.append(key=key_bytes, value=value_bytes, timestamp=None)  # the first record always fits
-        (await producer.send_batch(batch, name, partition=partition)).add_done_callback(self._changelog_sent)
+            await batches.add(name, partition, key_bytes, value_bytes)
+        for sent in await batches.send():
+            sent.add_done_callback(self._changelog_sent)
 
     def _changelog_sent(self, sent: asyncio.Future[Any]) -> None:
         if not sent.cancelled() and sent.exception() is not None:
@@ -666,14 +663,6 @@ class TelemetryStreams:
             newest = max(newest, gpu.last_ts)
             self.samples_applied += gpu.samples
         metrics.STATE_LAG_SECONDS.observe(max(0.0, now - newest))
-
-    def _gauge(self, family: Any, *labels: str) -> Any:
-        """prometheus_client's labels() lookup costs more than folding a live chunk's numbers: children are
-        kept per label values."""
-        gauge = self._gauges.get((family, labels))
-        if gauge is None:
-            gauge = self._gauges[(family, labels)] = family.labels(*labels)
-        return gauge
 
     def _maybe_publish(
         self, record: core.NodeRecord, now: float, states: list[tuple[str, events_pb2.NodeState, str]]
@@ -694,12 +683,12 @@ class TelemetryStreams:
         """Set whenever the node's view is built: at every placement-relevant change and at least every
         publish interval (per-GPU utilisation is as fresh as cluster.state)."""
         allocated, used = core.allocated_vs_used(view)
-        self._gauge(metrics.NODE_ALLOCATED, view.node).set(allocated)
-        self._gauge(metrics.NODE_USED, view.node).set(used)
-        self._gauge(metrics.NODE_FREE, view.node).set(len(view.free_gpus))
-        self._gauge(metrics.NODE_HEALTHY, view.node).set(1 if view.healthy else 0)
+        labelled(metrics.NODE_ALLOCATED, view.node).set(allocated)
+        labelled(metrics.NODE_USED, view.node).set(used)
+        labelled(metrics.NODE_FREE, view.node).set(len(view.free_gpus))
+        labelled(metrics.NODE_HEALTHY, view.node).set(1 if view.healthy else 0)
         for gpu in view.gpus:
-            self._gauge(metrics.GPU_UTILISATION, view.node, gpu.uuid).set(gpu.utilization_pct)
+            labelled(metrics.GPU_UTILISATION, view.node, gpu.uuid).set(gpu.utilization_pct)
 
     async def _check_stale_nodes(self) -> None:
         now = self.clock()
