@@ -15,10 +15,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
+from kumiki.data import TRACES_DIR
 from kumiki.devstack.broker import start_noida
 from kumiki.devstack.processes import free_port, terminate
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"  # ../shared/traces beside the checkout
+TRACES = TRACES_DIR  # the traces the package ships (kumiki.data)
 PHILLY = TRACES / "philly-slice.csv"
 
 
@@ -27,7 +28,7 @@ def trace_jobs(description: str) -> list[Any]:
     from kumiki.sim.trace import load_jobs
 
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--trace", default=str(PHILLY), help="job trace CSV (../shared/traces schema)")
+    parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
     return list(load_jobs(parser.parse_args().trace))
 
 

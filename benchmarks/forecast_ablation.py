@@ -1,6 +1,6 @@
 """What each part of the Kumiki forecaster is worth: variants replayed on the same trace.
 
-    .venv/bin/python benchmarks/forecast_ablation.py [--trace ../shared/traces/philly-slice.csv]
+    .venv/bin/python benchmarks/forecast_ablation.py [--trace philly-slice]
 
 Prints each variant's median |log error| and p90 coverage after two days of history and on the whole
 trace, with the ratio of its error to the default forecaster's (run in the same process).

@@ -1,6 +1,6 @@
 """Run-time forecast accuracy on a trace, per window, against the better of the two baselines.
 
-    .venv/bin/python benchmarks/forecast_accuracy.py [--trace ../shared/traces/philly-slice.csv]
+    .venv/bin/python benchmarks/forecast_accuracy.py [--trace philly-slice]
 
 Windows: the issue's (after two days of history), the whole trace, and each day on its own (every
 earlier job trains), because which baseline is better changes from window to window. Prints, per

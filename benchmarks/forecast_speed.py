@@ -1,6 +1,6 @@
 """Cost of forecasting: replaying a trace through predict+observe, predict latency, and refit time.
 
-    .venv/bin/python benchmarks/forecast_speed.py [--trace ../shared/traces/philly-slice.csv]
+    .venv/bin/python benchmarks/forecast_speed.py [--trace philly-slice]
 
 Ratios are against the "global median so far" baseline replayed in the same process, and the refit
 on 100,000 rows against a refit on the default 4,000-row window.

@@ -11,6 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
+from kumiki.data import TRACES_DIR
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
@@ -18,7 +19,7 @@ from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs, synthetic_jobs
 
-PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-slice.csv"
+PHILLY = TRACES_DIR / "philly-slice.csv"
 
 
 def timed(jobs: list[SimJobSpec], nodes: int, policy: str) -> tuple[float, int]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kumiki.data import TRACES_DIR
 from kumiki.forecast.models import KumikiConfig, KumikiForecaster, SpreadConfig
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES, QueuePolicy
@@ -22,7 +23,7 @@ from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs
 
-PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-slice.csv"
+PHILLY = TRACES_DIR / "philly-slice.csv"
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "kumiki (shipped)": {},

@@ -24,7 +24,6 @@ from kumiki.devstack.broker import start_noida
 from kumiki.devstack.processes import free_port, terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces"
 
 
 def apache_kafka_bootstrap() -> str | None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from kumiki.data import TRACES_DIR
 from kumiki.forecast.evaluate import Prediction, default_factories, replay, score
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sim.trace import TraceJob, load_jobs
@@ -132,10 +133,9 @@ def test_every_default_model_is_scored_on_every_window_job() -> None:
     assert len(evaluation.predictions) == window_jobs * 5
 
 
-PHILLY = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "philly-slice.csv"
+PHILLY = TRACES_DIR / "philly-slice.csv"
 
 
-@pytest.mark.skipif(not PHILLY.is_file(), reason=f"{PHILLY} not present")
 def test_philly_slice_meets_the_issue_target() -> None:
     """After two days of history: median |log error| >= 20% below the better baseline, p90 coverage 85-95%."""
     factories = default_factories()

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kumiki.data import TRACES_DIR
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.quota.core import (
     ANY_MODEL,
@@ -390,10 +391,7 @@ def test_team_is_the_first_two_levels() -> None:
 def test_philly_vcs_as_flat_queues_scaled_to_a_smaller_cluster() -> None:
     """How the simulator builds its queues: VC guarantees follow philly-vc-nodes.csv (8 GPUs a node),
     scaled from the 2,816-GPU cluster to 64 x 8."""
-    path = REPO_ROOT.parent / "shared" / "traces" / "philly-vc-nodes.csv"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    lines = path.read_text().splitlines()[1:]
+    lines = (TRACES_DIR / "philly-vc-nodes.csv").read_text().splitlines()[1:]
     guarantees = {vc: int(nodes) * 8.0 for vc, nodes in (line.split(",") for line in lines)}
     config = flat_config(guarantees, 512, scale=512 / sum(guarantees.values()))
     assert sum(queue.guaranteed_gpus for queue in config.queues.values()) == pytest.approx(512)

@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
     simulate = subparsers.add_parser(
         "simulate",
         help="replay a job trace against scheduling policies",
-        description="Replay a job trace (../shared/traces schema) on a simulated cluster under each policy.",
+        description="Replay a job trace (a CSV path or a bundled name) on a simulated cluster under each policy.",
         epilog=SIMULATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

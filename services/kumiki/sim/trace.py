@@ -1,4 +1,6 @@
-"""Reading job traces in the shared schema (../shared/traces/README.md).
+"""Reading job traces in the traces' schema (kumiki/data/traces/README.md).
+
+A trace is named by a path or by the name of a bundled trace (`philly-slice`, see `kumiki.data`).
 
 Every row is validated; a bad row raises `TraceError` naming the file, line and column, so a
 typo in a hand-made trace never turns into a silently different experiment.
@@ -11,6 +13,8 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from kumiki.data import bundled_trace
 
 TRACE_COLUMNS = ("job_id", "submit_s", "gpus", "cpus", "mem_gb", "duration_s", "user", "queue", "status", "model")
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -64,7 +68,18 @@ def _number(raw: str, *, where: str, column: str, required: bool, minimum: float
     return value
 
 
+def _located(path: Path) -> Path:
+    """The file itself, else the bundled trace of that name; a missing file keeps its own name in the error."""
+    if path.is_file() or path.suffix not in ("", ".csv") or len(path.parts) != 1:
+        return path
+    try:
+        return bundled_trace(path.name)
+    except FileNotFoundError:
+        return path
+
+
 def _rows(path: Path, expected: tuple[str, ...]) -> Iterator[tuple[str, dict[str, str]]]:
+    path = _located(path)
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as error:
