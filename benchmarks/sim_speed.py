@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from kumiki.data import TRACES_DIR
 from kumiki.forecast.models import build_default_forecaster

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -29,9 +28,7 @@ class Spy:
         finished_before = {
             other.job_id
             for other in self.trace.values()
-            if other.submit_s is not None
-            and other.duration_s is not None
-            and other.submit_s + other.duration_s < now
+            if other.submit_s is not None and other.duration_s is not None and other.submit_s + other.duration_s < now
         }
         assert set(self.observed) == finished_before, "a finished job was withheld or an unfinished one shown"
         self.checked += 1
@@ -72,9 +69,7 @@ def test_only_jobs_in_the_window_are_scored_but_earlier_ones_train() -> None:
     spy = Spy({job.job_id: job for job in jobs})
     evaluation = replay(jobs, {"spy": lambda: spy}, start_s=500.0, end_s=800.0)
     scored = {p.job_id for p in evaluation.predictions}
-    assert scored == {
-        job.job_id for job in jobs if job.submit_s is not None and 500.0 <= job.submit_s < 800.0
-    }
+    assert scored == {job.job_id for job in jobs if job.submit_s is not None and 500.0 <= job.submit_s < 800.0}
     assert evaluation.trained_only == 50
     assert evaluation.scores["spy"].jobs == 30
     # The training-only jobs were observed: the first scored forecast is a learned run time, not the

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kumiki.data import TRACES_DIR
 from kumiki.common.contracts.v1 import events_pb2
+from kumiki.data import TRACES_DIR
 from kumiki.quota.core import (
     ANY_MODEL,
     AdmitRequest,
@@ -371,6 +371,21 @@ def test_ledger_meters_from_running_to_stop_exactly_once() -> None:
     assert ledger.apply(job_id="k", generation=1, state=events_pb2.JOB_STATE_COMPLETED, at_us=base) is None
     assert ledger.apply(job_id="j", generation=2, state=events_pb2.JOB_STATE_RESUMED, at_us=base) is None
     assert ledger.total_gpu_seconds() == Decimal("0.69000046")
+
+
+def test_ledger_meters_the_allocation_from_bound_and_running_does_not_restart_it() -> None:
+    """A job bound for 25 s and released as completed is billed 8 x 25 GPU-seconds (it was 0 when only RUNNING
+    opened the meter); a RUNNING reported later by a cluster integration neither restarts nor doubles it."""
+    ledger = Ledger()
+    base = timestamp_micros(1_700_000_000, 0)
+    common = {"queue": "research", "gpus": Decimal(8)}
+    ledger.apply(job_id="demo", generation=1, state=events_pb2.JOB_STATE_BOUND, at_us=base, **common)
+    ledger.apply(job_id="demo", generation=1, state=events_pb2.JOB_STATE_RUNNING, at_us=base + 3_000_000, **common)
+    entry = ledger.apply(job_id="demo", generation=1, state=events_pb2.JOB_STATE_COMPLETED, at_us=base + 25_000_000)
+    assert entry is not None and entry.start_us == base and entry.gpu_seconds == Decimal(200)
+    # an integration that binds outside placement reports only RUNNING: that opens the meter
+    ledger.apply(job_id="ext", generation=1, state=events_pb2.JOB_STATE_RUNNING, at_us=base, **common)
+    assert ("ext", 1) in ledger.open
 
 
 def test_interval_arithmetic_is_exact_and_windows_split_intervals() -> None:

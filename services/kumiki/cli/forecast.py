@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     evaluate = commands.add_parser(
         "evaluate", help="replay a trace in submit order and score each model's forecasts (no look-ahead)"
     )
-    evaluate.add_argument("--trace", required=True, help="job trace: a CSV path or a bundled name (philly-slice, openb-pods, ...)")
+    evaluate.add_argument("--trace", required=True, help="job trace: CSV path or bundled name (philly-slice, ...)")
     evaluate.add_argument("--out", required=True, help="directory for report.json, predictions.csv, report.md, PNG")
     evaluate.add_argument("--start-s", type=_seconds, default=None, help="jobs submitted before this only train")
     evaluate.add_argument("--end-s", type=_seconds, default=None, help="jobs submitted from this on are ignored")
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     evaluate.set_defaults(handler=_evaluate)
     demand = commands.add_parser("demand", help="per-queue arrivals and GPU-hours per hour: backtest and forecast")
-    demand.add_argument("--trace", required=True, help="job trace: a CSV path or a bundled name (philly-slice, openb-pods, ...)")
+    demand.add_argument("--trace", required=True, help="job trace: CSV path or bundled name (philly-slice, ...)")
     demand.add_argument("--out", required=True, help="directory for report.json, report.md and demand.png")
     demand.add_argument("--horizon-hours", type=_hours, default=24, help="hours to forecast past the trace's end")
     demand.add_argument("--holdout-hours", type=_hours, default=24, help="last hours of the trace held out to score")

@@ -769,7 +769,10 @@ class Effect(Enum):
     NONE = "none"
 
 
-OPENING_STATES = frozenset({events_pb2.JOB_STATE_RUNNING})
+# What a team pays for is what placement allocated to it: the meter opens at BOUND (placement published the
+# allocation, whatever integration asked for it). RUNNING opens it only where no BOUND came first (a cluster
+# integration that binds outside placement); after a BOUND it changes nothing, so a job is never billed twice.
+OPENING_STATES = frozenset({events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING})
 CLOSING_STATES = frozenset(
     {
         events_pb2.JOB_STATE_COMPLETED,
@@ -783,8 +786,8 @@ RELEASING_STATES = CLOSING_STATES
 
 
 def lifecycle_effect(state: int) -> Effect:
-    """RUNNING starts the meter; completed, failed, preempted and released stop it. RESUMED is a requeue
-    (the next generation's RUNNING starts the meter again), so it changes nothing here."""
+    """BOUND (or RUNNING, whichever comes first) starts the meter; completed, failed, preempted and released
+    stop it. RESUMED is a requeue (the next generation's BOUND starts the meter again): nothing here."""
     if state in OPENING_STATES:
         return Effect.OPEN
     if state in CLOSING_STATES:

@@ -35,7 +35,8 @@ CLOSE_SQL = (
 
 
 class LedgerHandler:
-    """Meters GPU-seconds from RUNNING to completed, failed, preempted or released."""
+    """Meters GPU-seconds from BOUND (or a RUNNING with no BOUND before it) to completed, failed, preempted or
+    released."""
 
     def __init__(self) -> None:
         self.applied = 0
