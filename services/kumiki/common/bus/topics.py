@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from kumiki.common.contracts.v1 import events_pb2
+from kumiki.common.contracts.v1 import checkpoints_pb2, events_pb2
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -150,6 +150,11 @@ SCHEDULING_DECISIONS = TopicSpec(
 PREEMPTION_COMMANDS = TopicSpec(
     "preemption.commands", events_pb2.PreemptionCommand, "job_id", retention_ms=7 * DAY_MS, validate=validate_preemption
 )
+# Every acknowledged checkpoint (the preemption service publishes what Checkpoints.Report recorded), key = job
+# id: placement chooses victims by the work since each job's newest one.
+CHECKPOINTS = TopicSpec(
+    "checkpoints", checkpoints_pb2.CheckpointReport, "job_id", retention_ms=30 * DAY_MS, validate=_job_required
+)
 DEAD_LETTER = TopicSpec("dead-letter", None, "original key", retention_ms=14 * DAY_MS, partitions=1)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
@@ -162,5 +167,6 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     QUOTA_STATE,
     SCHEDULING_DECISIONS,
     PREEMPTION_COMMANDS,
+    CHECKPOINTS,
     DEAD_LETTER,
 )

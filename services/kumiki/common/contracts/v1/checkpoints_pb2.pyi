@@ -85,3 +85,79 @@ class CheckpointAck(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckpointAck: _TypeAlias = CheckpointAck  # noqa: Y015
+
+@_typing.final
+class WatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _common_pb2.JobRef:
+        """The job and the attempt that is running (generation >= 1)."""
+
+    def __init__(
+        self,
+        *,
+        job: _common_pb2.JobRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class ResumePointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _common_pb2.JobRef:
+        """The job and the attempt that is starting."""
+
+    def __init__(
+        self,
+        *,
+        job: _common_pb2.JobRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumePointRequest: _TypeAlias = ResumePointRequest  # noqa: Y015
+
+@_typing.final
+class ResumePointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    URI_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """False: no acknowledged checkpoint of the job exists (start from scratch)."""
+    uri: _builtins.str
+    """The checkpoint to restore."""
+    step: _builtins.int
+    """Its training step."""
+    generation: _builtins.int
+    """The generation that wrote it."""
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        uri: _builtins.str = ...,
+        step: _builtins.int = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "generation", b"generation", "step", b"step", "uri", b"uri"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumePointResponse: _TypeAlias = ResumePointResponse  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from kumiki.common.contracts.v1 import checkpoints_pb2 as kumiki_dot_v1_dot_checkpoints__pb2
+from kumiki.common.contracts.v1 import events_pb2 as kumiki_dot_v1_dot_events__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -39,13 +40,39 @@ class CheckpointsStub:
                 request_serializer=kumiki_dot_v1_dot_checkpoints__pb2.CheckpointReport.SerializeToString,
                 response_deserializer=kumiki_dot_v1_dot_checkpoints__pb2.CheckpointAck.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/kumiki.v1.Checkpoints/Watch',
+                request_serializer=kumiki_dot_v1_dot_checkpoints__pb2.WatchRequest.SerializeToString,
+                response_deserializer=kumiki_dot_v1_dot_events__pb2.PreemptionCommand.FromString,
+                _registered_method=True)
+        self.ResumePoint = channel.unary_unary(
+                '/kumiki.v1.Checkpoints/ResumePoint',
+                request_serializer=kumiki_dot_v1_dot_checkpoints__pb2.ResumePointRequest.SerializeToString,
+                response_deserializer=kumiki_dot_v1_dot_checkpoints__pb2.ResumePointResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointsServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Report(self, request, context):
-        """A job reports a completed checkpoint.
+        """A job reports a completed checkpoint (periodic, or the answer to a CHECKPOINT command: command_id set).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """The commands for one running attempt of a job, as the coordinator issues them: CHECKPOINT (with its
+        deadline), then EVICT. A command still outstanding when the stream opens is sent first. The stream ends
+        after EVICT, or when the attempt is superseded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumePoint(self, request, context):
+        """Where a starting attempt resumes from: the newest acknowledged checkpoint of the job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -58,6 +85,16 @@ def add_CheckpointsServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=kumiki_dot_v1_dot_checkpoints__pb2.CheckpointReport.FromString,
                     response_serializer=kumiki_dot_v1_dot_checkpoints__pb2.CheckpointAck.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=kumiki_dot_v1_dot_checkpoints__pb2.WatchRequest.FromString,
+                    response_serializer=kumiki_dot_v1_dot_events__pb2.PreemptionCommand.SerializeToString,
+            ),
+            'ResumePoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumePoint,
+                    request_deserializer=kumiki_dot_v1_dot_checkpoints__pb2.ResumePointRequest.FromString,
+                    response_serializer=kumiki_dot_v1_dot_checkpoints__pb2.ResumePointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +124,60 @@ class Checkpoints:
             '/kumiki.v1.Checkpoints/Report',
             kumiki_dot_v1_dot_checkpoints__pb2.CheckpointReport.SerializeToString,
             kumiki_dot_v1_dot_checkpoints__pb2.CheckpointAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kumiki.v1.Checkpoints/Watch',
+            kumiki_dot_v1_dot_checkpoints__pb2.WatchRequest.SerializeToString,
+            kumiki_dot_v1_dot_events__pb2.PreemptionCommand.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumePoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kumiki.v1.Checkpoints/ResumePoint',
+            kumiki_dot_v1_dot_checkpoints__pb2.ResumePointRequest.SerializeToString,
+            kumiki_dot_v1_dot_checkpoints__pb2.ResumePointResponse.FromString,
             options,
             channel_credentials,
             insecure,

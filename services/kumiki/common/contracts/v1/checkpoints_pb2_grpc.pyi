@@ -6,6 +6,7 @@ Checkpoints: jobs report checkpoints so preemption loses at most the work since 
 from collections import abc as _abc
 from grpc import aio as _aio
 from kumiki.common.contracts.v1 import checkpoints_pb2 as _checkpoints_pb2
+from kumiki.common.contracts.v1 import events_pb2 as _events_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -32,13 +33,27 @@ class CheckpointsStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CheckpointsAsyncStub: ...
     Report: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.CheckpointReport, _checkpoints_pb2.CheckpointAck]
-    """A job reports a completed checkpoint."""
+    """A job reports a completed checkpoint (periodic, or the answer to a CHECKPOINT command: command_id set)."""
+    Watch: _grpc.UnaryStreamMultiCallable[_checkpoints_pb2.WatchRequest, _events_pb2.PreemptionCommand]
+    """The commands for one running attempt of a job, as the coordinator issues them: CHECKPOINT (with its
+    deadline), then EVICT. A command still outstanding when the stream opens is sent first. The stream ends
+    after EVICT, or when the attempt is superseded.
+    """
+    ResumePoint: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.ResumePointRequest, _checkpoints_pb2.ResumePointResponse]
+    """Where a starting attempt resumes from: the newest acknowledged checkpoint of the job."""
 
 @_typing.type_check_only
 class CheckpointsAsyncStub(CheckpointsStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Report: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.CheckpointReport, _checkpoints_pb2.CheckpointAck]  # type: ignore[assignment]
-    """A job reports a completed checkpoint."""
+    """A job reports a completed checkpoint (periodic, or the answer to a CHECKPOINT command: command_id set)."""
+    Watch: _aio.UnaryStreamMultiCallable[_checkpoints_pb2.WatchRequest, _events_pb2.PreemptionCommand]  # type: ignore[assignment]
+    """The commands for one running attempt of a job, as the coordinator issues them: CHECKPOINT (with its
+    deadline), then EVICT. A command still outstanding when the stream opens is sent first. The stream ends
+    after EVICT, or when the attempt is superseded.
+    """
+    ResumePoint: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.ResumePointRequest, _checkpoints_pb2.ResumePointResponse]  # type: ignore[assignment]
+    """Where a starting attempt resumes from: the newest acknowledged checkpoint of the job."""
 
 class CheckpointsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -47,6 +62,25 @@ class CheckpointsServicer(metaclass=_abc_1.ABCMeta):
         request: _checkpoints_pb2.CheckpointReport,
         context: _ServicerContext,
     ) -> _typing.Union[_checkpoints_pb2.CheckpointAck, _abc.Awaitable[_checkpoints_pb2.CheckpointAck]]:
-        """A job reports a completed checkpoint."""
+        """A job reports a completed checkpoint (periodic, or the answer to a CHECKPOINT command: command_id set)."""
+
+    @_abc_1.abstractmethod
+    def Watch(
+        self,
+        request: _checkpoints_pb2.WatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_events_pb2.PreemptionCommand], _abc.AsyncIterator[_events_pb2.PreemptionCommand]]:
+        """The commands for one running attempt of a job, as the coordinator issues them: CHECKPOINT (with its
+        deadline), then EVICT. A command still outstanding when the stream opens is sent first. The stream ends
+        after EVICT, or when the attempt is superseded.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumePoint(
+        self,
+        request: _checkpoints_pb2.ResumePointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_checkpoints_pb2.ResumePointResponse, _abc.Awaitable[_checkpoints_pb2.ResumePointResponse]]:
+        """Where a starting attempt resumes from: the newest acknowledged checkpoint of the job."""
 
 def add_CheckpointsServicer_to_server(servicer: CheckpointsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

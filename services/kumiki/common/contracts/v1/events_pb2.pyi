@@ -626,6 +626,9 @@ class SchedulingDecision(_message.Message):
     BENEFICIARY_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
+    PREEMPTION_REASON_FIELD_NUMBER: _builtins.int
+    LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    SINCE_CHECKPOINT_S_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Unique decision id (also the CloudEvents id)."""
     kind: Global___DecisionKind.ValueType
@@ -634,6 +637,17 @@ class SchedulingDecision(_message.Message):
     """Queue of the job."""
     policy: _builtins.str
     """What decided: the queue policy, then "/" and the placement strategy ("fifo-backfill/kumiki")."""
+    preemption_reason: _builtins.str
+    """PREEMPT / RECLAIM: why, one of "priority" (a higher priority tier waits), "rank" (a better-ranked job of
+    the queue policy), "quota-reclaim" (the owner of lent quota wants it back), "idle-reclaim" (the job's
+    GPUs were idle past its queue's threshold), "starvation", "reservation" (a borrower overstayed).
+    """
+    lost_gpu_seconds: _builtins.float
+    """PREEMPT / RECLAIM: the victim's work since its newest acknowledged checkpoint, GPU-seconds, when decided
+    (the victim-choice cost).
+    """
+    since_checkpoint_s: _builtins.float
+    """PREEMPT / RECLAIM: seconds since the victim's newest acknowledged checkpoint (since its bind when none)."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """The job decided on."""
@@ -666,10 +680,13 @@ class SchedulingDecision(_message.Message):
         beneficiary: _common_pb2.JobRef | None = ...,
         policy: _builtins.str = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
+        preemption_reason: _builtins.str = ...,
+        lost_gpu_seconds: _builtins.float = ...,
+        since_checkpoint_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "beneficiary", b"beneficiary", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "at", b"at", "beneficiary", b"beneficiary", "decision_id", b"decision_id", "job", b"job", "kind", b"kind", "policy", b"policy", "queue", b"queue", "reasons", b"reasons"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "at", b"at", "beneficiary", b"beneficiary", "decision_id", b"decision_id", "job", b"job", "kind", b"kind", "lost_gpu_seconds", b"lost_gpu_seconds", "policy", b"policy", "preemption_reason", b"preemption_reason", "queue", b"queue", "reasons", b"reasons", "since_checkpoint_s", b"since_checkpoint_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -688,6 +705,15 @@ class PreemptionCommand(_message.Message):
     CHECKPOINT_URI_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DECISION_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    ISSUED_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    FORCED_FIELD_NUMBER: _builtins.int
+    LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    ASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    BENEFICIARY_FIELD_NUMBER: _builtins.int
+    GRACE_PERIOD_S_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     """Unique command id."""
     action: Global___PreemptionAction.ValueType
@@ -698,6 +724,18 @@ class PreemptionCommand(_message.Message):
     """Why the job is preempted."""
     decision_id: _builtins.str
     """The decision that caused it."""
+    queue: _builtins.str
+    """Queue of the job (for accounting and metrics)."""
+    gpus: _builtins.float
+    """GPUs the job holds (fractions count as their share)."""
+    checkpoint_step: _builtins.int
+    """RESUME: the step of checkpoint_uri. EVICT: the step of the newest acknowledged checkpoint (0: none)."""
+    forced: _builtins.bool
+    """EVICT: true when the deadline passed without an acknowledgement (the job is evicted anyway)."""
+    lost_gpu_seconds: _builtins.float
+    """EVICT: work lost since the newest acknowledged checkpoint, GPU-seconds (what the ledger records)."""
+    grace_period_s: _builtins.float
+    """EVICT: seconds the binder gives the pods after SIGTERM (the pod's grace period; 0: the pod's own)."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -705,6 +743,18 @@ class PreemptionCommand(_message.Message):
     @_builtins.property
     def deadline(self) -> _timestamp_pb2.Timestamp:
         """Deadline for the checkpoint acknowledgement; eviction follows at the deadline regardless."""
+
+    @_builtins.property
+    def issued_at(self) -> _timestamp_pb2.Timestamp:
+        """When the coordinator issued this command."""
+
+    @_builtins.property
+    def assignments(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PodAssignment]:
+        """EVICT: the pods to evict (node and GPUs of each), as placement bound them; the binder evicts them."""
+
+    @_builtins.property
+    def beneficiary(self) -> _common_pb2.JobRef:
+        """The job that gains the resources (empty for idle reclaim without a waiting job)."""
 
     def __init__(
         self,
@@ -716,10 +766,19 @@ class PreemptionCommand(_message.Message):
         checkpoint_uri: _builtins.str = ...,
         reason: _builtins.str = ...,
         decision_id: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        gpus: _builtins.float = ...,
+        issued_at: _timestamp_pb2.Timestamp | None = ...,
+        checkpoint_step: _builtins.int = ...,
+        forced: _builtins.bool = ...,
+        lost_gpu_seconds: _builtins.float = ...,
+        assignments: _abc.Iterable[_common_pb2.PodAssignment] | None = ...,
+        beneficiary: _common_pb2.JobRef | None = ...,
+        grace_period_s: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "deadline", b"deadline", "issued_at", b"issued_at", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_uri", b"checkpoint_uri", "command_id", b"command_id", "deadline", b"deadline", "decision_id", b"decision_id", "job", b"job", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "assignments", b"assignments", "beneficiary", b"beneficiary", "checkpoint_step", b"checkpoint_step", "checkpoint_uri", b"checkpoint_uri", "command_id", b"command_id", "deadline", b"deadline", "decision_id", b"decision_id", "forced", b"forced", "gpus", b"gpus", "grace_period_s", b"grace_period_s", "issued_at", b"issued_at", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "queue", b"queue", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -181,12 +181,17 @@ class ReleaseRequest(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     FINAL_STATE_FIELD_NUMBER: _builtins.int
+    LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why: "completed", "failed", "cancelled", "preempted"."""
     final_state: _events_pb2.JobState.ValueType
     """How the job ended: JOB_STATE_COMPLETED or JOB_STATE_FAILED publish that state with the run time since the
     bind (what the forecast service learns from); unset or JOB_STATE_RELEASED: freed without an ending.
+    JOB_STATE_PREEMPTED (the preemption coordinator, after EVICT): freed, published as PREEMPTED with
+    lost_gpu_seconds, and the job is queued again as the next generation.
     """
+    lost_gpu_seconds: _builtins.float
+    """With JOB_STATE_PREEMPTED: work lost since the newest acknowledged checkpoint, GPU-seconds."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt whose allocation is freed."""
@@ -197,10 +202,11 @@ class ReleaseRequest(_message.Message):
         job: _common_pb2.JobRef | None = ...,
         reason: _builtins.str = ...,
         final_state: _events_pb2.JobState.ValueType = ...,
+        lost_gpu_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_state", b"final_state", "job", b"job", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_state", b"final_state", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
