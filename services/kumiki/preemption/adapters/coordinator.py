@@ -1,0 +1,347 @@
+"""The coordinator's shell: decisions and lifecycle events in, commands and releases out, all through Postgres.
+
+Inputs (each applied in one transaction with the protocol row and its outbox rows):
+- kumiki.scheduling.decisions (PREEMPT, RECLAIM): a protocol begins with CHECKPOINT;
+- Checkpoints.Report: a checkpoint after CHECKPOINT acknowledges it, and EVICT follows at once;
+- the clock: a CHECKPOINT past its deadline is evicted anyway (lost work recorded);
+- kumiki.job.lifecycle: PREEMPTED confirms the release, BOUND of a later generation gets RESUME, an attempt that
+  ends on its own closes its protocol.
+The outbox loop carries out the effects at least once: commands go to kumiki.preemption.commands (the binder
+evicts on EVICT) and to the Watch streams (the SDK), releases to Placement.Release(JOB_STATE_PREEMPTED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+
+import asyncpg
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import Counter, Histogram
+
+from kumiki.common.bus import Event, EventProducer, EventRejected
+from kumiki.common.bus.topics import CHECKPOINTS, PREEMPTION_COMMANDS
+from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.grpcutil import timestamp
+from kumiki.preemption import core
+from kumiki.preemption.adapters import store
+from kumiki.preemption.adapters.registry import latest_in, record_in
+
+log = logging.getLogger(__name__)
+
+PREEMPTIONS = Counter("kumiki_preemption_preemptions_total", "Preemption protocols begun, by reason", ["reason"])
+ACK_SECONDS = Histogram(
+    "kumiki_preemption_checkpoint_ack_seconds",
+    "CHECKPOINT issued to the job's acknowledging checkpoint report",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)
+DEADLINE_MISSES = Counter(
+    "kumiki_preemption_deadline_misses_total", "Jobs evicted at the deadline without an acknowledgement", ["queue"]
+)
+LOST_GPU_HOURS = Counter(
+    "kumiki_preemption_lost_gpu_hours_total", "Work lost by evicted jobs since their last checkpoint", ["queue"]
+)
+EVICTIONS = Counter("kumiki_preemption_evictions_total", "Evictions, by whether the deadline forced them", ["forced"])
+
+ACTION_TO_WIRE = {
+    core.Action.CHECKPOINT: events_pb2.PREEMPTION_ACTION_CHECKPOINT,
+    core.Action.EVICT: events_pb2.PREEMPTION_ACTION_EVICT,
+    core.Action.RESUME: events_pb2.PREEMPTION_ACTION_RESUME,
+}
+PREEMPTING_KINDS = {events_pb2.DECISION_KIND_PREEMPT, events_pb2.DECISION_KIND_RECLAIM}
+ENDING_STATES = {events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED, events_pb2.JOB_STATE_RELEASED}
+
+
+def _at(stamp: Timestamp) -> float:
+    return float(stamp.seconds + stamp.nanos / 1e9)
+
+
+def _stamp(unix_s: float) -> Timestamp:
+    return timestamp(datetime.fromtimestamp(unix_s, UTC))
+
+
+def assignment_gpus(assignments: list[common_pb2.PodAssignment]) -> float:
+    """GPUs held by these pods: whole GPUs count 1 each, a fraction its share, a MIG slice its compute share."""
+    total = 0.0
+    for pod in assignments:
+        if pod.gpu_fraction:
+            total += pod.gpu_fraction
+        elif pod.mig_slice:
+            total += int(pod.mig_slice.split("g.", 1)[0]) / 7.0
+        else:
+            total += len(pod.gpu_indices)
+    return total
+
+
+def request_from_decision(decision: events_pb2.SchedulingDecision) -> core.PreemptRequest:
+    """A PREEMPT / RECLAIM decision in core terms; EventRejected names a bad field."""
+    at_s = _at(decision.at) if decision.HasField("at") else time.time()
+    request = core.PreemptRequest(
+        job_id=decision.job.job_id,
+        generation=decision.job.generation,
+        queue=decision.queue,
+        gpus=assignment_gpus(list(decision.assignments)),
+        reason=decision.preemption_reason or (decision.reasons[0].code if decision.reasons else "other"),
+        decision_id=decision.decision_id,
+        bound_unix_s=at_s - max(0.0, decision.since_checkpoint_s),
+        beneficiary=decision.beneficiary.job_id,
+        beneficiary_generation=decision.beneficiary.generation,
+    )
+    problems = core.validate_request(request)
+    if problems:
+        raise EventRejected("; ".join(f"{field}: {problem}" for field, problem in problems))
+    return request
+
+
+class Coordinator:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        producer: EventProducer,
+        *,
+        placement_address: str | None,
+        deadline_s: float,
+        grace_period_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pool = pool
+        self.producer = producer
+        self.placement_address = placement_address
+        self.deadline_s = deadline_s
+        self.grace_period_s = grace_period_s
+        self.clock = clock
+        self.work = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._warned_no_placement = False
+
+    # ---- change notification (Watch streams re-read the database when woken, and at least every second) ----
+    def _notify(self) -> None:
+        self.work.set()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _record(self, before: core.Protocol | None, transition: core.Transition) -> None:
+        """Metrics of a transition just saved."""
+        after = transition.protocol
+        if before is None:
+            labelled_inc(PREEMPTIONS, after.reason)
+        if after.phase is core.Phase.EVICTING and (before is None or before.phase is core.Phase.CHECKPOINTING):
+            EVICTIONS.labels(str(after.forced).lower()).inc()
+            LOST_GPU_HOURS.labels(after.queue).inc(after.lost_gpu_seconds / 3600.0)
+            if after.forced:
+                DEADLINE_MISSES.labels(after.queue).inc()
+            else:
+                ACK_SECONDS.observe(max(0.0, after.acked_unix_s - after.requested_unix_s))
+
+    # ---- inputs ----------------------------------------------------------------------------------------------
+    async def on_decision(self, event: Event, connection: asyncpg.Connection | None) -> None:
+        decision = event.payload
+        assert isinstance(decision, events_pb2.SchedulingDecision) and connection is not None
+        if decision.kind not in PREEMPTING_KINDS:
+            return
+        request = request_from_decision(decision)
+        existing = await store.load(connection, request.job_id, request.generation, lock=True)
+        transition = core.begin(existing.protocol if existing else None, request, self.clock(), self.deadline_s)
+        if transition is None:
+            return
+        kept = events_pb2.PreemptionCommand(assignments=list(decision.assignments)).SerializeToString()
+        await store.save(connection, transition, kept)
+        self._record(None, transition)
+        self._notify()
+
+    async def on_lifecycle(self, event: Event, connection: asyncpg.Connection | None) -> None:
+        change = event.payload
+        assert isinstance(change, events_pb2.JobLifecycle) and connection is not None
+        state = change.state
+        if state not in ENDING_STATES and state not in (events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_PREEMPTED):
+            return
+        for stored in await store.open_for_job(connection, change.job.job_id, lock=True):
+            protocol = stored.protocol
+            if state == events_pb2.JOB_STATE_BOUND:
+                transition = core.rebound(protocol, change.job.generation)
+            elif state == events_pb2.JOB_STATE_PREEMPTED and change.job.generation == protocol.generation:
+                transition = core.released(protocol)
+            else:
+                transition = core.ended(protocol, change.job.generation)
+            await store.save(connection, transition, stored.assignments)
+            if transition.changed:
+                self._notify()
+
+    async def report(
+        self, record: core.CheckpointRecord, message: checkpoints_pb2.CheckpointReport
+    ) -> core.CheckpointRecord:
+        """Record a checkpoint; one written after CHECKPOINT acknowledges it (EVICT follows). Returns the latest."""
+        now = self.clock()
+        async with self.pool.acquire() as connection, connection.transaction():
+            latest = await record_in(connection, record)
+            if latest != record:
+                return latest
+            await store.add_checkpoint_event(connection, record.job_id, record.generation, message.SerializeToString())
+            for stored in await store.open_for_job(connection, record.job_id, lock=True):
+                transition = core.acknowledge(stored.protocol, record, now)
+                await store.save(connection, transition, stored.assignments)
+                if transition.changed:
+                    self._record(stored.protocol, transition)
+        self._notify()
+        return latest
+
+    async def expire_due(self) -> int:
+        """Evict every protocol whose deadline passed without an acknowledgement."""
+        now = self.clock()
+        async with self.pool.acquire() as connection, connection.transaction():
+            due = await store.expired(connection, now)
+            for stored in due:
+                latest = await latest_in(connection, stored.protocol.job_id)
+                transition = core.expire(stored.protocol, latest, now)
+                await store.save(connection, transition, stored.assignments)
+                if transition.changed:
+                    self._record(stored.protocol, transition)
+        if due:
+            self._notify()
+        return len(due)
+
+    # ---- effects ---------------------------------------------------------------------------------------------
+    async def render(self, item: store.OutboxItem) -> events_pb2.PreemptionCommand | None:
+        stored = await store.load(self.pool, item.job_id, item.generation)
+        if stored is None:
+            return None
+        return render(stored, core.Action(item.action), self.grace_period_s)
+
+    async def carry_out(self) -> int:
+        """Every effect not yet done, in order; one that fails is retried on the next round."""
+        done = 0
+        for item in await store.pending_effects(self.pool):
+            try:
+                if item.kind == "command":
+                    command = await self.render(item)
+                    if command is not None:
+                        await self.producer.publish(
+                            PREEMPTION_COMMANDS, item.job_id, command, event_id=command.command_id
+                        )
+                elif item.kind == "checkpoint":
+                    report = checkpoints_pb2.CheckpointReport.FromString(item.payload)
+                    event_id = f"{item.job_id}/{item.generation}/checkpoint/{report.step}"
+                    await self.producer.publish(CHECKPOINTS, item.job_id, report, event_id=event_id)
+                elif item.kind == "release" and not await self._release(item):
+                    continue
+            except (grpc.aio.AioRpcError, OSError, TimeoutError) as error:
+                log.warning("preemption effect failed; retried", extra={"job": item.job_id, "error": repr(error)})
+                continue
+            await store.mark_done(self.pool, item.id)
+            done += 1
+        if done:
+            self._notify()
+        return done
+
+    async def _release(self, item: store.OutboxItem) -> bool:
+        """Placement.Release as PREEMPTED (idempotent); False when placement is not configured (left to do)."""
+        if self.placement_address is None:
+            if not self._warned_no_placement:
+                log.warning("KUMIKI_PLACEMENT_ADDRESS is not set: evicted jobs are not released by the coordinator")
+                self._warned_no_placement = True
+            return True  # nothing this coordinator can do; a later BOUND still gets RESUME
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.placement_address)
+        stub = placement_pb2_grpc.PlacementStub(self._channel)
+        await stub.Release(
+            placement_pb2.ReleaseRequest(
+                job=common_pb2.JobRef(job_id=item.job_id, generation=item.generation),
+                reason="preempted",
+                final_state=events_pb2.JOB_STATE_PREEMPTED,
+                lost_gpu_seconds=item.lost_gpu_seconds,
+            ),
+            timeout=10.0,
+        )
+        async with self.pool.acquire() as connection, connection.transaction():
+            stored = await store.load(connection, item.job_id, item.generation, lock=True)
+            if stored is not None:
+                await store.save(connection, core.released(stored.protocol), stored.assignments)
+        return True
+
+    # ---- loops -----------------------------------------------------------------------------------------------
+    async def run(self, stopping: asyncio.Event, period_s: float = 0.2) -> None:
+        """Deadlines and the outbox, until stopped: after a restart the first round resumes what was in flight."""
+        while not stopping.is_set():
+            try:
+                await self.expire_due()
+                await self.carry_out()
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as error:
+                log.warning("coordinator round failed; retrying", extra={"error": repr(error)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.work.wait(), timeout=period_s)
+            self.work.clear()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    # ---- Watch -----------------------------------------------------------------------------------------------
+    async def watch(self, job_id: str, generation: int) -> AsyncIterator[events_pb2.PreemptionCommand]:
+        """The commands of one attempt, in order, each once; ends after EVICT (or RESUME of a later attempt)."""
+        sent: set[core.Action] = set()
+        while True:
+            changed = self._changed
+            rows = await self.pool.fetch(
+                "SELECT generation FROM preemption.protocols WHERE job_id = $1 AND (generation = $2"
+                " OR resume_generation = $2) ORDER BY generation",
+                job_id,
+                generation,
+            )
+            for row in rows:
+                stored = await store.load(self.pool, job_id, row["generation"])
+                if stored is None:
+                    continue
+                for action in core.commands_to_watch(stored.protocol, generation):
+                    if action not in sent:
+                        sent.add(action)
+                        yield render(stored, action, self.grace_period_s)
+            if core.Action.EVICT in sent:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=1.0)
+
+
+def labelled_inc(counter: Counter, label: str) -> None:
+    counter.labels(label).inc()
+
+
+def render(stored: store.Stored, action: core.Action, grace_period_s: float) -> events_pb2.PreemptionCommand:
+    """The command on the wire, from the protocol as stored (rendering twice gives the same command)."""
+    protocol = stored.protocol
+    generation = protocol.resume_generation if action is core.Action.RESUME else protocol.generation
+    command = events_pb2.PreemptionCommand(
+        command_id=f"{protocol.job_id}/{generation}/{action.value}",
+        job=common_pb2.JobRef(job_id=protocol.job_id, generation=generation),
+        action=ACTION_TO_WIRE[action],
+        reason=protocol.reason,
+        decision_id=protocol.decision_id,
+        queue=protocol.queue,
+        gpus=protocol.gpus,
+    )
+    command.deadline.CopyFrom(_stamp(protocol.deadline_unix_s))
+    if protocol.beneficiary:
+        command.beneficiary.CopyFrom(
+            common_pb2.JobRef(job_id=protocol.beneficiary, generation=protocol.beneficiary_generation)
+        )
+    if action is core.Action.CHECKPOINT:
+        command.issued_at.CopyFrom(_stamp(protocol.requested_unix_s))
+    elif action is core.Action.EVICT:
+        command.issued_at.CopyFrom(_stamp(protocol.evicted_unix_s))
+        command.checkpoint_uri = protocol.checkpoint_uri
+        command.checkpoint_step = protocol.checkpoint_step
+        command.forced = protocol.forced
+        command.lost_gpu_seconds = protocol.lost_gpu_seconds
+        command.grace_period_s = grace_period_s
+        if stored.assignments:
+            command.assignments.extend(events_pb2.PreemptionCommand.FromString(stored.assignments).assignments)
+    else:
+        command.issued_at.CopyFrom(_stamp(protocol.evicted_unix_s))
+        command.checkpoint_uri = protocol.checkpoint_uri
+        command.checkpoint_step = protocol.checkpoint_step
+    return command
