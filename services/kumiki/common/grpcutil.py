@@ -1,13 +1,23 @@
-"""Small helpers for gRPC servicers: field-naming validation errors, timestamps."""
+"""Small helpers for gRPC servicers: field-naming validation errors, timestamps, and the guard that turns
+requests which do not decode into INVALID_ARGUMENT (every service's server installs it)."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import Counter
+
+from kumiki.common.metrics import labelled
+
+log = logging.getLogger(__name__)
 
 
 class InvalidRequest(ValueError):
@@ -37,3 +47,209 @@ def timestamp(moment: datetime | None = None) -> Timestamp:
     stamp = Timestamp()
     stamp.FromDatetime(moment.astimezone(UTC))
     return stamp
+
+
+# ---- requests that do not decode -------------------------------------------------------------------
+# gRPC's own handling of a request whose bytes do not parse is an UNKNOWN status and a full traceback logged at
+# ERROR, for every such request: a caller could fill the disk with them. RequestGuard, installed by the shared
+# server setup (kumiki.common.service) on every service, makes it INVALID_ARGUMENT saying what did not decode
+# (naming the field where the wire format allows), one WARNING line at most per rejected request.
+
+REJECTED = Counter(
+    "kumiki_grpc_rejected_requests_total",
+    "gRPC requests rejected before the handler: the bytes did not decode as the method's request",
+    ["method"],
+)
+_MAX_DEPTH = 100  # protobuf's own recursion limit
+
+
+class Undecodable:
+    """What a guarded deserializer returns for bytes that do not parse: the handler is never called with it."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _WireError(Exception):
+    pass
+
+
+def _varint(data: bytes, pos: int, what: str) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise _WireError(f"{what}: truncated at byte {pos}")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise _WireError(f"{what}: a varint longer than 10 bytes at byte {pos}")
+
+
+def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int) -> None:
+    """Raise _WireError naming the first field whose encoding is wrong (protobuf's DecodeError names none)."""
+    if depth > _MAX_DEPTH:
+        raise _WireError(f"{path or 'request'}: nested deeper than {_MAX_DEPTH} messages")
+    seen: dict[int, int] = {}
+    pos = 0
+    while pos < len(data):
+        start = pos
+        tag, pos = _varint(data, pos, f"{path or 'request'}: a field tag")
+        number, wire_type = tag >> 3, tag & 7
+        if number == 0:
+            raise _WireError(f"{path or 'request'}: field number 0 at byte {start}")
+        field = descriptor.fields_by_number.get(number)
+        name = field.name if field is not None else f"#{number} (unknown field)"
+        if field is not None and field.is_repeated:
+            name = f"{name}[{seen.get(number, 0)}]"
+            seen[number] = seen.get(number, 0) + 1
+        where = f"{path}.{name}" if path else name
+        if wire_type == 0:
+            _, pos = _varint(data, pos, where)
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+            if pos > len(data):
+                raise _WireError(f"{where}: truncated fixed-width value at byte {start}")
+        elif wire_type == 2:
+            length, pos = _varint(data, pos, f"{where}: the length")
+            if pos + length > len(data):
+                raise _WireError(f"{where}: length {length} runs past the end of the message (byte {start})")
+            chunk = data[pos : pos + length]
+            pos += length
+            if field is None:
+                continue
+            if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
+                _walk(field.message_type, chunk, where, depth + 1)
+            elif field.type == FieldDescriptor.TYPE_STRING:
+                try:
+                    chunk.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _WireError(f"{where}: not valid UTF-8") from None
+        elif wire_type in (3, 4):
+            raise _WireError(f"{where}: group encoding (wire type {wire_type}) is not used by any Kumiki message")
+        else:
+            raise _WireError(f"{where}: invalid wire type {wire_type} at byte {start}")
+
+
+def undecodable_reason(descriptor: Descriptor, data: bytes) -> str:
+    """'request: undecodable as <type>: <field>: <problem>' for bytes that protobuf refused to parse."""
+    head = f"request: undecodable as {descriptor.full_name}"
+    try:
+        _walk(descriptor, data, "", 0)
+    except _WireError as error:
+        return f"{head}: {error}"
+    except Exception:  # the walker must never be what fails: say what protobuf said
+        pass
+    return f"{head}: wire format corrupt"
+
+
+def guarded_deserializer(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`deserializer` (a generated Message.FromString) that returns Undecodable instead of raising."""
+    message_type = getattr(deserializer, "__self__", None)
+    descriptor: Descriptor | None = getattr(message_type, "DESCRIPTOR", None)
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as error:  # DecodeError, and whatever else a deserializer raises on hostile bytes
+            if descriptor is not None and isinstance(error, DecodeError):
+                return Undecodable(undecodable_reason(descriptor, data))
+            return Undecodable(f"request: undecodable ({type(error).__name__}: {str(error)[:200]})")
+
+    return deserialize
+
+
+class _LogBudget:
+    """At most `rate` lines a second (burst `burst`) per process: past it, lines are counted, not written, and the
+    next line written says how many were left out. Rejections are still counted in REJECTED either way."""
+
+    def __init__(self, rate: float = 10.0, burst: float = 50.0) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.stamp = time.monotonic()
+        self.suppressed = 0
+
+    def take(self) -> int | None:
+        """None: do not log; otherwise the count of lines left out since the last one."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1.0:
+            self.suppressed += 1
+            return None
+        self.tokens -= 1.0
+        left_out, self.suppressed = self.suppressed, 0
+        return left_out
+
+
+class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Every method's request deserializer guarded: undecodable bytes end the call with INVALID_ARGUMENT."""
+
+    def __init__(self, service: str, budget: _LogBudget | None = None) -> None:
+        self.service = service
+        self.budget = budget or _LogBudget()
+
+    async def _reject(self, method: str, context: grpc.aio.ServicerContext, reason: str) -> None:
+        labelled(REJECTED, method).inc()
+        left_out = self.budget.take()
+        if left_out is not None:
+            extra: dict[str, object] = {"method": method, "peer": context.peer(), "reason": reason}
+            if left_out:
+                extra["not_logged_since_last"] = left_out
+            log.warning("rejected undecodable request", extra=extra)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        deserializer = guarded_deserializer(handler.request_deserializer)
+        reject = self._reject
+        serializer = handler.response_serializer
+
+        async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Undecodable):
+                    await reject(method, context, request.reason)
+                yield request
+
+        if handler.unary_unary is not None:
+            unary_unary = handler.unary_unary
+
+            async def guarded_unary_unary(request, context):  # type: ignore[no-untyped-def]
+                if isinstance(request, Undecodable):
+                    await reject(method, context, request.reason)
+                return await unary_unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(guarded_unary_unary, deserializer, serializer)
+        if handler.unary_stream is not None:
+            unary_stream = handler.unary_stream
+
+            async def guarded_unary_stream(request, context):  # type: ignore[no-untyped-def]
+                if isinstance(request, Undecodable):
+                    await reject(method, context, request.reason)
+                async for response in unary_stream(request, context):
+                    yield response
+
+            return grpc.unary_stream_rpc_method_handler(guarded_unary_stream, deserializer, serializer)
+        if handler.stream_unary is not None:
+            stream_unary = handler.stream_unary
+
+            async def guarded_stream_unary(requests, context):  # type: ignore[no-untyped-def]
+                return await stream_unary(checked(requests, context), context)
+
+            return grpc.stream_unary_rpc_method_handler(guarded_stream_unary, deserializer, serializer)
+        stream_stream = handler.stream_stream
+
+        async def guarded_stream_stream(requests, context):  # type: ignore[no-untyped-def]
+            async for response in stream_stream(checked(requests, context), context):
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(guarded_stream_stream, deserializer, serializer)

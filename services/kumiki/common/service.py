@@ -26,6 +26,7 @@ from kumiki.common.bus.admin import BrokerUnavailable
 from kumiki.common.bus.consumer import Handler
 from kumiki.common.config import ConfigError, Settings
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
+from kumiki.common.grpcutil import RequestGuard
 from kumiki.common.logs import configure_logging
 from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing
 
@@ -103,7 +104,9 @@ class ServiceHost:
         producer = EventProducer(settings.kafka, f"//kumiki/{self.spec.name}/{settings.instance}")
         await producer.start()
         self.runtime = Runtime(settings, producer, pool)
-        self.grpc_server = grpc.aio.server(interceptors=[ServerTracingInterceptor(self.spec.name)])
+        # the guard sits inside the tracing span, so a rejected request's span shows INVALID_ARGUMENT
+        interceptors = [ServerTracingInterceptor(self.spec.name), RequestGuard(self.spec.name)]
+        self.grpc_server = grpc.aio.server(interceptors=interceptors)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         await self.spec.wire(self.runtime, self.grpc_server)
         address = f"{settings.server.host}:{settings.server.grpc_port}"

@@ -1,0 +1,98 @@
+"""The request guard's reasons: which field of an undecodable request is wrong, from the wire format alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from google.protobuf.message import DecodeError
+
+from kumiki.common.contracts.v1 import common_pb2, placement_pb2
+from kumiki.common.grpcutil import RequestGuard, Undecodable, _LogBudget, guarded_deserializer, undecodable_reason
+
+BIND = placement_pb2.BindRequest.DESCRIPTOR
+
+
+def _valid() -> bytes:
+    return placement_pb2.BindRequest(
+        job=common_pb2.JobRef(job_id="j", generation=1), queue="q", pods=[common_pb2.PodResources(gpus=1)]
+    ).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\x0a\x05ab", "job: length 5 runs past the end of the message (byte 0)"),
+        (b"\x12\x02\xff\xfe", "queue: not valid UTF-8"),
+        (b"\x0a\x03\x0a\x01\xff", "job.job_id: not valid UTF-8"),
+        (b"\x1a\x00\x1a\x02\x08", "pods[1]: length 2 runs past the end of the message (byte 2)"),
+        (b"\x1a\x02\x08\x80", "pods[0].gpus: truncated at byte 2"),
+        (b"\x1a\x01\x0d", "pods[0].gpus: truncated fixed-width value at byte 0"),
+        (b"\x08", "job: truncated at byte 1"),
+        (b"\xff\xff\xff", "request: a field tag: truncated at byte 3"),
+        (b"\x00", "request: field number 0 at byte 0"),
+        (b"\x0b", "job: group encoding (wire type 3) is not used by any Kumiki message"),
+        (b"\x0f", "job: invalid wire type 7 at byte 0"),
+    ],
+)
+def test_the_reason_names_the_field_that_does_not_decode(data: bytes, reason: str) -> None:
+    """Byte offsets count from the start of the enclosing message (pods[0]'s own bytes for pods[0].gpus)."""
+    with pytest.raises(DecodeError):
+        placement_pb2.BindRequest.FromString(data)
+    assert undecodable_reason(BIND, data) == f"request: undecodable as kumiki.v1.BindRequest: {reason}"
+
+
+def test_a_guarded_deserializer_returns_the_message_or_undecodable_never_raises() -> None:
+    deserialize = guarded_deserializer(placement_pb2.BindRequest.FromString)
+    assert deserialize(_valid()).queue == "q"
+    rejected = deserialize(_valid()[:-1])
+    assert isinstance(rejected, Undecodable)
+    assert rejected.reason.startswith("request: undecodable as kumiki.v1.BindRequest: pods[0]")
+
+
+def test_the_log_budget_allows_a_burst_then_counts_what_it_leaves_out() -> None:
+    budget = _LogBudget(rate=0.0001, burst=3)
+    assert [budget.take() for _ in range(3)] == [0, 0, 0]
+    assert budget.take() is None and budget.take() is None
+    budget.tokens = 1.0
+    assert budget.take() == 2  # the next line says two were left out
+
+
+async def test_the_guard_rejects_on_a_real_server_with_invalid_argument() -> None:
+    """A minimal server with only the guard (no Kumiki service): the generic path, unary and streaming."""
+
+    async def echo(request: placement_pb2.BindRequest, context: grpc.aio.ServicerContext) -> bytes:
+        return request.SerializeToString()
+
+    async def count(requests, context):  # type: ignore[no-untyped-def]
+        total = 0
+        async for _ in requests:
+            total += 1
+        return bytes([total])
+
+    handlers = grpc.method_handlers_generic_handler(
+        "t.T",
+        {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo, placement_pb2.BindRequest.FromString, lambda b: b),
+            "Count": grpc.stream_unary_rpc_method_handler(count, placement_pb2.BindRequest.FromString, lambda b: b),
+        },
+    )
+    server = grpc.aio.server(interceptors=[RequestGuard("test")])
+    server.add_generic_rpc_handlers((handlers,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert await channel.unary_unary("/t.T/Echo")(_valid()) == _valid()
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await channel.unary_unary("/t.T/Echo")(b"\x12\x02\xff\xfe")
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.details() == "request: undecodable as kumiki.v1.BindRequest: queue: not valid UTF-8"
+            assert await channel.stream_unary("/t.T/Count")(iter([_valid(), _valid()])) == b"\x02"
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await channel.stream_unary("/t.T/Count")(iter([_valid(), b"\x0a\x05ab"]))
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await server.stop(None)
+        await asyncio.sleep(0)
