@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "kumiki.cli.forecast",
     "kumiki.cli.quota",
     "kumiki.cli.placement",
+    "kumiki.cli.replay",
 )
 
 

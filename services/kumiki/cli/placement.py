@@ -14,6 +14,7 @@ from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
+from kumiki.devstack.stack import local_bootstrap, service_address
 
 console = message_console()
 
@@ -47,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     placement = subparsers.add_parser("placement", help="talk to the placement service")
     placement.add_argument(
         "--address",
-        default=os.environ.get("KUMIKI_PLACEMENT_ADDRESS", "127.0.0.1:50051"),
-        help="host:port of Placement (default $KUMIKI_PLACEMENT_ADDRESS or 127.0.0.1:50051)",
+        default=None,
+        help="host:port of Placement (default $KUMIKI_PLACEMENT_ADDRESS, else the local stack's, else 127.0.0.1:50051)",
     )
     commands = placement.add_subparsers(dest="placement_command", required=True)
     bind = commands.add_parser("bind", help="bind a gang of identical pods")
@@ -75,8 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _emulate(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    if not env.get("KUMIKI_KAFKA_BOOTSTRAP") and local_bootstrap():  # the broker `kumiki up` started
+        env["KUMIKI_KAFKA_BOOTSTRAP"] = str(local_bootstrap())
     try:
-        kafka = KafkaSettings.from_env(os.environ)
+        kafka = KafkaSettings.from_env(env)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     count = asyncio.run(publish_nodes(kafka, emulated_nodes(args.nodes, prefix=args.prefix)))
@@ -90,7 +94,13 @@ async def _call(address: str, method: str, request: object) -> object:
         return await getattr(stub, method)(request, timeout=10)
 
 
-def _run(address: str, method: str, request: object) -> int:
+def placement_address(given: str | None) -> str:
+    """--address, else KUMIKI_PLACEMENT_ADDRESS, else the placement `kumiki up` started, else its default port."""
+    return given or os.environ.get("KUMIKI_PLACEMENT_ADDRESS") or service_address("placement") or "127.0.0.1:50051"
+
+
+def _run(given: str | None, method: str, request: object) -> int:
+    address = placement_address(given)
     if ":" not in address:
         raise UsageError(f"--address: expected host:port, got {address!r}")
     try:

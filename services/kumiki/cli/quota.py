@@ -14,7 +14,7 @@ import csv
 import os
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from rich.table import Table
 from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, DatabaseSettings
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
+from kumiki.devstack.stack import local_database_url
 from kumiki.quota.adapters.store import QuotaStore, UsageRow, write_config
 from kumiki.quota.core import QueueConfigError, QuotaConfig, parse_config, team_of
 
@@ -50,21 +51,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     load = commands.add_parser("load", help="validate a queues.yaml and apply it (all or nothing)")
     load.add_argument("--file", required=True, type=Path, help="queue file (see docs/examples/queues.yaml)")
     load.add_argument("--check", action="store_true", help="validate only; do not touch the database")
-    load.add_argument("--database-url", default=None, help="Postgres URL (default: KUMIKI_DATABASE_URL)")
+    load.add_argument(
+        "--database-url", default=None, help="Postgres URL (default: KUMIKI_DATABASE_URL, else the local stack's)"
+    )
     load.set_defaults(handler=_load)
     report = commands.add_parser("report", help="GPU-seconds, GPU-hours and cost per team, queue or GPU model")
-    report.add_argument("--since", required=True, type=_moment, help="window start, inclusive (ISO 8601, UTC)")
-    report.add_argument("--until", required=True, type=_moment, help="window end, exclusive (ISO 8601, UTC)")
+    report.add_argument(
+        "--since",
+        type=_moment,
+        default=None,
+        help="window start, inclusive (ISO 8601, UTC; default 24 h before --until)",
+    )
+    report.add_argument(
+        "--until", type=_moment, default=None, help="window end, exclusive (ISO 8601, UTC; default now)"
+    )
     report.add_argument("--by", choices=GROUPINGS, default="team", help="group rows by team, queue or GPU model")
     report.add_argument("--csv", type=Path, default=Path("quota-report.csv"), help="CSV to write (and a PNG beside)")
-    report.add_argument("--database-url", default=None, help="Postgres URL (default: KUMIKI_DATABASE_URL)")
+    report.add_argument(
+        "--database-url", default=None, help="Postgres URL (default: KUMIKI_DATABASE_URL, else the local stack's)"
+    )
     report.set_defaults(handler=_report)
 
 
 def _database(url: str | None) -> DatabaseSettings:
+    """--database-url, else KUMIKI_DATABASE_URL, else the local stack's Postgres (`kumiki up`)."""
     env = dict(os.environ)
     if url:
         env["KUMIKI_DATABASE_URL"] = url
+    elif not env.get("KUMIKI_DATABASE_URL"):
+        local = local_database_url()
+        if local:
+            env["KUMIKI_DATABASE_URL"] = local
     try:
         return DatabaseSettings.from_env(env)
     except ConfigError as error:
@@ -139,6 +156,10 @@ def group_usage(rows: Sequence[UsageRow], by: str) -> list[tuple[str, Decimal, D
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.until is None:
+        args.until = datetime.now(UTC)
+    if args.since is None:
+        args.since = args.until - timedelta(days=1)
     if args.until <= args.since:
         raise UsageError(f"--until: must be after --since ({args.since.isoformat()}), got {args.until.isoformat()}")
     rows = asyncio.run(_usage(_database(args.database_url), args.since, args.until))

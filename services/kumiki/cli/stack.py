@@ -67,6 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="publish N emulated GPU nodes on cluster.state (default 4 on a broker started here, "
         "0 with KUMIKI_KAFKA_BOOTSTRAP)",
     )
+    up.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="only start the stack (by default `up` then replays a Philly excerpt: baseline against Kumiki)",
+    )
+    from kumiki.cli.replay import add_replay_options
+
+    add_replay_options(up.add_argument_group("replay (see `kumiki replay --help`)"), prefix="replay-")  # type: ignore[arg-type]
     up.set_defaults(handler=_up)
     status = subparsers.add_parser("status", help="health, address and backing broker/database of each component")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -80,6 +88,11 @@ def _up(args: argparse.Namespace) -> int:
     if args.timeout_s <= 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     database = args.database or _default_database()
+    replay_settings = None
+    if not (args.no_replay or args.infra_only):
+        from kumiki.cli.replay import settings_from
+
+        replay_settings = settings_from(args, prefix="replay-")  # a wrong option fails before anything starts
     try:
         with console.status("starting the Kumiki stack") as spinner:
             state = bring_up(
@@ -94,9 +107,10 @@ def _up(args: argparse.Namespace) -> int:
     except StackError as error:
         console.print(f"kumiki up: {error}", style="red", markup=False)
         return 1
+    replaying = replay_settings is not None
     emulate = args.emulate_nodes
-    if emulate is None:
-        emulate = 0 if os.environ.get("KUMIKI_KAFKA_BOOTSTRAP") or args.infra_only else 4
+    if emulate is None:  # the replay publishes its own cluster
+        emulate = 0 if os.environ.get("KUMIKI_KAFKA_BOOTSTRAP") or args.infra_only or replaying else 4
     if not 0 <= emulate <= 100_000:
         raise UsageError(f"--emulate-nodes: expected 0..100000, got {emulate}")
     if emulate:
@@ -109,7 +123,14 @@ def _up(args: argparse.Namespace) -> int:
         print(f"export KUMIKI_KAFKA_BOOTSTRAP={state.broker['bootstrap']}")
         print(f"export KUMIKI_DATABASE_URL={state.database['url']}")
         return 0
-    return _print_status(state, as_json=False)
+    healthy = _print_status(state, as_json=False)
+    if not replaying or healthy != 0:
+        return healthy
+    from kumiki.cli.replay import endpoints, run_and_report
+
+    assert replay_settings is not None
+    console.print("replaying a Philly excerpt through the live services (baseline, then Kumiki; --no-replay skips)")
+    return run_and_report(replay_settings, endpoints())
 
 
 def _print_status(state: StackState, as_json: bool) -> int:

@@ -17,13 +17,23 @@ from kumiki.devstack.broker import start_broker
 from kumiki.devstack.postgres import start_postgres, stop_postgres
 from kumiki.devstack.processes import StackError, alive, free_port, port_open, spawn, terminate
 
-# service name -> python module that runs it
+# service name -> python module that runs it, in start order (quota before placement, which admits through it)
 SERVICES: dict[str, str] = {
     "telemetry-ingest": "kumiki.telemetry",
     "forecast": "kumiki.forecast",
+    "quota": "kumiki.quota",
     "placement": "kumiki.placement",
     "preemption": "kumiki.preemption",
-    "quota": "kumiki.quota",
+}
+# The services' own default ports (their ServiceSpec, README "Configuration"): `up` uses them when they are free,
+# so every command finds the stack at the addresses the README names; a taken port falls back to a free one and
+# the CLI reads the real one from stack.json.
+DEFAULT_PORTS: dict[str, tuple[int, int]] = {
+    "placement": (50051, 8081),
+    "forecast": (50052, 8082),
+    "quota": (50053, 8083),
+    "preemption": (50054, 8084),
+    "telemetry-ingest": (50055, 8085),
 }
 
 
@@ -72,6 +82,8 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
     )
     if name == "quota":  # the local stack has no identities to check: say so rather than fake one
         env.setdefault("KUMIKI_QUOTA_ALLOW_ANONYMOUS", "true")
+    if name == "placement" and "quota" in state.services:  # admission through the stack's quota service
+        env.setdefault("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{state.services['quota']['grpc_port']}")
     if not state.broker.get("idempotent", True):
         env["KUMIKI_KAFKA_IDEMPOTENT"] = "false"
     return env
@@ -154,7 +166,7 @@ def bring_up(
         current = state.services.get(name)
         if current and alive(current.get("pid")):
             continue
-        grpc_port, http_port = free_port(), free_port()
+        grpc_port, http_port = (free_port() if port_open("127.0.0.1", port) else port for port in DEFAULT_PORTS[name])
         step(f"starting {name}")
         pid = spawn(
             [sys.executable, "-m", module], logs / f"{name}.log", env=_service_env(state, name, grpc_port, http_port)
@@ -182,6 +194,48 @@ def bring_up(
     if pending:
         raise StackError(f"not ready within {timeout_s:.0f}s: {', '.join(sorted(pending))}; see {logs}")
     return state
+
+
+def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 60.0) -> None:
+    """Stop one local service and start it again on the same ports with environment overrides (the replay's
+    baseline runs placement with another policy), waiting until it is ready again."""
+    home = stack_home()
+    state = StackState.load(home)
+    info = state.services.get(name)
+    if info is None:
+        raise StackError(f"{name} is not part of the local stack at {home}")
+    terminate(info.get("pid"))
+    env = _service_env(state, name, info["grpc_port"], info["http_port"])
+    env.update(overrides)
+    info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
+    state.save()
+    deadline = time.monotonic() + timeout_s
+    while readiness(info["http_port"])[0] != "ready":
+        if not alive(info["pid"]):
+            raise StackError(f"{name} exited during its restart; see {info['log']}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{name} not ready within {timeout_s:.0f}s of its restart; see {info['log']}")
+        time.sleep(0.2)
+
+
+def service_address(service: str, home: Path | None = None) -> str | None:
+    """host:port of a running local service's gRPC server, from stack.json (None when the stack has none)."""
+    info = StackState.load(home or stack_home()).services.get(service)
+    if not info or not alive(info.get("pid")):
+        return None
+    return f"127.0.0.1:{info['grpc_port']}"
+
+
+def local_database_url(home: Path | None = None) -> str | None:
+    """The local stack's Postgres URL, when `kumiki up` started (or was pointed at) one."""
+    state = StackState.load(home or stack_home())
+    return str(state.database["url"]) if state.database else None
+
+
+def local_bootstrap(home: Path | None = None) -> str | None:
+    """The local stack's broker, when `kumiki up` started (or was pointed at) one."""
+    state = StackState.load(home or stack_home())
+    return str(state.broker["bootstrap"]) if state.broker else None
 
 
 def status_rows(state: StackState) -> list[dict[str, Any]]:

@@ -1,0 +1,363 @@
+"""The live replay: a trace's jobs submitted to the running services at accelerated time, through the path a
+cluster integration uses (Placement.Bind), on an emulated cluster published on cluster.state.
+
+The driver keeps no scheduling logic: placement decides, quota admits, and the driver only learns what
+happened from `job.lifecycle` (BOUND, PREEMPTED, the endings), the same events every other consumer reads. A
+job is released as completed its trace duration (divided by the speed-up) after the BOUND event's own time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.codec import Event
+from kumiki.common.bus.replay import TopicReader
+from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, JOB_LIFECYCLE
+from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.db import apply_migrations, create_pool
+from kumiki.devstack.cluster import NodeShape, emulated_nodes
+from kumiki.quota.adapters.store import NoConfig, read_config, write_config
+from kumiki.quota.core import QuotaConfig
+from kumiki.replay.core import Outcome, ReplayJob
+
+log = logging.getLogger(__name__)
+
+REPLAY_SHAPE = NodeShape("A100-80GB", 8, 81920, 8, 128_000, 1_048_576)
+EMULATED_LABEL = "kumiki.dev/emulated"
+ENDINGS = {events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED, events_pb2.JOB_STATE_RELEASED}
+
+
+def _seconds(stamp: object) -> float:
+    return stamp.seconds + stamp.nanos / 1e9  # type: ignore[attr-defined]
+
+
+@dataclass
+class LiveCounts:
+    """What the live view shows; updated by the driver, read by the CLI's progress display."""
+
+    phase: str = ""
+    planned: int = 0
+    submitted: int = 0
+    waiting: int = 0
+    running: int = 0
+    done: int = 0
+    preempted: int = 0
+    gpus_allocated: int = 0
+    gpus_busy: int = 0
+    idle_gpus: int = 0
+    binds: int = 0
+    started_wall: float = field(default_factory=time.monotonic)
+
+    @property
+    def binds_per_s(self) -> float:
+        return self.binds / max(1e-9, time.monotonic() - self.started_wall)
+
+
+@dataclass
+class _Track:
+    job: ReplayJob
+    submitted_wall: float = 0.0
+    bound_wall: float | None = None
+    generation: int = 0
+    executed_s: float = 0.0  # trace seconds of progress kept across preemptions
+    runs: int = 0
+    started_wall: float = 0.0  # when the current generation was bound
+    release: asyncio.TimerHandle | None = None
+    ended_wall: float | None = None
+
+
+@dataclass
+class LogEntry:
+    """One job.lifecycle event of this run, for the invariant checks: kind, job, generation, GPUs."""
+
+    kind: str
+    job_id: str
+    generation: int
+    gpus: frozenset[tuple[str, int]]
+    at_wall: float
+    at_us: int  # the event's own time in whole microseconds, as the quota ledger meters it
+    gpu_demand: float = 0.0
+
+
+async def publish_cluster(kafka: KafkaSettings, nodes: int, prefix: str = "replay") -> list[str]:
+    """`nodes` uniform 8-GPU nodes on cluster.state; other emulated nodes are marked unhealthy (placement gives
+    them nothing), so the replay runs on exactly the cluster it names. Returns the replay's node names."""
+    await ensure_topics(kafka, ALL_TOPICS)
+    ours = emulated_nodes(nodes, shapes=(REPLAY_SHAPE,), prefix=prefix)
+    names = {node.node for node in ours}
+    others: dict[str, events_pb2.NodeState] = {}
+
+    async def seen(key: str, event: Event | None) -> None:
+        if event is None:
+            others.pop(key, None)
+            return
+        state = event.payload
+        assert isinstance(state, events_pb2.NodeState)
+        others[key] = state
+
+    reader = TopicReader(kafka, CLUSTER_STATE, seen)
+    await reader.start()
+    try:
+        await reader.catch_up(timeout_s=60)
+    finally:
+        await reader.stop()
+    cordoned = []
+    for name, state in others.items():
+        if name in names or state.labels.get(EMULATED_LABEL) != "true" or not state.healthy:
+            continue
+        copy = events_pb2.NodeState()
+        copy.CopyFrom(state)
+        copy.healthy = False
+        copy.version.version += 1
+        cordoned.append(copy)
+    async with EventProducer(kafka, "//kumiki/replay") as producer:
+        await producer.publish_many(CLUSTER_STATE, [(node.node, node) for node in (*cordoned, *ours)])
+    return sorted(names)
+
+
+async def swap_queue_tree(database: DatabaseSettings, config: QuotaConfig | None, source: str) -> QuotaConfig | None:
+    """Apply `config` (None: leave the tree) and return the tree that was there before (None: there was none)."""
+    pool = await create_pool(database)
+    try:
+        await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
+        await apply_migrations(pool, "quota", "kumiki.quota.migrations")
+        async with pool.acquire() as connection:
+            try:
+                _, previous = await read_config(connection)
+            except NoConfig:
+                previous = None
+        if config is not None:
+            await write_config(pool, config, source)
+        return previous
+    finally:
+        await pool.close()
+
+
+class Replay:
+    """One phase: submit every job at its (accelerated) time, release each when its run is over, return outcomes."""
+
+    def __init__(
+        self,
+        jobs: Sequence[ReplayJob],
+        *,
+        placement_address: str,
+        kafka: KafkaSettings,
+        speed: float,
+        phase: str,
+        preemptible: bool,
+        run_id: str | None = None,
+        counts: LiveCounts | None = None,
+        channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        self.jobs = list(jobs)
+        self.address = placement_address
+        self.kafka = kafka
+        self.speed = speed
+        self.phase = phase
+        self.preemptible = preemptible
+        self.prefix = f"{run_id or uuid.uuid4().hex[:8]}-{phase}-"
+        self.counts = counts or LiveCounts()
+        self.channel_factory = channel_factory
+        self.tracks = {self.prefix + job.job_id: _Track(job) for job in self.jobs}
+        self.log: list[LogEntry] = []
+        self.errors: list[str] = []
+        self._t0 = 0.0
+        self._done = asyncio.Event()
+        self._stub: placement_pb2_grpc.PlacementStub | None = None
+        self._pending_calls: set[asyncio.Task[None]] = set()
+
+    # ---- clock --------------------------------------------------------------------------------------------
+    def trace_s(self, wall: float) -> float:
+        return (wall - self._t0) * self.speed
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+    async def _on_lifecycle(self, key: str, event: Event | None) -> None:
+        if event is None or not key.startswith(self.prefix):
+            return
+        message = event.payload
+        assert isinstance(message, events_pb2.JobLifecycle)
+        track = self.tracks.get(key)
+        if track is None:
+            return
+        at = _seconds(message.at)
+        at_us = message.at.seconds * 1_000_000 + message.at.nanos // 1000
+        generation = message.job.generation
+        gpus = frozenset((a.node, int(index)) for a in message.assignments for index in a.gpu_indices)
+        if message.state == events_pb2.JOB_STATE_BOUND:
+            self.log.append(LogEntry("bound", key, generation, gpus, at, at_us, message.gpus))
+            if track.bound_wall is not None and track.generation == generation:
+                return  # the same bind seen twice
+            self._bound(key, track, generation, at)
+        elif message.state == events_pb2.JOB_STATE_PREEMPTED:
+            self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
+            self._preempted(track, generation, at)
+        elif message.state in ENDINGS:
+            self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
+
+    def _bound(self, key: str, track: _Track, generation: int, at_wall: float) -> None:
+        track.bound_wall = at_wall if track.runs == 0 else track.bound_wall
+        track.generation = generation
+        track.runs += 1
+        track.started_wall = track_started = at_wall
+        self.counts.waiting -= 1
+        self.counts.running += 1
+        self.counts.gpus_allocated += track.job.gpus
+        self.counts.gpus_busy += 0 if track.job.idle else track.job.gpus
+        self.counts.idle_gpus += track.job.gpus if track.job.idle else 0
+        remaining_wall = max(0.0, track.job.duration_s - track.executed_s) / self.speed
+        delay = max(0.0, track_started + remaining_wall - time.time())
+        loop = asyncio.get_running_loop()
+        track.release = loop.call_later(delay, self._release_soon, key, track, track_started)
+
+    def _preempted(self, track: _Track, generation: int, at_wall: float) -> None:
+        if track.release is None or track.generation != generation:
+            return
+        track.release.cancel()
+        track.release = None
+        # progress kept: the coordinator checkpointed it at preemption (its loss is the ledger's to record)
+        track.executed_s = min(track.job.duration_s, track.executed_s + (at_wall - track.started_wall) * self.speed)
+        self.counts.preempted += 1
+        self._unhold(track)
+        self.counts.waiting += 1
+
+    def _unhold(self, track: _Track) -> None:
+        self.counts.running -= 1
+        self.counts.gpus_allocated -= track.job.gpus
+        self.counts.gpus_busy -= 0 if track.job.idle else track.job.gpus
+        self.counts.idle_gpus -= track.job.gpus if track.job.idle else 0
+
+    def _release_soon(self, key: str, track: _Track, started_wall: float) -> None:
+        track.release = None
+        task = asyncio.get_running_loop().create_task(self._release(key, track, started_wall))
+        self._pending_calls.add(task)
+        task.add_done_callback(self._pending_calls.discard)
+
+    async def _release(self, key: str, track: _Track, started_wall: float) -> None:
+        assert self._stub is not None
+        request = placement_pb2.ReleaseRequest(
+            job=common_pb2.JobRef(job_id=key, generation=track.generation),
+            reason="replay: trace duration elapsed",
+            final_state=events_pb2.JOB_STATE_COMPLETED,
+        )
+        try:
+            await self._call(self._stub.Release, request)
+        except grpc.aio.AioRpcError as error:
+            self.errors.append(f"{key}: Release: {error.code().name}: {error.details()}")
+        track.executed_s = track.job.duration_s
+        track.ended_wall = time.time()
+        self._unhold(track)
+        self.counts.done += 1
+        if self.counts.done >= len(self.tracks):
+            self._done.set()
+
+    async def _call(self, method: Callable[..., Awaitable[object]], request: object) -> object:
+        """A call retried while the service is briefly unavailable (a restart), with a bounded number of tries."""
+        for attempt in range(30):
+            try:
+                return await method(request, timeout=30)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == 29:
+                    raise
+                await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
+        raise AssertionError("unreachable")
+
+    # ---- submission -------------------------------------------------------------------------------------
+    async def _submit(self, key: str, track: _Track) -> None:
+        assert self._stub is not None
+        job = track.job
+        request = placement_pb2.BindRequest(
+            job=common_pb2.JobRef(job_id=key, generation=1),
+            queue=job.queue,
+            pods=[common_pb2.PodResources(gpus=gpus) for gpus in job.pods],
+            preemptible=self.preemptible,
+            name=job.job_id,
+        )
+        track.submitted_wall = time.time()
+        self.counts.submitted += 1
+        self.counts.waiting += 1
+        try:
+            reply = await self._call(self._stub.Bind, request)
+        except grpc.aio.AioRpcError as error:
+            self.errors.append(f"{key}: Bind: {error.code().name}: {error.details()}")
+            self.counts.waiting -= 1
+            track.ended_wall = time.time()
+            self.counts.done += 1
+            if self.counts.done >= len(self.tracks):
+                self._done.set()
+            return
+        assert isinstance(reply, placement_pb2.BindResponse)
+        if reply.outcome == placement_pb2.BindResponse.OUTCOME_BOUND:
+            self.counts.binds += 1
+
+    async def run(self, timeout_s: float | None = None) -> list[Outcome]:
+        """Replay every job; returns one outcome per job that ended (in trace seconds from the start)."""
+        self.counts.phase = self.phase
+        self.counts.planned = len(self.tracks)
+        reader = TopicReader(self.kafka, JOB_LIFECYCLE, self._on_lifecycle)
+        await reader.start()
+        await reader.catch_up()
+        stopping = asyncio.Event()
+        follower = asyncio.create_task(reader.follow(stopping), name="replay-lifecycle")
+        channel = self.channel_factory(self.address)
+        self._stub = placement_pb2_grpc.PlacementStub(channel)
+        self._t0 = time.time()
+        self.counts.started_wall = time.monotonic()
+        try:
+            for key, track in self.tracks.items():
+                due = self._t0 + track.job.submit_s / self.speed
+                delay = due - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(self._submit(key, track))
+                self._pending_calls.add(task)
+                task.add_done_callback(self._pending_calls.discard)
+            if not self.tracks:
+                self._done.set()
+            await asyncio.wait_for(self._done.wait(), timeout=timeout_s)
+            while self._pending_calls:
+                await asyncio.gather(*list(self._pending_calls), return_exceptions=True)
+            # the endings' events are this run's too: read them before the checks use the log
+            await asyncio.sleep(0)
+            await reader.catch_up()
+        finally:
+            stopping.set()
+            for track in self.tracks.values():
+                if track.release is not None:
+                    track.release.cancel()
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            await reader.stop()
+            await channel.close()
+        return self.outcomes()
+
+    def outcomes(self) -> list[Outcome]:
+        result = []
+        for key, track in self.tracks.items():
+            if track.bound_wall is None or track.ended_wall is None:
+                continue
+            result.append(
+                Outcome(
+                    key,
+                    track.job.queue,
+                    track.job.gpus,
+                    self.trace_s(track.submitted_wall),
+                    self.trace_s(track.bound_wall),
+                    self.trace_s(track.ended_wall),
+                    track.job.idle,
+                    runs=track.runs,
+                )
+            )
+        return result

@@ -1,0 +1,139 @@
+"""The efficiency report of a replay: baseline against Kumiki on the same trace and cluster, as Markdown and a
+PNG, from the run's own results (results.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROWS: tuple[tuple[str, str, str], ...] = (
+    # (label, summary key, format)
+    ("jobs completed", "completed", "{:,.0f}"),
+    ("average JCT (s)", "avg_jct_s", "{:,.0f}"),
+    ("p95 JCT (s)", "p95_jct_s", "{:,.0f}"),
+    ("average queueing (s)", "avg_queue_s", "{:,.0f}"),
+    ("makespan (s)", "makespan_s", "{:,.0f}"),
+    ("GPUs allocated while jobs wait", "allocation_under_backlog", "{:.1%}"),
+    ("GPUs computing while jobs wait", "utilisation_under_backlog", "{:.1%}"),
+    ("idle GPU-hours (allocated, computing nothing)", "idle_gpu_h", "{:,.1f}"),
+    ("lost GPU-hours (preemption)", "lost_gpu_h", "{:,.1f}"),
+    ("jobs completed per GPU-hour", "jobs_per_gpu_h", "{:.3f}"),
+)
+
+
+def load_results(run: Path) -> dict[str, Any]:
+    path = run / "results.json" if run.is_dir() else run
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise FileNotFoundError(f"--run: cannot read {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--run: {path} is not a replay's results.json: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("phases"), dict):
+        raise ValueError(f"--run: {path} has no 'phases' (not a replay's results.json)")
+    return data
+
+
+def _ratio(baseline: float, kumiki: float, key: str) -> str:
+    if baseline == 0 or kumiki == 0:
+        return "-"
+    better_high = key in {"completed", "allocation_under_backlog", "utilisation_under_backlog", "jobs_per_gpu_h"}
+    return (
+        f"{kumiki / baseline:.2f}x"
+        if better_high
+        else f"{baseline / kumiki:.2f}x better"
+        if kumiki < baseline
+        else f"{kumiki / baseline:.2f}x worse"
+    )
+
+
+def markdown(results: dict[str, Any]) -> str:
+    phases = results["phases"]
+    names = [name for name in ("baseline", "kumiki") if name in phases]
+    lines = [
+        f"# Replay: {results['trace']} ({results['jobs']} jobs, {results['idle_jobs']} idle), "
+        f"{results['nodes']} x {results['gpus_per_node']} GPUs at {results['speed']:g}x",
+        "",
+        "| | "
+        + " | ".join(f"{name} ({phases[name]['policy']})" for name in names)
+        + (" | Kumiki vs baseline |" if len(names) == 2 else " |"),
+        "|---|" + "---|" * len(names) + ("---|" if len(names) == 2 else ""),
+    ]
+    for label, key, fmt in ROWS:
+        cells = [fmt.format(phases[name]["summary"][key]) for name in names]
+        row = f"| {label} | " + " | ".join(cells) + " |"
+        if len(names) == 2:
+            row += f" {_ratio(phases['baseline']['summary'][key], phases['kumiki']['summary'][key], key)} |"
+        lines.append(row)
+    simulated = results.get("simulated_kumiki") or {}
+    if simulated and "kumiki" in phases:
+        live = phases["kumiki"]["summary"]["avg_jct_s"]
+        lines += [
+            "",
+            "Live against simulated (same jobs, cluster and policy, no quota service in the simulator): average"
+            f" JCT {live:,.0f} s live, {simulated['avg_jct_s']:,.0f} s simulated"
+            f" ({live / simulated['avg_jct_s'] - 1:+.1%}).",
+        ]
+    for name in names:
+        problems = phases[name]["problems"]
+        lines.append("")
+        lines.append(
+            f"Invariants, {name}: "
+            + ("every job completed once, no GPU held by two jobs." if not problems else "; ".join(problems))
+        )
+    baseline_def = (
+        "Baseline: static per-queue quotas (each queue capped at its guaranteed share of the cluster, no borrowing) "
+        "with FIFO, the way most clusters run today. Kumiki: the same guarantees with idle GPUs lent to whoever "
+        "waits, and the stack's placement policy. Times are trace seconds (wall clock x speed-up)."
+    )
+    lines += ["", baseline_def, ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = results["phases"]
+    names = [name for name in ("baseline", "kumiki") if name in phases]
+    colours = {"baseline": "#999999", "kumiki": "#4c72b0"}
+    panels = (
+        ("average and p95 JCT (h)", ("avg_jct_s", "p95_jct_s"), 1 / 3600),
+        ("GPUs while jobs wait", ("allocation_under_backlog", "utilisation_under_backlog"), 100.0),
+        ("jobs per GPU-hour", ("jobs_per_gpu_h",), 1.0),
+    )
+    figure, axes = plt.subplots(1, len(panels), figsize=(12, 3.6))
+    for axis, (title, keys, scale) in zip(axes, panels, strict=True):
+        width = 0.8 / max(1, len(names))
+        for offset, name in enumerate(names):
+            values = [phases[name]["summary"][key] * scale for key in keys]
+            positions = [index + offset * width for index in range(len(keys))]
+            axis.bar(positions, values, width, label=name, color=colours[name])
+        axis.set_xticks([index + width * (len(names) - 1) / 2 for index in range(len(keys))])
+        labels = {
+            "avg_jct_s": "avg",
+            "p95_jct_s": "p95",
+            "allocation_under_backlog": "allocated %",
+            "utilisation_under_backlog": "computing %",
+            "jobs_per_gpu_h": "",
+        }
+        axis.set_xticklabels([labels[key] for key in keys])
+        axis.set_title(title)
+    axes[0].legend()
+    figure.suptitle(
+        f"{results['trace']}: {results['jobs']} jobs on {results['nodes']} x {results['gpus_per_node']} GPUs, live"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md, png = out / "report.md", out / "report.png"
+    plot(results, png)
+    md.write_text(markdown(results) + f"\n![report]({png.name})\n")
+    return md, png

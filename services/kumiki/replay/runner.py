@@ -1,0 +1,224 @@
+"""One replay session: the baseline and Kumiki phases on the live services, each checked, plus the same trace
+simulated, written as results.json, report.md and report.png (`kumiki.replay.report`)."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.data import bundled_trace
+from kumiki.replay.core import PHASES, Outcome, ReplayError, ReplayJob, double_holds, plan_jobs, queue_tree, summarise
+from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, swap_queue_tree
+from kumiki.sim.trace import load_jobs
+
+GPUS_PER_NODE = 8
+DEFAULT_TRACE = "philly-replay"
+
+
+@dataclass
+class ReplaySettings:
+    trace: str = DEFAULT_TRACE
+    nodes: int = 16
+    speed: float = 1000.0
+    phases: tuple[str, ...] = PHASES
+    idle_fraction: float = 0.1
+    seed: int = 0
+    out: Path = Path("out/replay")
+    timeout_s: float = 900.0
+    simulate: bool = True
+
+    def validate(self) -> None:
+        if not 1 <= self.nodes <= 10_000:
+            raise ReplayError(f"--nodes: expected 1..10000, got {self.nodes}")
+        if not 1.0 <= self.speed <= 100_000.0:
+            raise ReplayError(f"--speed: expected 1..100000, got {self.speed:g}")
+        unknown = [phase for phase in self.phases if phase not in PHASES]
+        if unknown or not self.phases:
+            raise ReplayError(
+                f"--phases: expected some of {', '.join(PHASES)}, got {','.join(self.phases) or '(none)'}"
+            )
+        if self.timeout_s <= 0:
+            raise ReplayError(f"--timeout-s: must be > 0, got {self.timeout_s:g}")
+
+
+@dataclass
+class Endpoints:
+    placement: str
+    kafka: KafkaSettings
+    database: DatabaseSettings
+    # restart placement with these environment overrides (a local stack); None: the policy cannot change
+    restart_placement: Callable[[dict[str, str]], None] | None = None
+    placement_policy: str = "fifo-backfill"
+    placement_strategy: str = "kumiki"
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    policy: str
+    summary: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    log: list[LogEntry] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    prefix: str = ""
+
+
+def vc_weights() -> dict[str, float]:
+    """Philly VCs' node counts: the quota guarantees the replay's queue trees are drawn from."""
+    with bundled_trace("philly-vc-nodes").open(newline="") as handle:
+        return {row["vc"]: float(row["node num"]) for row in csv.DictReader(handle)}
+
+
+def check_phase(jobs: Sequence[ReplayJob], outcomes: Sequence[Outcome], log: Sequence[LogEntry]) -> list[str]:
+    """The invariants every phase must end with: each job completed exactly once, no GPU held twice."""
+    problems = []
+    if len(outcomes) != len(jobs):
+        problems.append(f"{len(jobs) - len(outcomes)} of {len(jobs)} jobs did not complete")
+    ends: dict[tuple[str, int], int] = {}
+    for entry in log:
+        if entry.kind == "ended":
+            ends[(entry.job_id, entry.generation)] = ends.get((entry.job_id, entry.generation), 0) + 1
+    twice = sorted(f"{job}/{generation}" for (job, generation), count in ends.items() if count > 1)
+    if twice:
+        problems.append(f"ended more than once: {', '.join(twice[:5])}")
+    problems.extend(double_holds((e.kind, e.job_id, e.generation, e.gpus) for e in log))
+    return problems
+
+
+def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, strategy: str) -> dict[str, float]:
+    """The same jobs, cluster and policy in the simulator (no quota service: the work-conserving case)."""
+    from kumiki.sched.cluster import uniform_cluster
+    from kumiki.sched.policies import POLICIES
+    from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
+
+    specs = [SimJobSpec(job.job_id, job.submit_s, job.gpus, job.duration_s, job.queue) for job in jobs]
+    spec = uniform_cluster(nodes, GPUS_PER_NODE, island_size=GPUS_PER_NODE)
+    result = Simulator(spec, specs, SimConfig(POLICIES[policy], placement=strategy)).run()
+    jcts = [job.jct_s for job in result.jobs]
+    return {
+        "avg_jct_s": sum(jcts) / len(jcts),
+        "avg_queue_s": sum(job.queue_s for job in result.jobs) / len(result.jobs),
+    }
+
+
+async def run_session(
+    settings: ReplaySettings,
+    endpoints: Endpoints,
+    *,
+    counts: LiveCounts | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every phase in turn on the live stack; returns the results (also written under settings.out)."""
+    settings.validate()
+    trace = load_jobs(settings.trace)
+    jobs = plan_jobs(
+        trace,
+        gpus_per_node=GPUS_PER_NODE,
+        nodes=settings.nodes,
+        idle_fraction=settings.idle_fraction,
+        seed=settings.seed,
+    )
+    capacity = settings.nodes * GPUS_PER_NODE
+    weights = vc_weights()
+    await publish_cluster(endpoints.kafka, settings.nodes)
+    previous_tree = await swap_queue_tree(endpoints.database, None, "replay")
+    run_id = time.strftime("r%H%M%S")
+    results: list[PhaseResult] = []
+    try:
+        for phase in settings.phases:
+            baseline = phase == "baseline"
+            tree = queue_tree(jobs, capacity, weights, static=baseline)
+            await swap_queue_tree(endpoints.database, tree, f"replay {phase}")
+            policy = endpoints.placement_policy
+            if baseline and endpoints.restart_placement is not None:
+                await asyncio.to_thread(endpoints.restart_placement, {"KUMIKI_PLACEMENT_POLICY": "fifo"})
+                policy = "fifo"
+            if on_phase is not None:
+                on_phase(phase)
+            live = counts if counts is not None else LiveCounts()
+            live.__init__()  # type: ignore[misc]  # fresh counters for each phase
+            replay = Replay(
+                jobs,
+                placement_address=endpoints.placement,
+                kafka=endpoints.kafka,
+                speed=settings.speed,
+                phase=phase,
+                preemptible=not baseline,
+                run_id=run_id,
+                counts=live,
+            )
+            try:
+                outcomes = await replay.run(timeout_s=settings.timeout_s)
+            finally:
+                if baseline and endpoints.restart_placement is not None:
+                    await asyncio.to_thread(endpoints.restart_placement, {})
+            summary = summarise(phase, outcomes, len(jobs), capacity)
+            results.append(
+                PhaseResult(
+                    phase,
+                    f"{policy}/{endpoints.placement_strategy}",
+                    asdict(summary),
+                    check_phase(jobs, outcomes, replay.log),
+                    replay.errors,
+                    replay.log,
+                    outcomes,
+                    replay.prefix,
+                )
+            )
+    finally:
+        await swap_queue_tree(
+            endpoints.database, previous_tree or queue_tree(jobs, capacity, weights, static=False), "replay done"
+        )
+    simulated: dict[str, float] = {}
+    if settings.simulate and "kumiki" in settings.phases:
+        simulated = simulate_counterpart(jobs, settings.nodes, endpoints.placement_policy, endpoints.placement_strategy)
+    payload = {
+        "trace": settings.trace,
+        "jobs": len(jobs),
+        "idle_jobs": sum(1 for job in jobs if job.idle),
+        "nodes": settings.nodes,
+        "gpus_per_node": GPUS_PER_NODE,
+        "speed": settings.speed,
+        "seed": settings.seed,
+        "phases": {
+            result.phase: {
+                "policy": result.policy,
+                "summary": result.summary,
+                "problems": result.problems,
+                "errors": result.errors[:20],
+                "prefix": result.prefix,
+            }
+            for result in results
+        },
+        "simulated_kumiki": simulated,
+    }
+    settings.out.mkdir(parents=True, exist_ok=True)
+    (settings.out / "results.json").write_text(json.dumps(payload, indent=2))
+    with (settings.out / "jobs.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["phase", "job_id", "queue", "gpus", "submitted_s", "bound_s", "ended_s", "idle", "runs"])
+        for result in results:
+            for o in result.outcomes:
+                writer.writerow(
+                    [
+                        result.phase,
+                        o.job_id,
+                        o.queue,
+                        o.gpus,
+                        f"{o.submitted_s:.1f}",
+                        f"{o.bound_s:.1f}",
+                        f"{o.ended_s:.1f}",
+                        int(o.idle),
+                        o.runs,
+                    ]
+                )
+    payload["_results"] = results  # for callers in this process (tests read the logs); not written
+    return payload
