@@ -15,10 +15,11 @@ from kumiki.common.config import ConfigError, env_choice, env_file, env_float, e
 from kumiki.common.contracts.v1 import placement_pb2_grpc
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.placement.adapters.admission import Admission, AllowAllAdmission, QuotaServiceAdmission
-from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, rebuild
+from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, follow_tables, rebuild
 from kumiki.placement.adapters.grpc import PlacementServicer
 from kumiki.placement.core import LIVE_POLICIES, PlacementBook
 from kumiki.sched.placement import STRATEGIES
+from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,13 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     strategy = env_choice(os.environ, "KUMIKI_PLACEMENT_STRATEGY", "kumiki", STRATEGIES)
     policy = env_choice(os.environ, "KUMIKI_PLACEMENT_POLICY", "fifo-backfill", LIVE_POLICIES)
     period_s = env_float(os.environ, "KUMIKI_PLACEMENT_CYCLE_S", 1.0, minimum=0.05, maximum=3600)
-    book = PlacementBook(strategy=strategy, policy=policy)
+    min_run_s = env_float(
+        os.environ, "KUMIKI_PLACEMENT_MIN_RUN_S", MIN_RUN_BEFORE_PREEMPT_S, minimum=0.0, maximum=7 * 86400.0
+    )
+    book = PlacementBook(strategy=strategy, policy=policy, min_run_s=min_run_s)
     publisher = DecisionPublisher(runtime.producer, policy=f"{policy}/{strategy}")
     servicer = PlacementServicer(book, publisher, admission_from_env())
+    tables = await follow_tables(runtime.settings.kafka, book)  # checkpoints and forecasts, before the rebuild
     nodes, _ = await rebuild(runtime.settings.kafka, book, servicer.wake)
     # The rebuilt book is long-lived: moving it out of the collector's sight keeps full collections, and the
     # pauses they put into Bind's latency tail, short (a later rebuild's old table is then never freed: rare).
@@ -69,6 +74,9 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     cycles = servicer.run_cycles(runtime.stopping, period_s)
     runtime.background.append(asyncio.create_task(cycles, name="scheduling-cycle"))
     runtime.closers.append(nodes.stop)
+    for table in tables:
+        runtime.background.append(asyncio.create_task(table.follow(runtime.stopping), name=f"follow-{table.spec.name}"))
+        runtime.closers.append(table.stop)
     runtime.components.update(book=book, servicer=servicer)
     placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)
 

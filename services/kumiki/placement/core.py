@@ -14,15 +14,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
-from kumiki.sched.forecasting import JobFeatures
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sched.jobs import GangRequest, JobView
 from kumiki.sched.placement import PendingReason, place_gang
 from kumiki.sched.policies import POLICIES
-from kumiki.sched.scheduler import Scheduler
+from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S, Preemption, Scheduler
 
-# Queue policies the live service can run: the non-preemptive ones that need no forecast. Preemptive policies
-# need the checkpoint flow wired to placement, forecast-driven ones need job.forecast in the book (not yet).
-LIVE_POLICIES = ("fifo", "fifo-backfill")
+# Queue policies the live service can run. The preemptive ones (`kumiki`, `tiresias`) name victims; the
+# preemption coordinator checkpoints and evicts them, and releases them here as PREEMPTED (docs/preemption.md).
+# `kumiki` reads each job's forecast (job.forecast) when it is queued.
+LIVE_POLICIES = ("fifo", "fifo-backfill", "kumiki", "tiresias")
 
 
 class BindConflict(ValueError):
@@ -89,8 +90,8 @@ def _queued(command: BindCommand) -> PendingReason:
     return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
 
 
-def job_view(command: BindCommand, submitted_s: float) -> JobView:
-    """What the queue policy sees of a live job: its submit-time features (no run time: none is known)."""
+def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast | None = None) -> JobView:
+    """What the queue policy sees of a live job: its submit-time features and its forecast (no run time)."""
     gpus = command.request.gpu_demand
     features = JobFeatures(command.job_id, command.queue, command.user, gpus, command.name, submitted_s)
     return JobView(
@@ -100,7 +101,17 @@ def job_view(command: BindCommand, submitted_s: float) -> JobView:
         submit_s=submitted_s,
         priority=command.priority_tier,
         preemptible=command.preemptible,
+        forecast=forecast,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A job the scheduling pass preempted: its GPUs are the beneficiary's in the book, but it still runs until
+    the coordinator has it checkpoint and evicts it, and releases it here (`release_preempted`)."""
+
+    job: BoundJob
+    preemption: Preemption
 
 
 @dataclass
@@ -115,6 +126,13 @@ class PlacementBook:
     bound: dict[str, BoundJob] = field(default_factory=dict)
     pending: dict[str, PendingJob] = field(default_factory=dict)
     orphans: dict[str, BoundJob] = field(default_factory=dict)  # bound on nodes not (yet) known
+    min_run_s: float = MIN_RUN_BEFORE_PREEMPT_S  # a job is not preempted again within this long of its bind
+    # preempted jobs still running until evicted; jobs bound onto their GPUs wait (nominated) until they leave
+    draining: dict[str, Victim] = field(default_factory=dict)
+    nominated: dict[str, BoundJob] = field(default_factory=dict)
+    preemptions: list[Victim] = field(default_factory=list)  # decided, not yet published (the adapter drains it)
+    acknowledged: dict[str, float] = field(default_factory=dict)  # job -> newest acknowledged checkpoint (unix s)
+    forecasts: dict[str, RuntimeForecast] = field(default_factory=dict)  # job -> run-time forecast
     _scheduler: Scheduler | None = None  # over the current ClusterState; rebuilt when the node list changes
     _stale: bool = True  # nodes were added since the scheduler was built: rebuild on next use
 
@@ -174,19 +192,25 @@ class PlacementBook:
         """A fresh state and scheduler over the current nodes: bound jobs re-applied, waiting jobs re-queued."""
         state = ClusterState.empty(ClusterSpec(tuple(self.nodes)))
         state.cordoned = self._cordoned()
-        scheduler = Scheduler(POLICIES[self.policy], state, self.strategy)
+        scheduler = Scheduler(
+            POLICIES[self.policy], state, self.strategy, min_run_s=self.min_run_s, acknowledged=self.acknowledged
+        )
         displaced = []
         for job_id, job in list(self.bound.items()):
             try:
-                scheduler.adopt(job_view(job.command, job.bound_s), job.command.request, job.placement, job.bound_s)
+                view = self._view(job.command, job.bound_s)
+                scheduler.adopt(view, job.command.request, job.placement, job.bound_s)
             except AllocationError:
                 del self.bound[job_id]
                 displaced.append(job)
         for pending in sorted(self.pending.values(), key=lambda item: item.submitted_s):
             if not pending.held:
-                scheduler.submit(job_view(pending.command, pending.submitted_s), pending.command.request)
+                scheduler.submit(self._view(pending.command, pending.submitted_s), pending.command.request)
         self._scheduler = scheduler
         return displaced
+
+    def _view(self, command: BindCommand, submitted_s: float) -> JobView:
+        return job_view(command, submitted_s, self.forecasts.get(command.job_id))
 
     def _adopt_orphans(self) -> None:
         for job_id, job in list(self.orphans.items()):
@@ -203,6 +227,14 @@ class PlacementBook:
         """Queue a gang and run a scheduling pass: bound whole, or pending with the reason; a repeated
         (job, generation) gets the same answer."""
         current = self.bound.get(command.job_id)
+        if (
+            current is not None
+            and command.job_id in self.nominated
+            and current.command.generation == command.generation
+        ):
+            return BindOutcome(reason=self._nominated_reason(command))
+        if current is None and command.job_id in self.draining:
+            current = self.draining[command.job_id].job
         if current is not None:
             if current.command.generation == command.generation:
                 return BindOutcome(job=current, replayed=True)
@@ -222,14 +254,16 @@ class PlacementBook:
         if not scheduler.waiting and scheduler.reservation is None and command.job_id not in self.pending:
             # An empty queue: the pass would try this job alone, with nothing reserved; do that without queueing.
             found = place_gang(scheduler.state, command.request, self.strategy, explain=False)
-            if isinstance(found, Placement):
-                scheduler.adopt(job_view(command, now), command.request, found, now)
+            if isinstance(found, Placement) and not self._on_draining(found):
+                scheduler.adopt(self._view(command, now), command.request, found, now)
                 return BindOutcome(job=self._bound(command, found, now))
         self._queue(command, _queued(command), now)
         started = self.cycle(now)
         job = self.bound.get(command.job_id)
-        if job is not None:
+        if job is not None and command.job_id not in self.nominated:
             return BindOutcome(job=job, started=tuple(other for other in started if other is not job))
+        if job is not None:
+            return BindOutcome(reason=self._nominated_reason(command), started=tuple(started))
         reason = self._why_waiting(command.job_id)
         self.pending[command.job_id] = replace(self.pending[command.job_id], reason=reason)
         return BindOutcome(reason=reason, started=tuple(started))
@@ -245,17 +279,104 @@ class PlacementBook:
         submitted = previous.submitted_s if previous is not None else now
         self.pending[command.job_id] = PendingJob(command, reason, submitted)
         if scheduler is not None:
-            scheduler.submit(job_view(command, submitted), command.request)
+            scheduler.submit(self._view(command, submitted), command.request)
 
     def cycle(self, now: float) -> list[BoundJob]:
-        """A scheduling pass of the core's policy; returns the jobs it started (the caller publishes them)."""
+        """A scheduling pass of the core's policy; returns the jobs it started (the caller publishes them).
+
+        Preemptive policies may name victims (`preemptions`, for the adapter to publish): they keep running
+        until evicted, and a job the pass placed on their GPUs is nominated, not started, until they leave."""
         if not self.nodes:
             return []
-        started = []
-        for start in self.scheduler.schedule(now).starts:
+        started = self._ready_nominated()
+        scheduler = self.scheduler
+        decisions = scheduler.schedule(now, consider_preemption=scheduler.policy.preemptive)
+        for preemption in decisions.preemptions:
+            victim = self.bound.pop(preemption.job_id, None)
+            if victim is None:  # a job the same pass started and preempted at once: nothing ran yet
+                continue
+            entry = Victim(victim, preemption)
+            self.draining[preemption.job_id] = entry
+            self.preemptions.append(entry)
+        for start in decisions.starts:
             waiting = self.pending.pop(start.job_id)
-            started.append(self._bound(waiting.command, start.placement, now, now - waiting.submitted_s))
+            job = self._bound(waiting.command, start.placement, now, now - waiting.submitted_s)
+            if self._on_draining(start.placement):
+                self.nominated[start.job_id] = job
+            else:
+                started.append(job)
         return started
+
+    def _gpus_of(self, placement: Placement) -> set[tuple[int, int]]:
+        return {(pod.node, gpu) for pod in placement.pods for gpu in self._pod_gpus(pod)}
+
+    @staticmethod
+    def _pod_gpus(pod: PodPlacement) -> tuple[int, ...]:
+        if pod.gpus:
+            return pod.gpus
+        if pod.share is not None:
+            return (pod.share.gpu,)
+        if pod.mig is not None:
+            return (pod.mig.gpu,)
+        return ()
+
+    def _on_draining(self, placement: Placement) -> bool:
+        """Whether a placement uses a GPU that a preempted job has not left yet."""
+        if not self.draining:
+            return False
+        held = self._gpus_of(placement)
+        return any(held & self._gpus_of(victim.job.placement) for victim in self.draining.values())
+
+    def _ready_nominated(self) -> list[BoundJob]:
+        """Nominated jobs whose GPUs every preempted job has now left: they start (the caller publishes them)."""
+        ready = [job for job in self.nominated.values() if not self._on_draining(job.placement)]
+        for job in ready:
+            del self.nominated[job.command.job_id]
+        return ready
+
+    def _nominated_reason(self, command: BindCommand) -> PendingReason:
+        return PendingReason(
+            command.job_id,
+            "preemption",
+            "placed; waits for the preempted jobs on its GPUs to checkpoint and leave",
+            command.request.pods[0].shape(),
+        )
+
+    def preempted_attempt(self, job_id: str, generation: int) -> BoundJob | None:
+        """The attempt a PREEMPTED release would free (draining, or bound after a restart); None: nothing held."""
+        victim = self.draining.get(job_id)
+        if victim is not None and (not generation or victim.job.command.generation == generation):
+            return victim.job
+        job = self.bound.get(job_id)
+        if job is None or job_id in self.nominated or (generation and job.command.generation != generation):
+            return None
+        return job
+
+    def release_preempted(self, job_id: str, generation: int, now: float) -> tuple[BoundJob, BindCommand] | None:
+        """The coordinator evicted this attempt: free it and queue the job again as the next generation (keeping
+        its arrival time). None when that attempt holds nothing (released already: idempotent)."""
+        victim = self.draining.get(job_id)
+        if victim is not None and (not generation or victim.job.command.generation == generation):
+            del self.draining[job_id]
+            job = victim.job
+        else:
+            found = self.release(job_id, generation)  # after a restart a victim is simply bound
+            if found is None:
+                return None
+            job = found
+        self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
+        again = replace(job.command, generation=job.command.generation + 1)
+        self._queue(again, _queued(again), job.bound_s - job.waited_s)
+        return job, again
+
+    def checkpointed(self, job_id: str, completed_s: float) -> None:
+        """A job's newest acknowledged checkpoint (from kumiki.checkpoints): victim choice counts work since it."""
+        if completed_s > self.acknowledged.get(job_id, 0.0):
+            self.acknowledged[job_id] = completed_s
+
+    def forecast(self, job_id: str, forecast: RuntimeForecast) -> None:
+        """A job's run-time forecast (job.forecast); the queue policy sees it from the job's next queueing."""
+        self.forecasts[job_id] = forecast
 
     def _bound(self, command: BindCommand, placement: Placement, bound_s: float, waited_s: float = 0.0) -> BoundJob:
         """Record a job the scheduler now runs (node names kept: they survive node re-indexing)."""
@@ -279,7 +400,7 @@ class PlacementBook:
             scheduler = self.scheduler if self.nodes else None  # rebuilt first, so the job is queued once
             self.pending[job_id] = replace(pending, held=False)
             if scheduler is not None:
-                scheduler.submit(job_view(pending.command, pending.submitted_s), pending.command.request)
+                scheduler.submit(self._view(pending.command, pending.submitted_s), pending.command.request)
 
     def restore_pending(self, command: BindCommand, submitted_s: float) -> None:
         """A job that waited before a restart waits again with its arrival time; held until the cycle has asked
@@ -299,6 +420,7 @@ class PlacementBook:
 
         `requeue`: the job waits again (a cycle's start); otherwise its caller was told no."""
         job = self.bound.pop(job_id)
+        self.nominated.pop(job_id, None)
         self.scheduler.finished(job_id)
         if requeue:
             self._queue(job.command, _queued(job.command), now)
@@ -306,10 +428,16 @@ class PlacementBook:
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:
         """Free a job's allocation; None when it holds none for that generation (releasing twice is fine)."""
+        victim = self.draining.get(job_id)
+        if victim is not None and (not generation or victim.job.command.generation == generation):
+            del self.draining[job_id]  # it ended on its own while asked to checkpoint: its GPUs are already given
+            self.preemptions = [entry for entry in self.preemptions if entry is not victim]
+            return victim.job
         job = self.bound.get(job_id)
         if job is None or (generation and job.command.generation != generation):
             return None
         del self.bound[job_id]
+        self.nominated.pop(job_id, None)
         self.scheduler.finished(job_id)
         return job
 
@@ -336,7 +464,7 @@ class PlacementBook:
             return None
         placement = Placement(command.job_id, tuple(replace(pod, node=self.index_of[name]) for name, pod in named))
         self.withdraw(command.job_id)
-        self.scheduler.adopt(job_view(command, bound_s), command.request, placement, bound_s)  # re-checks every GPU
+        self.scheduler.adopt(self._view(command, bound_s), command.request, placement, bound_s)  # re-checks every GPU
         return self._bound(command, placement, bound_s)
 
     def forget(self, job_id: str) -> None:
@@ -361,6 +489,11 @@ class PlacementBook:
 
     def explain(self, job_id: str) -> Explanation:
         job = self.bound.get(job_id)
+        if job is not None and job_id in self.nominated:
+            return Explanation("pending", job.command.queue, (self._nominated_reason(job.command),), 1)
+        if job is None and job_id in self.draining:
+            job = self.draining[job_id].job
+            return Explanation("preempting", job.command.queue, job=job)
         if job is not None:
             return Explanation("bound", job.command.queue, job=job)
         pending = self.pending.get(job_id)

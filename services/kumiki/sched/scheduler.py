@@ -21,6 +21,7 @@ from kumiki.sched.cluster import ClusterState, Placement
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
 from kumiki.sched.placement import PendingReason, could_host, place_gang
 from kumiki.sched.policies import LEVEL_SPAN_S, QueuePolicy, estimate_remaining, running_rank, waiting_key
+from kumiki.sched.preemption import lost_work, may_yield, victim_order
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
 BACKFILL_LOOKAHEAD = 32
@@ -39,9 +40,13 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
+    """A job evicted by the pass. `reason`: "priority", "rank", "starvation" or "reservation deadline"."""
+
     job_id: str
     for_job: str
     reason: str
+    lost_gpu_s: float = 0.0  # its unsaved work (since its last checkpoint) x GPUs, when decided
+    since_checkpoint_s: float = 0.0  # seconds of unsaved work
 
 
 @dataclass(slots=True)
@@ -99,7 +104,14 @@ class Scheduler:
         *,
         checkpoint: CheckpointModel | None = None,
         queue_shares: dict[str, float] | None = None,
+        min_run_s: float = MIN_RUN_BEFORE_PREEMPT_S,
+        acknowledged: dict[str, float] | None = None,
     ) -> None:
+        """`min_run_s`: a job is not preempted again within this long of (re)starting. `acknowledged`: when given,
+        lost work is measured from each job's newest acknowledged checkpoint (wall time, job id -> s; live and
+        the simulator's on-demand model) instead of the periodic checkpoint model."""
+        self.min_run_s = min_run_s
+        self.acknowledged = acknowledged
         self.policy = policy
         self.state = state
         self.strategy = strategy
@@ -438,10 +450,30 @@ class Scheduler:
                     self.reservation = replace(reservation, shadow_s=max(shadow, now))
 
     # ---- preemption ----------------------------------------------------------------------------
-    def _evict(self, job_id: str, for_job: str, reason: str, decisions: Decisions) -> None:
+    def _evict(
+        self,
+        job_id: str,
+        for_job: str,
+        reason: str,
+        decisions: Decisions,
+        lost_gpu_s: float = 0.0,
+        since_s: float = 0.0,
+    ) -> None:
         entry = self.running.pop(job_id)
         self._release(job_id, entry)
-        decisions.preemptions.append(Preemption(job_id, for_job, reason))
+        decisions.preemptions.append(Preemption(job_id, for_job, reason, lost_gpu_s, since_s))
+
+    def lost_work(self, job_id: str, now: float) -> tuple[float, float]:
+        """(unsaved seconds, unsaved GPU-seconds) of a running job now, by the scheduler's checkpoint model."""
+        running = self.running[job_id]
+        lost = lost_work(job_id, running.start_s, self.executed(running, now), now, self.checkpoint, self.acknowledged)
+        return lost.since_checkpoint_s, lost.since_checkpoint_s * running.gpus
+
+    def _over_quota(self, view: JobView) -> bool:
+        if not self.shares:
+            return False
+        lane = self.lane_of(view)
+        return self.lane_usage.get(lane, 0.0) > self.shares.get(lane, 0.0)
 
     def _nodes_of(self, job_ids: Collection[str]) -> list[int]:
         running = self.running
@@ -468,17 +500,20 @@ class Scheduler:
         policy = self.policy
         checkpoint = self.checkpoint
         running_jobs = self.running
-        started_before = now - MIN_RUN_BEFORE_PREEMPT_S
-        best: tuple[float, int, list[str]] | None = None
+        min_run_s = self.min_run_s
+        acknowledged = self.acknowledged
+        priority = entry.view.priority
+        best: tuple[float, int, list[tuple[str, float, float, str]]] | None = None
         specs = self.state.spec.nodes
         for node in range(len(specs)) if nodes is None else nodes:
             if specs[node].gpus < need or node in reserved:
                 continue
             free = self.state.free_count(node)
-            victims: list[tuple[float, float, str, int]] = []
+            victims: list[tuple[tuple[float, int, int, float, str], str, int, float, float, str]] = []
             for job_id in self.on_node[node]:
                 running = running_jobs[job_id]
-                if running.start_s > started_before:
+                view = running.view
+                if not may_yield(view.priority, view.preemptible, running.start_s, priority, now, min_run_s):
                     continue
                 executed = running.view.executed_s + (now - running.start_s)
                 if executed >= self.checkpoint_until(running.request, running.view) and not self._young_full_node(
@@ -487,8 +522,10 @@ class Scheduler:
                     continue
                 attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
                 victim_rank = running_rank(policy, running.view, executed, attained)
-                lost = checkpoint.lost_progress(executed) + checkpoint.restore_cost_s
-                if force:
+                unsaved = lost_work(job_id, running.start_s, executed, now, checkpoint, acknowledged)
+                lost = unsaved.cost_s
+                reason = "starvation" if force else "priority" if view.priority < priority else "rank"
+                if force or view.priority < priority:
                     worse = True
                 elif policy.order == "las":
                     worse = victim_rank > rank
@@ -499,25 +536,28 @@ class Scheduler:
                     weight = running.gpus**policy.gpu_exponent if policy.gpu_exponent else 1.0
                     worse = victim_rank > policy.preempt_ratio * rank + lost * weight
                 if worse:
-                    victims.append((lost * running.gpus, -victim_rank, job_id, running.gpus))
-            if free + sum(victim[3] for victim in victims) < need:
+                    lost_gpu_s = lost * running.gpus
+                    order = victim_order(lost_gpu_s, view.priority, self._over_quota(view), victim_rank, job_id)
+                    since = unsaved.since_checkpoint_s
+                    victims.append((order, job_id, running.gpus, since * running.gpus, since, reason))
+            if free + sum(victim[2] for victim in victims) < need:
                 continue
             victims.sort()
             freed = free
-            chosen: list[str] = []
+            chosen: list[tuple[str, float, float, str]] = []
             cost = 0.0
-            for lost_gpu_s, _, job_id, gpus in victims:
+            for order, job_id, gpus, lost_gpu_s, since, reason in victims:
                 if freed >= need:
                     break
-                chosen.append(job_id)
+                chosen.append((job_id, lost_gpu_s, since, reason))
                 freed += gpus
-                cost += lost_gpu_s
+                cost += order[0]
             if chosen and (best is None or (cost, node) < (best[0], best[1])):
                 best = (cost, node, chosen)
         if best is None:
             return
-        for job_id in best[2]:
-            self._evict(job_id, entry.view.job_id, "higher-ranked job", decisions)
+        for job_id, lost_gpu_s, since, reason in best[2]:
+            self._evict(job_id, entry.view.job_id, reason, decisions, lost_gpu_s, since)
         placed = place_gang(self.state, entry.request, self.strategy, explain=False)
         if not isinstance(placed, PendingReason):
             self._start(entry, placed, now, decisions, "")

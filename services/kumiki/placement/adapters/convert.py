@@ -173,6 +173,7 @@ FINAL_STATES = {
     events_pb2.JOB_STATE_RELEASED: events_pb2.JOB_STATE_RELEASED,
     events_pb2.JOB_STATE_COMPLETED: events_pb2.JOB_STATE_COMPLETED,
     events_pb2.JOB_STATE_FAILED: events_pb2.JOB_STATE_FAILED,
+    events_pb2.JOB_STATE_PREEMPTED: events_pb2.JOB_STATE_PREEMPTED,  # the preemption coordinator, after EVICT
 }
 
 
@@ -182,8 +183,12 @@ def release_state(request: placement_pb2.ReleaseRequest) -> int:
     state = FINAL_STATES.get(request.final_state)
     if state is None:
         raise InvalidRequest(
-            "final_state", f"JOB_STATE_COMPLETED, JOB_STATE_FAILED or JOB_STATE_RELEASED, got {request.final_state}"
+            "final_state",
+            "JOB_STATE_COMPLETED, JOB_STATE_FAILED, JOB_STATE_PREEMPTED or JOB_STATE_RELEASED,"
+            f" got {request.final_state}",
         )
+    if request.lost_gpu_seconds < 0 or request.lost_gpu_seconds != request.lost_gpu_seconds:
+        raise InvalidRequest("lost_gpu_seconds", f"must be >= 0, got {request.lost_gpu_seconds}")
     return state
 
 

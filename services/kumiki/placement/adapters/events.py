@@ -9,9 +9,9 @@ import uuid
 from kumiki.common.bus import Event, EventProducer
 from kumiki.common.bus.producer import OutgoingEvent
 from kumiki.common.bus.replay import TopicReader
-from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, SCHEDULING_DECISIONS
+from kumiki.common.bus.topics import CHECKPOINTS, CLUSTER_STATE, JOB_FORECAST, JOB_LIFECYCLE, SCHEDULING_DECISIONS
 from kumiki.common.config import KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2
 from kumiki.common.grpcutil import InvalidRequest, timestamp
 from kumiki.placement.adapters.convert import (
     InvalidNodeState,
@@ -24,7 +24,8 @@ from kumiki.placement.adapters.convert import (
     pending_reason,
     restore_from_lifecycle,
 )
-from kumiki.placement.core import BindCommand, BoundJob, PlacementBook
+from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, Victim
+from kumiki.sched.forecasting import RuntimeForecast
 from kumiki.sched.jobs import RequestError
 from kumiki.sched.placement import PendingReason
 
@@ -102,6 +103,47 @@ class DecisionPublisher:
         change = lifecycle(job, state, reason, runtime_s=runtime_s)
         await self._publish_pair(job.command, change, "released", decision)
         return decision.decision_id
+
+    async def preempted(self, victim: Victim) -> str:
+        """A PREEMPT decision naming the victim, its pods, the beneficiary, the reason and the unsaved work: the
+        preemption coordinator runs the checkpoint protocol from it."""
+        job, preemption = victim.job, victim.preemption
+        decision = self._decision(events_pb2.DECISION_KIND_PREEMPT, job.command)
+        decision.assignments.extend(assignments(job))
+        reason = "reservation" if preemption.reason == "reservation deadline" else preemption.reason
+        decision.preemption_reason = reason
+        decision.lost_gpu_seconds = preemption.lost_gpu_s
+        decision.since_checkpoint_s = preemption.since_checkpoint_s
+        decision.beneficiary.job_id = preemption.for_job
+        decision.beneficiary.generation = 0
+        decision.reasons.append(
+            common_pb2.PendingReason(
+                code=reason,
+                message=f"preempted for {preemption.for_job} ({preemption.reason}); "
+                f"{preemption.since_checkpoint_s:.0f} s unsaved, {preemption.lost_gpu_s:.0f} GPU-s",
+            )
+        )
+        await self.producer.publish(SCHEDULING_DECISIONS, job.command.job_id, decision, event_id=decision.decision_id)
+        return decision.decision_id
+
+    async def requeued(
+        self, job: BoundJob, again: BindCommand, lost_gpu_seconds: float, runtime_s: float, submitted_s: float
+    ) -> None:
+        """An evicted attempt: PREEMPTED (with its lost work, what quota's ledger records) and the next
+        generation's SUBMITTED (what a restarted placement re-queues), acknowledged together."""
+        change = lifecycle(job, events_pb2.JOB_STATE_PREEMPTED, "preempted", runtime_s=runtime_s)
+        change.lost_gpu_seconds = lost_gpu_seconds
+        submitted = command_lifecycle(again, events_pb2.JOB_STATE_SUBMITTED, "requeued after preemption", submitted_s)
+        decision = self._decision(events_pb2.DECISION_KIND_RELEASE, job.command)
+        decision.reasons.append(common_pb2.PendingReason(code="preempted", message="evicted; queued again"))
+        key = job.command.job_id
+        await self.producer.publish_records(
+            [
+                OutgoingEvent(JOB_LIFECYCLE, key, change, f"{key}/{job.command.generation}/preempted"),
+                OutgoingEvent(JOB_LIFECYCLE, key, submitted, f"{key}/{again.generation}/submitted"),
+                OutgoingEvent(SCHEDULING_DECISIONS, key, decision, decision.decision_id),
+            ]
+        )
 
     async def withdrawn(self, command: BindCommand, reason: str) -> str:
         """A waiting job left the queue unplaced: RELEASED without assignments, so a restart does not re-queue it."""
@@ -191,6 +233,50 @@ class AllocationLog:
         for submitted_s, command in sorted(waiting, key=lambda item: item[0]):
             self.book.restore_pending(command, submitted_s)
         return restored, len(waiting)
+
+
+class CheckpointTable:
+    """kumiki.checkpoints → the book's newest acknowledged checkpoint per job (victim choice)."""
+
+    def __init__(self, book: PlacementBook) -> None:
+        self.book = book
+
+    async def __call__(self, key: str, event: Event | None) -> None:
+        if event is None:
+            return
+        report = event.payload
+        assert isinstance(report, checkpoints_pb2.CheckpointReport)
+        completed = report.completed_at.seconds + report.completed_at.nanos / 1e9
+        if report.job.job_id and completed > 0:
+            self.book.checkpointed(report.job.job_id, completed)
+
+
+class ForecastTable:
+    """kumiki.job.forecast → the book's forecast per job (the `kumiki` policy orders and backfills by it)."""
+
+    def __init__(self, book: PlacementBook) -> None:
+        self.book = book
+
+    async def __call__(self, key: str, event: Event | None) -> None:
+        if event is None:
+            return
+        message = event.payload
+        assert isinstance(message, events_pb2.RuntimeForecast)
+        sigma = message.log_sigma if message.HasField("log_sigma") else None
+        forecast = RuntimeForecast(message.p50_s, message.p90_s, message.model, message.model_version, sigma)
+        self.book.forecast(message.job.job_id, forecast)
+
+
+async def follow_tables(settings: KafkaSettings, book: PlacementBook) -> list[TopicReader]:
+    """Checkpoints and forecasts read to their end (before serving), then followed by the caller."""
+    readers = [
+        TopicReader(settings, CHECKPOINTS, CheckpointTable(book)),
+        TopicReader(settings, JOB_FORECAST, ForecastTable(book)),
+    ]
+    for reader in readers:
+        await reader.start()
+        await reader.catch_up()
+    return readers
 
 
 async def rebuild(settings: KafkaSettings, book: PlacementBook, on_change: asyncio.Event) -> tuple[TopicReader, int]:

@@ -26,6 +26,7 @@ from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
 from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason, release_state
 from kumiki.placement.adapters.events import DecisionPublisher
+from kumiki.placement.adapters.preempting import publish_preemptions, release_preempted
 from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook
 from kumiki.sched.placement import PendingReason
 
@@ -205,6 +206,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             raise BindRefused(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from None
         if outcome.started:  # the pass this arrival ran also started jobs that were waiting
             await self._publish_started(outcome.started)
+        if self.book.preemptions:  # the pass named victims: the coordinator checkpoints and evicts them
+            await publish_preemptions(self.book, self.publisher)
         if outcome.job is not None and outcome.replayed:
             BINDS_REPLAYED.inc()
             return self._bound_response(outcome.job)
@@ -255,6 +258,10 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         except InvalidRequest as error:
             await abort_invalid(context, error)
             raise
+        if state == events_pb2.JOB_STATE_PREEMPTED:  # the coordinator evicted it: free, requeue next generation
+            response = await release_preempted(self.book, self.publisher, request)
+            self.wake.set()
+            return response
         waiting = self.book.pending.get(request.job.job_id)
         withdrawn = waiting is not None and request.job.generation in (0, waiting.command.generation)
         if waiting is not None and withdrawn:
@@ -309,6 +316,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 self.book.admit(command.job_id, now)
         started = self.book.cycle(now)
         await self._publish_started(started)
+        await publish_preemptions(self.book, self.publisher)
         PENDING.set(len(self.book.pending))
         ALLOCATED.set(self.book.state.allocated_gpus())
         return len(started)
