@@ -1,0 +1,1 @@
+"""Kubernetes binder adapters: the API (lightkube), Placement (gRPC) and the control loop."""

@@ -1,0 +1,587 @@
+"""The binder's control loop: API objects in (pods, nodes, PodGroups), Placement's answers and log in,
+Bindings, conditions, Events, node records, lifecycle events and evictions out.
+
+State lives in memory and is rebuilt at start from the API (list, then watch from the list's version) and
+from Placement's log (`job.lifecycle`, read to its end): a restarted binder finds every gang where it was,
+binds what Placement bound but the API never got, and submits again (same generation) what was waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from prometheus_client import Counter, Gauge, Histogram
+
+from kumiki.binder import core
+from kumiki.binder.adapters.kube import KubeApi
+from kumiki.binder.adapters.placement import PlacementClient, PlacementUnavailable
+from kumiki.binder.core import Gang, Pod, PodKey
+from kumiki.common.bus import Event, EventProducer
+from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
+from kumiki.common.grpcutil import timestamp
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.binder")
+
+BINDS = Counter("kumiki_binder_pods_bound_total", "Pods the binder bound (Binding created)")
+GANGS = Counter("kumiki_binder_gangs_total", "Gang submissions by Placement's answer", ["outcome"])
+BIND_SECONDS = Histogram(
+    "kumiki_binder_gang_bind_seconds",
+    "From submitting a gang to the last of its Bindings",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+EVICTIONS = Counter("kumiki_binder_evictions_total", "Eviction API calls by result", ["result"])
+REPAIRS = Counter("kumiki_binder_repaired_binds_total", "Binds Placement made that the API had not got, repaired")
+PENDING = Gauge("kumiki_binder_pending_pods", "Pods with schedulerName kumiki and no node")
+EVENTS_DROPPED = Counter("kumiki_binder_events_dropped_total", "Kubernetes Events not sent (queue full)")
+
+BINDER_SOURCE_PREFIX = "//kumiki/binder/"
+
+
+@dataclass
+class LoggedJob:
+    """A job's last word in Placement's log."""
+
+    generation: int
+    state: int
+    assignments: list[common_pb2.PodAssignment]
+    pods: list[common_pb2.PodResources]
+
+
+class Binder:
+    def __init__(
+        self,
+        kube: KubeApi,
+        placement: PlacementClient,
+        producer: EventProducer,
+        *,
+        concurrency: int = 256,
+        scheduled_events: bool = True,
+    ) -> None:
+        self.kube = kube
+        self.placement = placement
+        self.producer = producer
+        self.gangs: dict[str, Gang] = {}
+        self.nodes: dict[str, core.Node] = {}
+        self.telemetry: dict[str, events_pb2.NodeState] = {}
+        self.published: dict[str, events_pb2.NodeState] = {}
+        self.logged: dict[str, LoggedJob] = {}
+        self.min_members: dict[tuple[str, str], tuple[int, str]] = {}  # (namespace, group) -> (minMember, uid)
+        self.wake = asyncio.Event()
+        self.busy: set[str] = set()  # gangs with a submission or binding in flight
+        self.evicting: set[str] = set()  # jobs evicted on a preemption command (the coordinator releases them)
+        self.retry_at: dict[str, float] = {}
+        self.slots = asyncio.Semaphore(concurrency)
+        self.scheduled_events = scheduled_events
+        self.events: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue(maxsize=10_000)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.synced = asyncio.Event()
+        self.node_changes = 0
+
+    # ---- Placement's log ------------------------------------------------------------------------------
+    async def on_lifecycle(self, key: str, event: Event | None) -> None:
+        """job.lifecycle: remember each job's last generation and state; a BOUND for a gang that waits
+        (the scheduling cycle placed it later) binds its pods."""
+        if event is None:
+            return
+        message = event.payload
+        assert isinstance(message, events_pb2.JobLifecycle)
+        if message.state not in (
+            events_pb2.JOB_STATE_SUBMITTED,
+            events_pb2.JOB_STATE_BOUND,
+            events_pb2.JOB_STATE_RELEASED,
+            events_pb2.JOB_STATE_COMPLETED,
+            events_pb2.JOB_STATE_FAILED,
+            events_pb2.JOB_STATE_PREEMPTED,
+        ):
+            return
+        job_id = message.job.job_id
+        current = self.logged.get(job_id)
+        if current is not None and message.job.generation < current.generation:
+            return
+        self.logged[job_id] = LoggedJob(
+            message.job.generation, message.state, list(message.assignments), list(message.pods)
+        )
+        if not self.synced.is_set() or message.state != events_pb2.JOB_STATE_BOUND:
+            return
+        gang = self.gangs.get(job_id)
+        if (
+            gang is not None
+            and gang.generation == message.job.generation
+            and not gang.bound
+            and job_id not in self.busy
+        ):
+            self._spawn(self._apply(gang, message.job.generation, list(message.assignments), "cycle"))
+
+    # ---- cluster.state (telemetry's view) ----------------------------------------------------------------
+    async def on_cluster_state(self, key: str, event: Event | None) -> None:
+        if event is None:
+            self.telemetry.pop(key, None)
+            return
+        if event.attributes.source.startswith(BINDER_SOURCE_PREFIX):
+            return  # our own record
+        state = event.payload
+        assert isinstance(state, events_pb2.NodeState)
+        self.telemetry[key] = state
+        if key in self.nodes:
+            await self._publish_nodes([key], force=True)  # telemetry's record must not undo a cordon
+
+    # ---- nodes ----------------------------------------------------------------------------------------
+    async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            self.published.pop(name, None)
+            await self.producer.publish(CLUSTER_STATE, name, events_pb2.NodeState(node=name, healthy=False))
+            self.wake.set()
+            return
+        before = self.nodes.get(name)
+        node = core.parse_node(obj)
+        self.nodes[name] = node
+        self.node_changes += 1
+        await self._publish_nodes([name])
+        if before is None or before.schedulable != node.schedulable:
+            self.wake.set()  # a pod that never fitted may fit now; a gang on a cordoned node goes again
+
+    async def _publish_nodes(self, names: list[str], force: bool = False) -> None:
+        records = []
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            state = core.node_state(node, self.telemetry.get(name))
+            previous = self.published.get(name)
+            if not force and previous is not None and core.same_node_state(previous, state):
+                continue
+            state.last_seen.CopyFrom(timestamp())
+            self.published[name] = state
+            records.append((name, state))
+        if records:
+            await self.producer.publish_many(CLUSTER_STATE, records)
+
+    # ---- PodGroups ------------------------------------------------------------------------------------
+    async def on_podgroup(self, kind: str, obj: dict[str, Any]) -> None:
+        metadata = obj.get("metadata") or {}
+        key = (str(metadata.get("namespace") or "default"), str(metadata.get("name") or ""))
+        if kind == "DELETED":
+            self.min_members.pop(key, None)
+            return
+        spec = obj.get("spec") or {}
+        try:
+            minimum = max(0, int(spec.get("minMember") or 0))
+        except (TypeError, ValueError):
+            minimum = 0
+        self.min_members[key] = (minimum, str(metadata.get("uid") or ""))
+        gang = self.gangs.get(core.job_id_for(key[0], key[1], ""))
+        if gang is not None:
+            gang.min_member = minimum
+        self.wake.set()
+
+    # ---- pods -----------------------------------------------------------------------------------------
+    def _gang_for(self, pod: Pod) -> Gang:
+        job_id = pod.job_id
+        gang = self.gangs.get(job_id)
+        if gang is None:
+            gang = Gang(job_id=job_id, namespace=pod.key.namespace, group=pod.group)
+            minimum = self.min_members.get((pod.key.namespace, pod.group)) if pod.group else None
+            if minimum is not None:
+                gang.min_member = minimum[0]
+            logged = self.logged.get(job_id)
+            if logged is not None:
+                gang.generation = logged.generation
+            self.gangs[job_id] = gang
+        return gang
+
+    async def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        pod = core.parse_pod(obj)
+        gang = self._gang_for(pod)
+        if kind == "DELETED":
+            gang.pods.pop(pod.key, None)
+            await self._check_progress(gang)
+            waiting_in_placement = gang.generation and not gang.bound and gang.released != gang.generation
+            if waiting_in_placement and not gang.waiting() and gang.submitted:
+                gang.released = gang.generation  # its pods are gone: withdraw it from Placement's queue
+                self._spawn(self._release(gang.job_id, gang.generation, "pods deleted while waiting", 0))
+            if not gang.pods and (not gang.bound or gang.released == gang.generation):
+                self.gangs.pop(gang.job_id, None)
+            return
+        previous = gang.pods.get(pod.key)
+        gang.pods[pod.key] = pod
+        if not pod.node:
+            if previous is None or previous.node != pod.node:
+                self.wake.set()
+            return
+        if pod.generation_annotation and pod.job_annotation == gang.job_id and not gang.bound:
+            # bound by an earlier life of the binder (or a replica before it)
+            gang.generation = max(gang.generation, pod.generation_annotation)
+        if previous is None or previous.phase != pod.phase or previous.node != pod.node:
+            await self._check_progress(gang)
+
+    async def _check_progress(self, gang: Gang) -> None:
+        """RUNNING once every bound pod runs; COMPLETED / FAILED (Release in Placement) once all ended."""
+        if not gang.bound or gang.released == gang.generation or gang.job_id in self.evicting:
+            return
+        members = [gang.pods.get(key) for key in gang.submitted]
+        present = [pod for pod in members if pod is not None]
+        deleted = len(present) < len(members)
+        if not deleted and present and all(pod.phase == "Running" for pod in present):
+            if gang.running_published != gang.generation:
+                gang.running_published = gang.generation
+                await self._publish_running(gang, present)
+            return
+        outcome = core.gang_outcome(present)
+        if outcome == events_pb2.JOB_STATE_UNSPECIFIED and not (deleted and all(pod.ended for pod in present)):
+            return
+        state: int = outcome
+        if deleted and outcome == events_pb2.JOB_STATE_UNSPECIFIED:
+            state, reason = events_pb2.JOB_STATE_RELEASED, "pods deleted"
+        else:
+            reason = "pods succeeded" if outcome == events_pb2.JOB_STATE_COMPLETED else "a pod failed"
+        gang.released = gang.generation
+        self._spawn(self._release(gang.job_id, gang.generation, reason, state))
+
+    async def _release(self, job_id: str, generation: int, reason: str, state: int) -> None:
+        for attempt in range(20):
+            try:
+                await self.placement.release(job_id, generation, reason, state)
+                return
+            except Exception as error:  # Placement restarting: try again, the release is idempotent
+                log.warning("release failed; retrying", extra={"job": job_id, "reason": str(error)})
+                await asyncio.sleep(min(5.0, 0.2 * (attempt + 1)))
+
+    async def _publish_running(self, gang: Gang, pods: list[Pod]) -> None:
+        first = pods[0]
+        message = events_pb2.JobLifecycle(
+            job=common_pb2.JobRef(job_id=gang.job_id, generation=gang.generation),
+            state=events_pb2.JOB_STATE_RUNNING,
+            at=timestamp(),
+            queue=first.queue,
+            priority_tier=first.priority,
+            preemptible=first.preemptible,
+            pods=[pod.resources for pod in pods if pod.resources is not None],
+            gpus=sum(
+                (pod.resources.gpus or pod.resources.gpu_fraction or (1.0 if pod.resources.mig_profile else 0.0))
+                for pod in pods
+                if pod.resources is not None
+            ),
+            name=gang.group or first.key.name,
+            reason=f"{len(pods)} pod(s) running",
+        )
+        await self.producer.publish(
+            JOB_LIFECYCLE, gang.job_id, message, event_id=f"{gang.job_id}/{gang.generation}/running"
+        )
+        if gang.group:
+            await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Running", len(pods), len(pods))
+
+    # ---- submitting -----------------------------------------------------------------------------------
+    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("binder task failed", exc_info=task.exception())
+            self.wake.set()
+
+    async def run_submissions(self, stopping: asyncio.Event) -> None:
+        """Every wake-up: each gang that is complete and not in flight goes to Placement."""
+        await self.synced.wait()
+        while not stopping.is_set():
+            self.wake.clear()
+            now = time.monotonic()
+            pending = 0
+            for gang in list(self.gangs.values()):
+                waiting = gang.waiting()
+                pending += len(waiting)
+                if gang.job_id in self.busy or not gang.ready_to_submit():
+                    continue
+                if gang.bound and gang.released != gang.generation:
+                    continue  # a pod of a placed gang that is not bound yet: the bind in flight does it
+                if self.retry_at.get(gang.job_id, 0.0) > now:
+                    continue
+                self.busy.add(gang.job_id)
+                self._spawn(self._submit(gang))
+            PENDING.set(pending)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+
+    async def _submit(self, gang: Gang) -> None:
+        try:
+            async with self.slots:
+                await self._submit_now(gang)
+        finally:
+            self.busy.discard(gang.job_id)
+
+    async def _submit_now(self, gang: Gang) -> None:
+        pods = gang.waiting()
+        if not pods:
+            return
+        invalid = [pod for pod in pods if pod.invalid]
+        if invalid:
+            await self._tell_pending(gang, pods, "InvalidRequest", f"{invalid[0].key.name}: {invalid[0].invalid}")
+            self.retry_at[gang.job_id] = time.monotonic() + 3600  # a pod's request does not change
+            return
+        for pod in pods:
+            assert pod.resources is not None
+            why = core.never_fits(pod.resources, (node for node in self.nodes.values() if node.schedulable))
+            if why:
+                await self._tell_pending(gang, pods, "NeverFits", f"no node in the cluster could ever hold it: {why}")
+                self.retry_at[gang.job_id] = time.monotonic() + 30  # nodes join: look again then (or on a change)
+                return
+        generation = self._generation_for(gang, pods)
+        if generation is None:
+            return
+        request = placement_pb2.BindRequest(job=common_pb2.JobRef(job_id=gang.job_id, generation=generation))
+        fields = core.bind_request_fields(gang, pods)
+        request.queue = fields["queue"]
+        request.pods.extend(fields["pods"])
+        request.min_members = fields["min_members"]
+        request.topology.CopyFrom(fields["topology"])
+        request.priority_tier = fields["priority_tier"]
+        request.preemptible = fields["preemptible"]
+        request.name = fields["name"]
+        if generation != gang.generation or gang.released == generation:
+            gang.bound = False
+            gang.running_published = 0
+        gang.generation = generation
+        gang.submitted = tuple(pod.key for pod in pods)
+        started = time.perf_counter()
+        with tracer.start_as_current_span(
+            "binder.podgroup",
+            attributes={"kumiki.job_id": gang.job_id, "kumiki.generation": generation, "kumiki.pods": len(pods)},
+        ) as span:
+            try:
+                answer = await self.placement.bind(request)
+            except PlacementUnavailable as error:
+                log.warning(
+                    "placement unavailable; the gang goes again", extra={"job": gang.job_id, "reason": str(error)}
+                )
+                self.retry_at[gang.job_id] = time.monotonic() + 1.0
+                return
+            if answer.status_code:
+                GANGS.labels("refused").inc()
+                span.set_attribute("kumiki.refused", answer.error)
+                if answer.status_code == 9:  # FAILED_PRECONDITION: an older generation still holds GPUs
+                    await self._resolve_conflict(gang)
+                else:
+                    await self._tell_pending(gang, pods, "PlacementRefused", answer.error)
+                    self.retry_at[gang.job_id] = time.monotonic() + 5.0
+                return
+            response = answer.response
+            if response.outcome == placement_pb2.BindResponse.OUTCOME_BOUND:
+                GANGS.labels("bound").inc()
+                span.set_attribute("kumiki.outcome", "bound")
+                await self._apply(gang, generation, list(response.assignments), "answer")
+                BIND_SECONDS.observe(time.perf_counter() - started)
+                return
+            GANGS.labels("pending").inc()
+            span.set_attribute("kumiki.outcome", "pending")
+            reason, message = core.reason_text(response.reasons)
+            await self._tell_pending(gang, pods, reason, message)
+
+    def _generation_for(self, gang: Gang, pods: list[Pod]) -> int | None:
+        """The generation to submit: the logged one again while it waits with the same pods (Placement answers
+        it as before), the next one once it was released, ended, or asked for different pods."""
+        logged = self.logged.get(gang.job_id)
+        last = max(gang.generation, logged.generation if logged else 0)
+        if last == 0:
+            return 1
+        if logged is not None and logged.generation == last:
+            if logged.state == events_pb2.JOB_STATE_SUBMITTED and list(logged.pods) == [pod.resources for pod in pods]:
+                return last
+            if logged.state == events_pb2.JOB_STATE_BOUND:
+                if gang.released == last or gang.bound:
+                    return last + 1
+                # Placement bound it but the API never got the bind (the binder died in between): repair
+                if list(logged.pods) == [pod.resources for pod in pods]:
+                    self._spawn(self._apply(gang, last, list(logged.assignments), "repair"))
+                    gang.generation = last
+                    gang.submitted = tuple(pod.key for pod in pods)
+                    return None
+                self._spawn(self._release(gang.job_id, last, "pods changed before they were bound", 0))
+                return last + 1
+            if logged.state == events_pb2.JOB_STATE_SUBMITTED:
+                self._spawn(self._release(gang.job_id, last, "pods changed while waiting", 0))
+            return last + 1
+        if gang.submitted == tuple(pod.key for pod in pods) and not gang.bound:
+            return last  # our own pending submission again (same pods)
+        return last + 1
+
+    async def _resolve_conflict(self, gang: Gang) -> None:
+        """Placement holds an older generation for this job: release it (its pods are gone) and go again."""
+        logged = self.logged.get(gang.job_id)
+        if logged is not None and logged.state == events_pb2.JOB_STATE_BOUND:
+            await self._release(gang.job_id, logged.generation, "superseded by a new generation of the pods", 0)
+            logged.state = events_pb2.JOB_STATE_RELEASED
+        self.retry_at[gang.job_id] = time.monotonic() + 0.5
+        self.wake.set()
+
+    async def _tell_pending(self, gang: Gang, pods: list[Pod], reason: str, message: str) -> None:
+        """PodScheduled=False with the reason, an Event on each pod and on the PodGroup (when it changed)."""
+        text = f"{reason}: {message}"
+        if gang.reason == text:
+            return
+        gang.reason = text
+        await asyncio.gather(
+            *(self.kube.set_unschedulable(pod.key.namespace, pod.key.name, reason, message) for pod in pods)
+        )
+        for pod in pods:
+            self._event("Pod", "v1", pod.key.namespace, pod.key.name, pod.uid, "FailedScheduling", text)
+        if gang.group:
+            uid = self.min_members.get((gang.namespace, gang.group), (0, ""))[1]
+            if uid:
+                self._event(
+                    "PodGroup", "scheduling.x-k8s.io/v1alpha1", gang.namespace, gang.group, uid, "Unschedulable", text
+                )
+                await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Pending", 0, 0)
+
+    def _event(
+        self,
+        kind: str,
+        api: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+    ) -> None:
+        async def send() -> None:
+            await self.kube.event(kind, api, namespace, name, uid, reason, message, type_)
+
+        try:
+            self.events.put_nowait(send)
+        except asyncio.QueueFull:
+            EVENTS_DROPPED.inc()
+
+    async def run_events(self, stopping: asyncio.Event, workers: int = 4) -> None:
+        async def worker() -> None:
+            while not stopping.is_set():
+                send = await self.events.get()
+                await send()
+
+        await asyncio.gather(*(worker() for _ in range(workers)))
+
+    # ---- binding --------------------------------------------------------------------------------------
+    async def _apply(self, gang: Gang, generation: int, placed: list[common_pb2.PodAssignment], how: str) -> None:
+        """Create each pod's Binding as Placement assigned it; a node the API no longer has schedulable sends
+        the gang back (released, then submitted again with the next generation)."""
+        if gang.bound and gang.generation == generation:
+            return
+        self.busy.add(gang.job_id)
+        try:
+            for assignment in placed:
+                node = self.nodes.get(assignment.node)
+                if node is None or not node.schedulable:
+                    why = "gone" if node is None else node.why_not
+                    log.warning(
+                        "assigned node not schedulable; the gang goes again",
+                        extra={"job": gang.job_id, "node": assignment.node, "why": why},
+                    )
+                    await self._release(gang.job_id, generation, f"node {assignment.node} {why} before the bind", 0)
+                    gang.generation = generation
+                    gang.released = generation
+                    self.retry_at[gang.job_id] = time.monotonic() + 0.2
+                    await self._publish_nodes([assignment.node], force=True)
+                    return
+            gang.generation = generation
+            gang.bound = True
+            gang.reason = ""
+
+            async def bind_one(assignment: common_pb2.PodAssignment) -> bool:
+                key = gang.submitted[assignment.pod_index]
+                pod = gang.pods.get(key)
+                if pod is None:
+                    return False
+                if pod.node:
+                    return pod.node == assignment.node
+                annotations = core.assignment_annotations(
+                    gang.job_id, generation, assignment, self.nodes.get(assignment.node)
+                )
+                done = await self.kube.bind(key.namespace, key.name, pod.uid, assignment.node, annotations)
+                if done:
+                    BINDS.inc()
+                    if how == "repair":
+                        REPAIRS.inc()
+                    if self.scheduled_events:
+                        self._event(
+                            "Pod",
+                            "v1",
+                            key.namespace,
+                            key.name,
+                            pod.uid,
+                            "Scheduled",
+                            f"Successfully assigned {key} to {assignment.node} ({how})",
+                            "Normal",
+                        )
+                return done
+
+            results = await asyncio.gather(*(bind_one(assignment) for assignment in placed), return_exceptions=True)
+            failures = [result for result in results if isinstance(result, BaseException)]
+            if failures:
+                log.error("bindings failed; retrying the gang", extra={"job": gang.job_id, "reason": str(failures[0])})
+                gang.bound = False
+                self.retry_at[gang.job_id] = time.monotonic() + 1.0
+                self._spawn(self._retry_apply(gang, generation, placed, how))
+                return
+            if gang.group:
+                await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Scheduled", len(placed), 0)
+        finally:
+            self.busy.discard(gang.job_id)
+
+    async def _retry_apply(self, gang: Gang, generation: int, placed: list[common_pb2.PodAssignment], how: str) -> None:
+        await asyncio.sleep(1.0)
+        await self._apply(gang, generation, placed, how)
+
+    # ---- eviction -------------------------------------------------------------------------------------
+    async def on_preemption(self, event: Event, connection: object = None) -> None:
+        command = event.payload
+        assert isinstance(command, events_pb2.PreemptionCommand)
+        if command.action != events_pb2.PREEMPTION_ACTION_EVICT:
+            return  # CHECKPOINT goes to the job's SDK, RESUME is the job's own restart
+        self.evicting.add(command.job.job_id)
+        self._spawn(self.evict(command.job.job_id, command.grace_period_s, command.reason or "preempted"))
+
+    async def evict(self, job_id: str, grace_period_s: float, reason: str, attempts: int = 60) -> bool:
+        """Evict every pod of the job through the Eviction API; a refusal (a PodDisruptionBudget) is retried
+        with backoff and reported on the pod; never a plain delete. True when every pod was evicted."""
+        gang = self.gangs.get(job_id)
+        if gang is None:
+            return True
+        remaining = sorted((key for key, pod in gang.pods.items() if pod.node and not pod.ended), key=str)
+        for attempt in range(attempts):
+            still: list[PodKey] = []
+            for key in remaining:
+                accepted, why = await self.kube.evict(key.namespace, key.name, grace_period_s)
+                EVICTIONS.labels("accepted" if accepted else "refused").inc()
+                if not accepted:
+                    still.append(key)
+                    pod = gang.pods.get(key)
+                    log.warning(
+                        "eviction refused; retrying", extra={"pod": str(key), "reason": why, "attempt": attempt}
+                    )
+                    self._event(
+                        "Pod",
+                        "v1",
+                        key.namespace,
+                        key.name,
+                        pod.uid if pod else "",
+                        "EvictionRefused",
+                        f"{reason}: {why}",
+                    )
+            if not still:
+                return True
+            remaining = still
+            await asyncio.sleep(min(10.0, 0.5 * (attempt + 1)))
+        log.error("eviction gave up", extra={"job": job_id, "pods": [str(key) for key in remaining]})
+        return False

@@ -1,0 +1,274 @@
+"""The binder's calls to the Kubernetes API, through lightkube's typed asyncio client.
+
+Every write the binder makes is here: Bindings (with the GPU annotations the API server copies onto the pod in
+the same write), the PodScheduled condition, Events, PodGroup status, evictions and the leader Lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event, Node, Pod, PodBinding, PodEviction, PodStatus
+from lightkube.types import OnErrorAction, OnErrorResult, PatchType
+
+from kumiki.binder.core import POD_GROUP_API, SCHEDULER_NAME
+
+log = logging.getLogger(__name__)
+
+PodGroup = create_namespaced_resource(POD_GROUP_API[0], POD_GROUP_API[1], "PodGroup", POD_GROUP_API[2], verbs=None)
+PodGroupStatus = PodGroup.Status
+FIELD_MANAGER = "kumiki-binder"
+
+
+def client_from(kubeconfig: Path | None) -> AsyncClient:
+    """From a kubeconfig file, else the pod's service account (in a cluster)."""
+    config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_service_account()
+    limits = httpx2.Timeout(30.0, read=None)  # watches stream for minutes; each request has its own deadline
+    return AsyncClient(config=config, timeout=limits, field_manager=FIELD_MANAGER)
+
+
+def kubeconfig_from_env(env: Mapping[str, str]) -> Path | None:
+    path = env.get("KUMIKI_KUBECONFIG") or env.get("KUBECONFIG")
+    return Path(path) if path else None
+
+
+class KubeApi:
+    """Thin, typed calls; errors other than the expected ones (409 already bound, 404 gone) propagate."""
+
+    def __init__(self, client: AsyncClient, identity: str) -> None:
+        self.client = client
+        self.identity = identity
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # ---- reading -------------------------------------------------------------------------------------
+    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        """Every pod with schedulerName kumiki, and the list's resourceVersion (to watch from)."""
+        pods = self.client.list(Pod, namespace="*", fields={"spec.schedulerName": SCHEDULER_NAME})
+        out = [pod.to_dict() async for pod in pods]
+        return out, pods.resourceVersion if out else ""
+
+    async def watch_pods(self, resource_version: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Pods with schedulerName kumiki: pending ones (spec.nodeName empty) and bound ones' phases.
+
+        One server-side field selector on the scheduler name; lightkube re-opens the watch when the server
+        closes it. The caller lists first, so nothing is missed between the list and the watch."""
+        async for kind, pod in self.client.watch(
+            Pod,
+            namespace="*",
+            fields={"spec.schedulerName": SCHEDULER_NAME},
+            resource_version=resource_version or None,
+            on_error=_retry_watch,
+        ):
+            yield kind, pod.to_dict()
+
+    async def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        nodes = self.client.list(Node)
+        out = [node.to_dict() async for node in nodes]
+        return out, nodes.resourceVersion if out else ""
+
+    async def watch_nodes(self, resource_version: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        async for kind, node in self.client.watch(
+            Node, resource_version=resource_version or None, on_error=_retry_watch
+        ):
+            yield kind, node.to_dict()
+
+    async def list_podgroups(self) -> tuple[list[dict[str, Any]], str]:
+        groups = self.client.list(PodGroup, namespace="*")
+        out = [group.to_dict() async for group in groups]  # type: ignore[no-untyped-call]
+        return out, groups.resourceVersion if out else ""
+
+    async def watch_podgroups(self, resource_version: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        async for kind, group in self.client.watch(
+            PodGroup, namespace="*", resource_version=resource_version or None, on_error=_retry_watch
+        ):
+            yield kind, group.to_dict()  # type: ignore[no-untyped-call]
+
+    async def podgroups_served(self) -> bool:
+        try:
+            async for _ in self.client.list(PodGroup, namespace="*", chunk_size=1):
+                break
+            return True
+        except ApiError as error:
+            if error.status.code == 404:
+                return False
+            raise
+
+    # ---- writing -------------------------------------------------------------------------------------
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> bool:
+        """Create the pod's Binding; False when it is already bound or gone (409/404: nothing to repair).
+
+        The Binding's annotations land on the pod in the same write as spec.nodeName (the API server's
+        binding storage copies them), so a device plugin never sees a bound pod without its GPUs."""
+        binding = PodBinding(
+            metadata=ObjectMeta(name=name, namespace=namespace, annotations=dict(annotations), uid=uid or None),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node),
+        )
+        try:
+            await self.client.create(binding, name=name, namespace=namespace)
+            return True
+        except ApiError as error:
+            if error.status.code in (404, 409):
+                return False
+            raise
+
+    async def set_unschedulable(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """The PodScheduled=False condition kube-scheduler sets, with Placement's reason."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": reason,
+                        "message": message[:1024],
+                        "lastTransitionTime": now,
+                        "lastProbeTime": None,
+                    }
+                ]
+            }
+        }
+        try:
+            await self.client.patch(PodStatus, name, patch, namespace=namespace, patch_type=PatchType.STRATEGIC)
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+
+    async def event(
+        self,
+        kind: str,
+        api_version: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+    ) -> None:
+        """A core/v1 Event about an object (what `kubectl describe` shows)."""
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{name}.", namespace=namespace),
+            involvedObject=ObjectReference(
+                kind=kind, apiVersion=api_version, namespace=namespace, name=name, uid=uid or None
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            source=EventSource(component=SCHEDULER_NAME),
+            reportingComponent=SCHEDULER_NAME,
+            reportingInstance=self.identity,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            count=1,
+        )
+        try:
+            await self.client.create(event)
+        except ApiError as error:  # an Event is best effort: never stop binding for one
+            log.warning("event not recorded", extra={"object": f"{namespace}/{name}", "reason": str(error)})
+
+    async def set_podgroup_phase(self, namespace: str, name: str, phase: str, scheduled: int, running: int) -> None:
+        patch = {"status": {"phase": phase, "scheduled": scheduled, "running": running}}
+        try:
+            await self.client.patch(PodGroupStatus, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+
+    async def evict(self, namespace: str, name: str, grace_period_s: float = 0.0) -> tuple[bool, str]:
+        """Ask the Eviction API (PodDisruptionBudgets apply): (True, "") when accepted or already gone,
+        (False, why) when refused (429: a budget does not allow it now; the caller retries)."""
+        options = DeleteOptions(gracePeriodSeconds=int(grace_period_s)) if grace_period_s > 0 else None
+        eviction = PodEviction(metadata=ObjectMeta(name=name, namespace=namespace), deleteOptions=options)
+        try:
+            await self.client.create(eviction, name=name, namespace=namespace)
+            return True, ""
+        except ApiError as error:
+            if error.status.code == 404:
+                return True, ""
+            if error.status.code in (429, 500, 503):
+                return False, f"{error.status.code} {error.status.reason}: {error.status.message}"
+            raise
+
+    # ---- leader election -----------------------------------------------------------------------------
+    async def try_lease(self, namespace: str, name: str, duration_s: int) -> bool:
+        """Take or renew the Lease; True when this instance holds it. Optimistic concurrency on the
+        Lease's resourceVersion: of two binders racing, one update wins and the other gets 409."""
+        now = datetime.now(UTC)
+        try:
+            lease = await self.client.get(Lease, name, namespace=namespace)
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+            fresh = Lease(
+                metadata=ObjectMeta(name=name, namespace=namespace),
+                spec=LeaseSpec(
+                    holderIdentity=self.identity,
+                    leaseDurationSeconds=duration_s,
+                    acquireTime=now,
+                    renewTime=now,
+                    leaseTransitions=0,
+                ),
+            )
+            try:
+                await self.client.create(fresh)
+                return True
+            except ApiError as conflict:
+                if conflict.status.code == 409:
+                    return False
+                raise
+        spec = lease.spec or LeaseSpec()
+        renewed = spec.renewTime
+        renewed_at = renewed if isinstance(renewed, datetime) else None
+        expired = renewed_at is None or renewed_at + timedelta(seconds=spec.leaseDurationSeconds or duration_s) < now
+        if spec.holderIdentity != self.identity and not expired:
+            return False
+        if spec.holderIdentity != self.identity:
+            spec.leaseTransitions = (spec.leaseTransitions or 0) + 1
+            spec.acquireTime = now
+        spec.holderIdentity = self.identity
+        spec.leaseDurationSeconds = duration_s
+        spec.renewTime = now
+        lease.spec = spec
+        try:
+            await self.client.replace(lease)
+            return True
+        except ApiError as error:
+            if error.status.code == 409:
+                return False
+            raise
+
+    async def release_lease(self, namespace: str, name: str) -> None:
+        try:
+            lease = await self.client.get(Lease, name, namespace=namespace)
+            if lease.spec and lease.spec.holderIdentity == self.identity:
+                lease.spec.holderIdentity = None
+                lease.spec.renewTime = None
+                await self.client.replace(lease)
+        except ApiError as error:
+            log.warning("lease not released", extra={"reason": str(error)})
+
+
+def _retry_watch(error: Exception, count: int) -> OnErrorResult:
+    """Keep a watch going across API server hiccups; lightkube starts over from the current state (ADDED for
+    every object) when the version it had is too old (410)."""
+    log.warning("watch interrupted; reopening", extra={"reason": str(error), "attempt": count})
+    return OnErrorResult(OnErrorAction.RETRY, sleep=min(5.0, 0.2 * count))
+
+
+def identity() -> str:
+    return os.environ.get("KUMIKI_INSTANCE") or f"binder-{os.uname().nodename}-{os.getpid()}"

@@ -1,0 +1,506 @@
+"""The binder's pure core: Kubernetes objects (as the API's JSON dicts) in, Kumiki requests and decisions out.
+
+No I/O and no asyncio here: the adapters watch the API server and talk to Placement, and hand every object to
+these functions. What a pod asks for is read the way users write it (`nvidia.com/gpu`, MIG resources such as
+`nvidia.com/mig-1g.10gb`, a GPU fraction and GPU memory by annotation, CPU and memory requests); nodes become
+`NodeState` records merged with telemetry's view; gangs come from the scheduler-plugins PodGroup CRD
+(`scheduling.x-k8s.io/v1alpha1`, `minMember`) or the `scheduling.x-k8s.io/pod-group` label.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+
+SCHEDULER_NAME = "kumiki"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+QUEUE_LABEL = "kumiki.io/queue"
+PREEMPTIBLE_LABEL = "kumiki.io/preemptible"
+GPU_FRACTION_ANNOTATION = "kumiki.io/gpu-fraction"
+GPU_MEMORY_ANNOTATION = "kumiki.io/gpu-memory"  # a quantity ("20Gi") or MiB ("20480")
+TOPOLOGY_ANNOTATION = "kumiki.io/topology"  # nvlink-island, node, rack
+TOPOLOGY_REQUIRED_ANNOTATION = "kumiki.io/topology-required"  # "true": never break the level
+GPU_MODEL_SELECTOR = "nvidia.com/gpu.product"  # nodeSelector (or the kumiki.io/gpu-model annotation)
+GPU_MODEL_ANNOTATION = "kumiki.io/gpu-model"
+# written on the pod through its Binding (the API server copies a Binding's annotations onto the pod in the
+# same write that sets spec.nodeName): what a device plugin or DRA driver on the node reads
+JOB_ANNOTATION = "kumiki.io/job"
+GENERATION_ANNOTATION = "kumiki.io/generation"
+GPU_INDICES_ANNOTATION = "kumiki.io/gpu-indices"
+GPU_UUIDS_ANNOTATION = "kumiki.io/gpu-uuids"
+MIG_SLICE_ANNOTATION = "kumiki.io/mig-slice"
+NODE_GPU_UUIDS_ANNOTATION = "kumiki.io/gpu-uuids"  # on a Node: comma-separated UUIDs by index
+NODE_ISLAND_SIZE_LABEL = "kumiki.io/nvlink-island-size"
+NODE_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # time-slicing or mps: fractions allowed
+NODE_RACK_LABELS = ("kumiki.io/rack", "topology.kubernetes.io/rack", "topology.kubernetes.io/zone")
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+TOPOLOGY_LEVELS = {
+    "nvlink-island": common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND,
+    "node": common_pb2.TOPOLOGY_LEVEL_NODE,
+    "rack": common_pb2.TOPOLOGY_LEVEL_RACK,
+}
+INT32_MAX = 2**31 - 1
+MIB = 1024 * 1024
+
+
+class PodSpecError(ValueError):
+    """A pod that cannot be turned into a request; the message names the field (shown on the pod)."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+
+
+# ---- quantities ---------------------------------------------------------------------------------------
+
+_SUFFIX = {
+    "": 1.0,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+    "Pi": 2.0**50,
+    "Ei": 2.0**60,
+}
+_QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def quantity(value: object, where: str) -> float:
+    """A Kubernetes resource quantity ("500m", "2", "1.5Gi") as a plain number."""
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if match is None:
+        raise PodSpecError(where, f"not a quantity: {text!r}")
+    number = float(match.group(1)) * _SUFFIX[match.group(2) or ""]
+    if not math.isfinite(number):
+        raise PodSpecError(where, f"not a finite quantity: {text!r}")
+    return number
+
+
+# ---- pods -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """What the binder needs of one pod."""
+
+    key: PodKey
+    uid: str
+    group: str  # PodGroup name, or "" for a pod that is its own gang
+    node: str  # spec.nodeName ("" while unbound)
+    phase: str
+    deleting: bool
+    resources: common_pb2.PodResources | None  # None when the pod's request is invalid (see `invalid`)
+    invalid: str
+    queue: str
+    priority: int
+    preemptible: bool
+    topology: common_pb2.TopologyConstraint
+    job_annotation: str  # kumiki.io/job written at bind time ("" before)
+    generation_annotation: int
+
+    @property
+    def job_id(self) -> str:
+        return job_id_for(self.key.namespace, self.group, self.key.name)
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def job_id_for(namespace: str, group: str, pod_name: str) -> str:
+    """A gang's job id: `<namespace>/<podgroup>`; a pod without a group is `<namespace>/pod/<pod>`."""
+    return f"{namespace}/{group}" if group else f"{namespace}/pod/{pod_name}"
+
+
+def _container_requests(container: Mapping[str, Any], index: int, kind: str) -> dict[str, float]:
+    resources = container.get("resources") or {}
+    requests = dict(resources.get("limits") or {})
+    requests.update(resources.get("requests") or {})  # requests win; limits stand in for extended resources
+    out: dict[str, float] = {}
+    for name, value in requests.items():
+        out[name] = quantity(value, f"spec.{kind}[{index}].resources.requests[{name}]")
+    return out
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, float]:
+    """Effective requests: the sum over containers, at least each init container's (as kube-scheduler does)."""
+    total: dict[str, float] = {}
+    for index, container in enumerate(spec.get("containers") or []):
+        for name, value in _container_requests(container, index, "containers").items():
+            total[name] = total.get(name, 0.0) + value
+    for index, container in enumerate(spec.get("initContainers") or []):
+        for name, value in _container_requests(container, index, "initContainers").items():
+            total[name] = max(total.get(name, 0.0), value)
+    return total
+
+
+def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> common_pb2.PodResources:
+    """The request of one pod, validated: exactly one GPU form (whole GPUs, one MIG slice, a fraction)."""
+    requests = pod_requests(spec)
+    annotations = metadata.get("annotations") or {}
+    resources = common_pb2.PodResources(
+        cpu_milli=math.ceil(requests.get("cpu", 0.0) * 1000),
+        memory_mib=math.ceil(requests.get("memory", 0.0) / MIB),
+    )
+    gpus = requests.get(GPU_RESOURCE, 0.0)
+    if gpus != int(gpus) or gpus < 0:
+        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"must be a whole number, got {gpus:g}")
+    resources.gpus = int(gpus)
+    migs = {
+        name[len(MIG_RESOURCE_PREFIX) :]: value
+        for name, value in requests.items()
+        if name.startswith(MIG_RESOURCE_PREFIX)
+    }
+    migs = {profile: value for profile, value in migs.items() if value > 0}
+    if migs:
+        if len(migs) > 1 or next(iter(migs.values())) != 1:
+            raise PodSpecError(f"resources[{MIG_RESOURCE_PREFIX}*]", f"exactly one MIG slice per pod, got {migs}")
+        resources.mig_profile = next(iter(migs))
+    fraction_text = annotations.get(GPU_FRACTION_ANNOTATION)
+    if fraction_text is not None:
+        try:
+            fraction = float(fraction_text)
+        except ValueError:
+            raise PodSpecError(GPU_FRACTION_ANNOTATION, f"not a number: {fraction_text!r}") from None
+        if not (math.isfinite(fraction) and 0 < fraction < 1):
+            raise PodSpecError(GPU_FRACTION_ANNOTATION, f"must be within (0, 1), got {fraction_text}")
+        resources.gpu_fraction = fraction
+    memory_text = annotations.get(GPU_MEMORY_ANNOTATION)
+    if memory_text is not None:
+        text = str(memory_text).strip()
+        mib = float(text) if text.isdigit() else quantity(text, GPU_MEMORY_ANNOTATION) / MIB
+        if mib <= 0:
+            raise PodSpecError(GPU_MEMORY_ANNOTATION, f"must be positive, got {memory_text!r}")
+        resources.gpu_memory_mib = math.ceil(mib)
+    forms = (resources.gpus > 0) + bool(resources.mig_profile) + (resources.gpu_fraction > 0)
+    if forms > 1:
+        raise PodSpecError("resources", "ask for only one of nvidia.com/gpu, a MIG resource, a GPU fraction")
+    if resources.gpu_fraction > 0 and resources.gpu_memory_mib == 0:
+        raise PodSpecError(GPU_MEMORY_ANNOTATION, f"required with {GPU_FRACTION_ANNOTATION} (the per-card memory cap)")
+    if resources.gpus > 64:
+        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {resources.gpus}")
+    model = annotations.get(GPU_MODEL_ANNOTATION) or (spec.get("nodeSelector") or {}).get(GPU_MODEL_SELECTOR)
+    if model:
+        resources.gpu_model = str(model)
+    return resources
+
+
+def topology_of(annotations: Mapping[str, str]) -> common_pb2.TopologyConstraint:
+    level_text = annotations.get(TOPOLOGY_ANNOTATION)
+    if not level_text:
+        return common_pb2.TopologyConstraint()
+    level = TOPOLOGY_LEVELS.get(level_text)
+    if level is None:
+        raise PodSpecError(TOPOLOGY_ANNOTATION, f"expected one of {', '.join(TOPOLOGY_LEVELS)}, got {level_text!r}")
+    required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION, "false").lower() == "true"
+    return common_pb2.TopologyConstraint(level=level, required=required)
+
+
+def parse_pod(obj: Mapping[str, Any]) -> Pod:
+    """A pod as the API returns it. Never raises for a bad request: the pod is kept with `invalid` set, so
+    the binder can tell the user on the pod itself."""
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    namespace = str(metadata.get("namespace") or "default")
+    invalid = ""
+    resources: common_pb2.PodResources | None = None
+    topology = common_pb2.TopologyConstraint()
+    try:
+        resources = pod_resources(metadata, spec)
+        topology = topology_of(annotations)
+    except PodSpecError as error:
+        invalid = str(error)
+        resources = None
+    try:
+        generation = int(annotations.get(GENERATION_ANNOTATION) or 0)
+    except ValueError:
+        generation = 0
+    priority = spec.get("priority")
+    return Pod(
+        key=PodKey(namespace, str(metadata.get("name") or "")),
+        uid=str(metadata.get("uid") or ""),
+        group=str(labels.get(POD_GROUP_LABEL) or ""),
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        resources=resources,
+        invalid=invalid,
+        queue=str(labels.get(QUEUE_LABEL) or namespace),
+        priority=max(-INT32_MAX, min(INT32_MAX, int(priority))) if isinstance(priority, int) else 0,
+        preemptible=str(labels.get(PREEMPTIBLE_LABEL) or "").lower() == "true",
+        topology=topology,
+        job_annotation=str(annotations.get(JOB_ANNOTATION) or ""),
+        generation_annotation=generation,
+    )
+
+
+# ---- nodes ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node as the API describes it."""
+
+    name: str
+    gpus: int
+    gpu_model: str
+    gpu_memory_mib: int
+    mig: bool
+    shareable: bool
+    island_size: int
+    rack: str
+    cpu_milli: int
+    memory_mib: int
+    schedulable: bool  # not cordoned and Ready
+    why_not: str
+    gpu_uuids: tuple[str, ...]
+    labels: Mapping[str, str]
+    version: int
+
+
+def parse_node(obj: Mapping[str, Any]) -> Node:
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = {str(key): str(value) for key, value in (metadata.get("labels") or {}).items()}
+    annotations = metadata.get("annotations") or {}
+    name = str(metadata.get("name") or "")
+    allocatable = status.get("allocatable") or status.get("capacity") or {}
+
+    def number(key: str, default: float = 0.0) -> float:
+        try:
+            return quantity(allocatable[key], f"status.allocatable[{key}]") if key in allocatable else default
+        except PodSpecError:
+            return default
+
+    mig = any(key.startswith(MIG_RESOURCE_PREFIX) and number(key) > 0 for key in allocatable)
+    gpus = int(number(GPU_RESOURCE))
+    count_label = labels.get("nvidia.com/gpu.count", "")
+    if count_label.isdigit() and (mig or gpus == 0):
+        gpus = int(count_label)  # in MIG mode the whole GPUs are not advertised as nvidia.com/gpu
+    memory_label = labels.get("nvidia.com/gpu.memory", "")
+    island_label = labels.get(NODE_ISLAND_SIZE_LABEL, "")
+    island = int(island_label) if island_label.isdigit() and int(island_label) > 0 else gpus
+    rack = next((labels[key] for key in NODE_RACK_LABELS if labels.get(key)), "")
+    ready = any(
+        condition.get("type") == "Ready" and condition.get("status") == "True"
+        for condition in status.get("conditions") or []
+    )
+    cordoned = bool(spec.get("unschedulable"))
+    why_not = "cordoned (spec.unschedulable)" if cordoned else ("" if ready else "not Ready")
+    uuids = tuple(
+        part.strip() for part in str(annotations.get(NODE_GPU_UUIDS_ANNOTATION) or "").split(",") if part.strip()
+    )
+    version_text = str(metadata.get("resourceVersion") or "0")
+    return Node(
+        name=name,
+        gpus=gpus,
+        gpu_model=labels.get(GPU_MODEL_SELECTOR, "gpu" if gpus else ""),
+        gpu_memory_mib=int(memory_label) if memory_label.isdigit() else 0,
+        mig=mig,
+        shareable=labels.get(NODE_SHARING_LABEL, "") in ("time-slicing", "mps")
+        or labels.get("kumiki.io/gpu-sharing") == "true",
+        island_size=max(1, min(island, gpus)) if gpus else 1,
+        rack=rack,
+        cpu_milli=int(number("cpu") * 1000),
+        memory_mib=int(number("memory") / MIB),
+        schedulable=not why_not,
+        why_not=why_not,
+        gpu_uuids=uuids,
+        labels=labels,
+        version=int(version_text) if version_text.isdigit() else 0,
+    )
+
+
+def node_state(node: Node, telemetry: events_pb2.NodeState | None = None) -> events_pb2.NodeState:
+    """The record placement reads for a node: the API's inventory (or telemetry's GPUs when it has seen the
+    node), healthy only when telemetry says so AND the API has it schedulable and Ready."""
+    if telemetry is not None and telemetry.gpus:
+        gpus = [events_pb2.GpuState() for _ in telemetry.gpus]
+        for copy, gpu in zip(gpus, telemetry.gpus, strict=True):
+            copy.CopyFrom(gpu)
+    else:
+        gpus = [
+            events_pb2.GpuState(
+                index=index,
+                uuid=node.gpu_uuids[index] if index < len(node.gpu_uuids) else "",
+                model=node.gpu_model,
+                memory_mib=node.gpu_memory_mib,
+                nvlink_island=index // node.island_size,
+                mig_enabled=node.mig,
+                healthy=True,
+                shareable=node.shareable,
+            )
+            for index in range(node.gpus)
+        ]
+    healthy = node.schedulable and (telemetry.healthy if telemetry is not None else True)
+    labels = dict(telemetry.labels) if telemetry is not None else {}
+    labels.update({key: value for key, value in node.labels.items() if len(key) < 128})
+    labels["kumiki.io/source"] = "kubernetes"
+    return events_pb2.NodeState(
+        node=node.name,
+        rack=(telemetry.rack if telemetry is not None and telemetry.rack else node.rack),
+        gpus=gpus,
+        cpu_milli=node.cpu_milli,
+        memory_mib=node.memory_mib,
+        healthy=healthy,
+        version=common_pb2.EntityVersion(version=node.version),
+        labels=labels,
+    )
+
+
+def same_node_state(a: events_pb2.NodeState, b: events_pb2.NodeState) -> bool:
+    """Equal apart from the version and observation time (what makes a republication worth it)."""
+    left, right = events_pb2.NodeState(), events_pb2.NodeState()
+    left.CopyFrom(a)
+    right.CopyFrom(b)
+    for message in (left, right):
+        message.ClearField("version")
+        message.ClearField("last_seen")
+    return left == right
+
+
+# ---- gangs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Gang:
+    """The pods of one job (a PodGroup, or a pod alone) and where its scheduling stands."""
+
+    job_id: str
+    namespace: str
+    group: str
+    min_member: int = 0  # from the PodGroup (0: no PodGroup object seen)
+    pods: dict[PodKey, Pod] = field(default_factory=dict)
+    generation: int = 0  # the last generation submitted (0: never)
+    submitted: tuple[PodKey, ...] = ()  # the pods of the request, in its order
+    bound: bool = False
+    running_published: int = 0  # generation whose RUNNING was published
+    released: int = 0  # generation released in placement
+    reason: str = ""  # the last pending reason shown on the pods
+
+    def waiting(self) -> list[Pod]:
+        return sorted(
+            (pod for pod in self.pods.values() if not pod.node and not pod.deleting and not pod.ended),
+            key=lambda pod: pod.key.name,
+        )
+
+    def ready_to_submit(self) -> bool:
+        """A PodGroup waits for minMember pods; a pod alone (or a labelled group without a PodGroup) goes now."""
+        waiting = self.waiting()
+        if not waiting:
+            return False
+        if self.group and self.min_member:
+            return len(waiting) >= self.min_member
+        return True
+
+
+def bind_request_fields(gang: Gang, pods: Sequence[Pod]) -> dict[str, Any]:
+    """The fields of the BindRequest for `pods` (all of them valid), in request order."""
+    first = pods[0]
+    return {
+        "queue": first.queue,
+        "pods": [pod.resources for pod in pods],
+        "min_members": min(gang.min_member, len(pods)) if gang.group and gang.min_member else 0,
+        "topology": first.topology,
+        "priority_tier": max(pod.priority for pod in pods),
+        "preemptible": all(pod.preemptible for pod in pods),
+        "name": gang.group or first.key.name,
+    }
+
+
+def assignment_annotations(
+    job_id: str, generation: int, assignment: common_pb2.PodAssignment, node: Node | None
+) -> dict[str, str]:
+    """What the pod carries once bound: its job, generation, GPU indices and UUIDs, MIG slice, fraction."""
+    annotations = {JOB_ANNOTATION: job_id, GENERATION_ANNOTATION: str(generation)}
+    if assignment.gpu_indices:
+        annotations[GPU_INDICES_ANNOTATION] = ",".join(str(index) for index in assignment.gpu_indices)
+        if node is not None and node.gpu_uuids:
+            uuids = [node.gpu_uuids[index] for index in assignment.gpu_indices if index < len(node.gpu_uuids)]
+            if len(uuids) == len(assignment.gpu_indices):
+                annotations[GPU_UUIDS_ANNOTATION] = ",".join(uuids)
+    if assignment.mig_slice:
+        annotations[MIG_SLICE_ANNOTATION] = assignment.mig_slice
+    if assignment.gpu_fraction:
+        annotations[GPU_FRACTION_ANNOTATION] = f"{assignment.gpu_fraction:g}"
+    return annotations
+
+
+def reason_text(reasons: Iterable[common_pb2.PendingReason], queue_position: int = 0) -> tuple[str, str]:
+    """(Reason, message) for the PodScheduled=False condition, from Placement's structured reasons."""
+    parts = []
+    code = "Unschedulable"
+    for reason in reasons:
+        text = reason.message or reason.code
+        if reason.resource:
+            text += f" [resource {reason.resource}]"
+        if reason.node_shape:
+            text += f" [needs {reason.node_shape}]"
+        parts.append(text)
+        if reason.code == "quota_exceeded":
+            code = "QuotaExceeded"
+        elif reason.code in ("never_fits", "no_node_can_hold", "unsatisfiable"):
+            code = "NeverFits"
+    if queue_position:
+        parts.append(f"position {queue_position} in its queue")
+    return code, "; ".join(parts) or "waiting for placement"
+
+
+def never_fits(resources: common_pb2.PodResources, nodes: Iterable[Node]) -> str:
+    """Why no node in the cluster, even empty, could ever hold this pod ("" when some node could)."""
+    candidates = list(nodes)
+    if not candidates:
+        return "no nodes in the cluster"
+    best_gpus = max((node.gpus for node in candidates), default=0)
+    if resources.gpus > best_gpus:
+        return f"asks for {resources.gpus} GPUs; the largest node has {best_gpus}"
+    if resources.mig_profile and not any(node.mig for node in candidates):
+        return f"asks for MIG slice {resources.mig_profile}; no node is in MIG mode"
+    if resources.gpu_fraction and not any(node.shareable for node in candidates):
+        return "asks for a GPU fraction; no node shares its GPUs"
+    if resources.gpu_model and not any(node.gpu_model == resources.gpu_model for node in candidates):
+        return f"asks for GPU model {resources.gpu_model}; no node has it"
+    best_cpu = max(node.cpu_milli for node in candidates)
+    if resources.cpu_milli > best_cpu:
+        return f"asks for {resources.cpu_milli}m CPU; the largest node has {best_cpu}m"
+    best_memory = max(node.memory_mib for node in candidates)
+    if resources.memory_mib > best_memory:
+        return f"asks for {resources.memory_mib} MiB memory; the largest node has {best_memory} MiB"
+    return ""
+
+
+def gang_outcome(pods: Iterable[Pod]) -> int:
+    """How a gang's bound pods ended: COMPLETED when all succeeded, FAILED when any failed, else UNSPECIFIED
+    (some still run)."""
+    phases = [pod.phase for pod in pods]
+    if not phases or not all(phase in ("Succeeded", "Failed") for phase in phases):
+        return events_pb2.JOB_STATE_UNSPECIFIED
+    return events_pb2.JOB_STATE_FAILED if "Failed" in phases else events_pb2.JOB_STATE_COMPLETED

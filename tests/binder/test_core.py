@@ -1,0 +1,126 @@
+"""The binder's pure core: requests read the way users write them, nodes, reasons, never-fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from kumiki.binder import core
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from tests.binder.support import node_object, pod_object
+
+
+def test_quantities() -> None:
+    assert core.quantity("500m", "x") == 0.5
+    assert core.quantity("2", "x") == 2
+    assert core.quantity("1Gi", "x") == 2**30
+    assert core.quantity("1.5G", "x") == 1.5e9
+    with pytest.raises(core.PodSpecError, match="x: not a quantity"):
+        core.quantity("lots", "x")
+
+
+def test_whole_gpus_cpu_and_memory_and_the_gang_label() -> None:
+    pod = core.parse_pod(pod_object("ns", "p", gpus=4, cpu="1500m", memory="2Gi", group="g"))
+    assert pod.invalid == ""
+    assert pod.resources == common_pb2.PodResources(gpus=4, cpu_milli=1500, memory_mib=2048)
+    assert pod.job_id == "ns/g" and pod.queue == "ns"
+    alone = core.parse_pod(pod_object("ns", "solo", gpus=1, labels={core.QUEUE_LABEL: "team-a"}))
+    assert alone.job_id == "ns/pod/solo" and alone.queue == "team-a"
+
+
+def test_mig_and_fraction_requests() -> None:
+    mig = core.parse_pod(pod_object("ns", "m", mig="1g.10gb"))
+    assert mig.resources is not None and mig.resources.mig_profile == "1g.10gb" and mig.resources.gpus == 0
+    share = core.parse_pod(pod_object("ns", "f", fraction=0.25, gpu_memory="20Gi"))
+    assert share.resources is not None
+    assert share.resources.gpu_fraction == 0.25 and share.resources.gpu_memory_mib == 20480
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"annotations": {core.GPU_FRACTION_ANNOTATION: "1.5", core.GPU_MEMORY_ANNOTATION: "1Gi"}}, "within (0, 1)"),
+        ({"annotations": {core.GPU_FRACTION_ANNOTATION: "0.5"}}, "kumiki.io/gpu-memory: required"),
+        ({"annotations": {core.TOPOLOGY_ANNOTATION: "galaxy"}}, "kumiki.io/topology: expected one of"),
+        (
+            {"gpus": 2, "annotations": {core.GPU_FRACTION_ANNOTATION: "0.5", core.GPU_MEMORY_ANNOTATION: "1Gi"}},
+            "only one of",
+        ),
+    ],
+)
+def test_invalid_requests_name_the_field(changes: dict, problem: str) -> None:  # type: ignore[type-arg]
+    obj = pod_object("ns", "bad", gpus=changes.get("gpus", 0))
+    obj["metadata"]["annotations"].update(changes["annotations"])
+    pod = core.parse_pod(obj)
+    assert pod.resources is None and problem in pod.invalid
+
+
+def test_node_from_the_api_and_its_record() -> None:
+    obj = node_object("n1", 8, island=4, rack="r7")
+    obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node = core.parse_node(obj)
+    assert (node.gpus, node.island_size, node.rack, node.schedulable) == (8, 4, "r7", True)
+    state = core.node_state(node)
+    assert [gpu.nvlink_island for gpu in state.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert state.gpus[3].uuid == "GPU-n1-3" and state.healthy
+    obj["spec"]["unschedulable"] = True
+    cordoned = core.parse_node(obj)
+    assert not cordoned.schedulable and "cordoned" in cordoned.why_not
+    assert not core.node_state(cordoned).healthy
+    mig = core.parse_node(node_object("n2", 8, mig=True))
+    assert mig.mig and mig.gpus == 8
+
+
+def test_telemetry_unhealthy_wins_and_an_api_cordon_wins_over_telemetry() -> None:
+    obj = node_object("n1", 8)
+    obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node = core.parse_node(obj)
+    sick = events_pb2.NodeState(
+        node="n1", healthy=False, gpus=[events_pb2.GpuState(index=0, uuid="GPU-real", healthy=True)]
+    )
+    merged = core.node_state(node, sick)
+    assert not merged.healthy and merged.gpus[0].uuid == "GPU-real"
+    well = events_pb2.NodeState(node="n1", healthy=True)
+    obj["spec"]["unschedulable"] = True
+    assert not core.node_state(core.parse_node(obj), well).healthy
+
+
+def test_never_fits_says_why() -> None:
+    nodes = [core.parse_node(node_object("n1", 8))]
+    assert "largest node has 8" in core.never_fits(common_pb2.PodResources(gpus=16), nodes)
+    assert "no node is in MIG mode" in core.never_fits(common_pb2.PodResources(mig_profile="1g.10gb"), nodes)
+    assert core.never_fits(common_pb2.PodResources(gpus=8), nodes) == ""
+
+
+def test_assignment_annotations_carry_uuids_slices_and_fractions() -> None:
+    node = core.parse_node(node_object("n1", 8))
+    whole = core.assignment_annotations("ns/g", 2, common_pb2.PodAssignment(node="n1", gpu_indices=[2, 3]), node)
+    assert whole[core.GPU_UUIDS_ANNOTATION] == "GPU-n1-2,GPU-n1-3" and whole[core.GENERATION_ANNOTATION] == "2"
+    mig = core.assignment_annotations(
+        "ns/m", 1, common_pb2.PodAssignment(node="n1", gpu_indices=[5], mig_slice="1g.10gb@3"), node
+    )
+    assert mig[core.MIG_SLICE_ANNOTATION] == "1g.10gb@3"
+    share = core.assignment_annotations(
+        "ns/f", 1, common_pb2.PodAssignment(node="n1", gpu_indices=[1], gpu_fraction=0.5), node
+    )
+    assert share[core.GPU_FRACTION_ANNOTATION] == "0.5"
+
+
+def test_gang_outcomes_and_readiness() -> None:
+    def pod(name: str, phase: str, node: str = "n") -> core.Pod:
+        obj = pod_object("ns", name, gpus=1, group="g")
+        obj["spec"]["nodeName"] = node
+        obj["status"] = {"phase": phase}
+        return core.parse_pod(obj)
+
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Succeeded")]) == events_pb2.JOB_STATE_COMPLETED
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Failed")]) == events_pb2.JOB_STATE_FAILED
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Running")]) == events_pb2.JOB_STATE_UNSPECIFIED
+    gang = core.Gang(job_id="ns/g", namespace="ns", group="g", min_member=3)
+    for name in ("a", "b"):
+        waiting = pod(name, "Pending", node="")
+        gang.pods[waiting.key] = waiting
+    assert not gang.ready_to_submit()
+    third = pod("c", "Pending", node="")
+    gang.pods[third.key] = third
+    assert gang.ready_to_submit()
+    assert core.bind_request_fields(gang, gang.waiting())["min_members"] == 3

@@ -1,0 +1,356 @@
+"""The binder against a real kube-apiserver v1.37.2 (etcd v3.7.0) with KWOK nodes of 8 GPUs each, placement
+and the binder as processes on Apache Kafka: pods, gangs, MIG and fractions bound without over-commit, gangs
+whole or not at all, reasons on pending pods, cordons, phases to job.lifecycle, evictions, SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+from kumiki.binder import core
+from kumiki.common.bus import EventProducer
+from kumiki.common.bus.replay import TopicReader
+from kumiki.common.bus.topics import JOB_LIFECYCLE, PREEMPTION_COMMANDS
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from tests.binder.support import (
+    PodGroup,
+    Processes,
+    create_all,
+    namespace,
+    node_object,
+    over_commits,
+    pod_object,
+    podgroup_object,
+    pods_in,
+)
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+
+def condition(pod: dict[str, Any], kind: str = "PodScheduled") -> dict[str, Any] | None:
+    for item in (pod.get("status") or {}).get("conditions") or []:
+        if item.get("type") == kind:
+            return item  # type: ignore[no-any-return]
+    return None
+
+
+def bound(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [pod for pod in pods if (pod.get("spec") or {}).get("nodeName")]
+
+
+async def all_bound(client: AsyncClient, ns: str, count: int) -> bool:
+    pods = await pods_in(client, ns)
+    return len(pods) == count and len(bound(pods)) == count
+
+
+async def lifecycle(kafka: KafkaSettings) -> list[events_pb2.JobLifecycle]:
+    out: list[events_pb2.JobLifecycle] = []
+
+    async def keep(key: str, event: Any) -> None:
+        if event is not None:
+            out.append(event.payload)
+
+    reader = TopicReader(kafka, JOB_LIFECYCLE, keep)
+    await reader.start()
+    try:
+        await reader.catch_up()
+    finally:
+        await reader.stop()
+    return out
+
+
+async def start(processes: Processes, client: AsyncClient, nodes: list[dict[str, Any]]) -> None:
+    await create_all(client, nodes)
+
+    async def ready() -> bool:
+        listed = [node.to_dict() async for node in client.list(Node)]
+        return len(listed) == len(nodes) and all(core.parse_node(node).schedulable for node in listed)
+
+    await wait_until(ready, timeout_s=60, what="KWOK to make every node Ready")
+    await processes.start_placement()
+    await processes.start_binder()
+
+
+async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_commit(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    nodes = [node_object(f"gpu-{index:02d}", 8, rack=f"rack-{index // 6}") for index in range(12)]
+    nodes += [node_object(f"mig-{index}", 8, mig=True) for index in range(3)]
+    nodes += [node_object(f"share-{index}", 8, shareable=True) for index in range(3)]
+    await start(processes, kube, nodes)
+    ns = await namespace(kube)
+    objects: list[dict[str, Any]] = []
+    gangs: dict[str, int] = {}
+    for size in (2, 4, 8, 16):
+        group = f"gang-{size}"
+        gangs[group] = size
+        objects.append(podgroup_object(ns, group, size))
+        objects += [pod_object(ns, f"{group}-{i:02d}", gpus=1, group=group) for i in range(size)]
+    objects.append(podgroup_object(ns, "wide", 2))
+    gangs["wide"] = 2
+    objects += [pod_object(ns, f"wide-{i}", gpus=8, group="wide") for i in range(2)]
+    gangs["labelled"] = 3  # a gang by label only, no PodGroup object
+    objects += [pod_object(ns, f"labelled-{i}", gpus=2, group="labelled") for i in range(3)]
+    objects += [pod_object(ns, f"mig-{i:02d}", mig="1g.10gb") for i in range(20)]
+    rng = random.Random(12)
+    objects += [
+        pod_object(ns, f"share-{i:02d}", fraction=rng.choice([0.25, 0.5]), gpu_memory="16Gi") for i in range(20)
+    ]
+    objects += [pod_object(ns, f"solo-{i:02d}", gpus=rng.choice([1, 2])) for i in range(25)]
+    pod_count = sum(1 for obj in objects if obj["kind"] == "Pod")
+    assert pod_count == 100
+    await create_all(kube, objects)
+
+    await wait_until(lambda: all_bound(kube, ns, 100), timeout_s=120, what="all 100 pods bound")
+    pods = await pods_in(kube, ns)
+    assert over_commits(pods) == []
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    for group, size in gangs.items():
+        members = [pod for pod in pods if pod["metadata"]["labels"].get(core.POD_GROUP_LABEL) == group]
+        assert len(members) == size and all(pod["spec"]["nodeName"] for pod in members)
+        assert {pod["metadata"]["annotations"][core.GENERATION_ANNOTATION] for pod in members} == {"1"}
+    for name, pod in by_name.items():
+        node, annotations = pod["spec"]["nodeName"], pod["metadata"]["annotations"]
+        if name.startswith("mig-"):
+            assert node.startswith("mig-") and annotations[core.MIG_SLICE_ANNOTATION].startswith("1g.10gb@")
+        elif name.startswith("share-"):
+            assert node.startswith("share-") and float(annotations[core.GPU_FRACTION_ANNOTATION]) in (0.25, 0.5)
+        else:
+            indices = annotations[core.GPU_INDICES_ANNOTATION].split(",")
+            assert annotations[core.GPU_UUIDS_ANNOTATION].split(",") == [f"GPU-{node}-{index}" for index in indices]
+    # KWOK runs them: the phases the binder follows
+    await wait_until(lambda: _all_phase(kube, ns, "Running", 100), timeout_s=60, what="KWOK to run every bound pod")
+    await wait_until(
+        lambda: _running_jobs(processes.kafka, f"{ns}/gang-16"), timeout_s=30, what="RUNNING for the 16-pod gang"
+    )
+
+
+async def _all_phase(client: AsyncClient, ns: str, phase: str, count: int) -> bool:
+    pods = await pods_in(client, ns)
+    return sum(1 for pod in pods if (pod.get("status") or {}).get("phase") == phase) >= count
+
+
+async def _running_jobs(kafka: KafkaSettings, job_id: str) -> bool:
+    return any(
+        record.job.job_id == job_id and record.state == events_pb2.JOB_STATE_RUNNING
+        for record in await lifecycle(kafka)
+    )
+
+
+async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
+    ns = await namespace(kube)
+    # volcano-sh/volcano#3373: two gangs that each fit alone, not together, arrive at once
+    objects: list[dict[str, Any]] = []
+    for group in ("left", "right"):
+        objects.append(podgroup_object(ns, group, 2))
+        objects += [pod_object(ns, f"{group}-{i}", gpus=8, group=group) for i in range(2)]
+    await create_all(kube, objects)
+
+    async def one_gang_bound_one_told() -> bool:
+        pods = await pods_in(kube, ns)
+        waiting = [pod for pod in pods if not pod["spec"].get("nodeName")]
+        told = [pod for pod in waiting if (condition(pod) or {}).get("status") == "False"]
+        return len(bound(pods)) == 2 and len(told) == 2
+
+    await wait_until(one_gang_bound_one_told, timeout_s=60, what="one gang bound and the other pending with a reason")
+    pods = await pods_in(kube, ns)
+    groups = {pod["metadata"]["labels"][core.POD_GROUP_LABEL] for pod in bound(pods)}
+    assert len(groups) == 1, f"a gang was split: {groups}"
+    waiting_group = ({"left", "right"} - groups).pop()
+    for pod in pods:
+        if pod["metadata"]["labels"][core.POD_GROUP_LABEL] == waiting_group:
+            assert not pod["spec"].get("nodeName")
+            assert "gang" in (condition(pod) or {}).get("message", ""), condition(pod)
+
+    # a gang larger than the cluster at once: every pod pending, none bound, the condition says why
+    ns2 = await namespace(kube)
+    await create_all(
+        kube, [podgroup_object(ns2, "huge", 3), *(pod_object(ns2, f"huge-{i}", gpus=8, group="huge") for i in range(3))]
+    )
+    # a pod no node could ever hold is told so
+    await create_all(kube, [pod_object(ns2, "sixteen", gpus=16)])
+
+    async def all_told() -> bool:
+        pods = await pods_in(kube, ns2)
+        return len(pods) == 4 and all((condition(pod) or {}).get("status") == "False" for pod in pods)
+
+    await wait_until(all_told, timeout_s=60, what="every pod of the unfit gang and the never-fitting pod told why")
+    pods = {pod["metadata"]["name"]: pod for pod in await pods_in(kube, ns2)}
+    assert not bound(list(pods.values()))
+    never = condition(pods["sixteen"]) or {}
+    assert never["reason"] == "NeverFits" and "largest node has 8" in never["message"]
+    for i in range(3):
+        assert (condition(pods[f"huge-{i}"]) or {})["reason"] == "Unschedulable"
+    events = [event async for event in kube.list(Event, namespace=ns2)]
+    assert any(event.reason == "FailedScheduling" and event.involvedObject.name == "sixteen" for event in events)
+    assert any(event.involvedObject.kind == "PodGroup" and event.involvedObject.name == "huge" for event in events)
+    group = await kube.get(PodGroup, "huge", namespace=ns2)
+    assert group.status["phase"] == "Pending"  # type: ignore[index]
+
+    # when the bound gang ends, the waiting one of #3373 gets the GPUs
+    for pod in bound(await pods_in(kube, ns)):
+        await kube.delete(Pod, pod["metadata"]["name"], namespace=ns, grace_period=0)
+    await wait_until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the waiting gang bound once the other left")
+
+
+async def test_a_node_cordoned_mid_stream_gets_no_new_pod(kube: AsyncClient, processes: Processes) -> None:
+    await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(4)])
+    ns = await namespace(kube)
+    await create_all(kube, [pod_object(ns, f"early-{i:02d}", gpus=1) for i in range(10)])
+    await kube.patch(Node, "gpu-0", {"spec": {"unschedulable": True}})
+    later = [pod_object(ns, f"late-{i:02d}", gpus=1) for i in range(14)]
+    await create_all(kube, later)
+    await wait_until(lambda: all_bound(kube, ns, 24), timeout_s=60, what="all 24 pods bound")
+    pods = await pods_in(kube, ns)
+    on_cordoned = [
+        pod["metadata"]["name"]
+        for pod in pods
+        if pod["metadata"]["name"].startswith("late") and pod["spec"]["nodeName"] == "gpu-0"
+    ]
+    assert on_cordoned == []
+    assert over_commits(pods) == []
+
+
+async def test_phases_become_lifecycle_events_and_releases(kube: AsyncClient, processes: Processes) -> None:
+    await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
+    ns = await namespace(kube)
+    await create_all(
+        kube,
+        [
+            podgroup_object(ns, "train", 2),
+            *(pod_object(ns, f"train-{i}", gpus=4, group="train", run_for="2s") for i in range(2)),
+            pod_object(ns, "crash", gpus=1, run_for="1s", exit_code=3),
+        ],
+    )
+
+    async def ended() -> list[events_pb2.JobLifecycle]:
+        records = await lifecycle(processes.kafka)
+        finals = [r for r in records if r.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED)]
+        return finals if len(finals) >= 2 else []
+
+    finals = await wait_until(ended, timeout_s=60, what="COMPLETED and FAILED on job.lifecycle")
+    by_job = {record.job.job_id: record for record in finals}
+    assert by_job[f"{ns}/train"].state == events_pb2.JOB_STATE_COMPLETED
+    assert by_job[f"{ns}/train"].runtime_s >= 1.5
+    assert by_job[f"{ns}/pod/crash"].state == events_pb2.JOB_STATE_FAILED
+    records = await lifecycle(processes.kafka)
+    assert any(r.job.job_id == f"{ns}/train" and r.state == events_pb2.JOB_STATE_RUNNING for r in records)
+    # released in placement: the GPUs are free again for a full-node gang
+    await create_all(
+        kube,
+        [podgroup_object(ns, "after", 2), *(pod_object(ns, f"after-{i}", gpus=8, group="after") for i in range(2))],
+    )
+    await wait_until(
+        lambda: _bound_names(kube, ns, "after-"), timeout_s=60, what="the GPUs freed by the ended jobs to be used again"
+    )
+
+
+async def _bound_names(client: AsyncClient, ns: str, prefix: str) -> bool:
+    pods = [pod for pod in await pods_in(client, ns) if pod["metadata"]["name"].startswith(prefix)]
+    return bool(pods) and all(pod["spec"].get("nodeName") for pod in pods)
+
+
+async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    await start(processes, kube, [node_object("gpu-0", 8)])
+    ns = await namespace(kube)
+    await create_all(
+        kube,
+        [
+            podgroup_object(ns, "victim", 2),
+            *(pod_object(ns, f"victim-{i}", gpus=2, group="victim", labels={"app": "victim"}) for i in range(2)),
+        ],
+    )
+    await wait_until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
+    # a budget with nothing allowed (no disruption controller runs: status.disruptionsAllowed stays 0)
+    await kube.create(
+        PodDisruptionBudget.from_dict(
+            {
+                "metadata": {"name": "keep", "namespace": ns},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "victim"}}},
+            }
+        )
+    )
+    producer = EventProducer(processes.kafka, "//kumiki/preemption/test")
+    await producer.start()
+    try:
+        command = events_pb2.PreemptionCommand(
+            command_id="c-1",
+            job=common_pb2.JobRef(job_id=f"{ns}/victim", generation=1),
+            action=events_pb2.PREEMPTION_ACTION_EVICT,
+            reason="reclaim for team-b",
+        )
+        await producer.publish(PREEMPTION_COMMANDS, f"{ns}/victim", command, event_id="c-1")
+    finally:
+        await producer.stop()
+
+    async def refused_and_reported() -> bool:
+        events = [event async for event in kube.list(Event, namespace=ns)]
+        return any(event.reason == "EvictionRefused" for event in events)
+
+    await wait_until(refused_and_reported, timeout_s=60, what="a refused eviction reported on the pod")
+    assert len(await pods_in(kube, ns)) == 2  # never deleted behind the budget's back
+    await kube.delete(PodDisruptionBudget, "keep", namespace=ns)
+
+    async def evicted() -> bool:
+        return not await pods_in(kube, ns)
+
+    await wait_until(evicted, timeout_s=90, what="the pods evicted once the budget allows it")
+
+
+async def test_binder_sigkilled_mid_500_binds_resumes_without_double_binding(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    await start(processes, kube, [node_object(f"gpu-{index:02d}", 8, rack=f"rack-{index // 8}") for index in range(70)])
+    ns = await namespace(kube)
+    objects: list[dict[str, Any]] = []
+    rng = random.Random(5)
+    count = 0
+    index = 0
+    while count < 500:
+        size = min(rng.choice([1, 1, 1, 2, 4]), 500 - count)
+        if size > 1:
+            objects.append(podgroup_object(ns, f"g{index}", size))
+            objects += [pod_object(ns, f"g{index}-{i}", gpus=1, group=f"g{index}") for i in range(size)]
+        else:
+            objects.append(pod_object(ns, f"p{index}", gpus=rng.choice([1, 1, 2])))
+        count += size
+        index += 1
+
+    creating = asyncio.ensure_future(create_all(kube, objects))
+
+    async def some_bound() -> bool:
+        return len(bound(await pods_in(kube, ns))) >= 100
+
+    await wait_until(some_bound, timeout_s=120, what="100 pods bound before the kill")
+    processes.kill_binder()
+    await creating
+    before = len(bound(await pods_in(kube, ns)))
+    assert before < 500, "the kill came too late to be mid-stream"
+    await processes.start_binder()
+    await wait_until(lambda: all_bound(kube, ns, 500), timeout_s=180, what="all 500 pods bound after the restart")
+    pods = await pods_in(kube, ns)
+    assert over_commits(pods) == []
+    # one live bind per job: every pod's generation is its job's last BOUND in Placement's log, on that node
+    records = await lifecycle(processes.kafka)
+    last_bound: dict[str, events_pb2.JobLifecycle] = {}
+    for record in records:
+        if record.state == events_pb2.JOB_STATE_BOUND:
+            last_bound[record.job.job_id] = record
+    for pod in pods:
+        annotations = pod["metadata"]["annotations"]
+        job = annotations[core.JOB_ANNOTATION]
+        assert int(annotations[core.GENERATION_ANNOTATION]) == last_bound[job].job.generation
+        assert pod["spec"]["nodeName"] in {a.node for a in last_bound[job].assignments}
