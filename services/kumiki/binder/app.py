@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import grpc
@@ -17,7 +17,7 @@ from kumiki.binder.adapters.placement import PlacementClient
 from kumiki.common.bus import EventConsumer
 from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
-from kumiki.common.config import ConfigError, env_bool, env_int, env_str
+from kumiki.common.config import ConfigError, env_bool, env_file, env_int, env_str
 from kumiki.common.service import Runtime, ServiceSpec
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,25 @@ async def _hold_lease(kube: KubeApi, namespace: str, name: str, duration_s: int,
             raise LostLeadership(f"lease {namespace}/{name} not renewed for {duration_s * 2 / 3:.0f}s")
 
 
+def placement_credentials(env: Mapping[str, str]) -> grpc.ChannelCredentials | None:
+    """TLS to Placement: its CA (KUMIKI_PLACEMENT_CAFILE) and, for mTLS, the binder's own certificate
+    (KUMIKI_PLACEMENT_CERTFILE and KUMIKI_PLACEMENT_KEYFILE). None: plaintext."""
+    cafile = env_file(env, "KUMIKI_PLACEMENT_CAFILE")
+    certfile = env_file(env, "KUMIKI_PLACEMENT_CERTFILE")
+    keyfile = env_file(env, "KUMIKI_PLACEMENT_KEYFILE")
+    if (certfile is None) != (keyfile is None):
+        raise ConfigError(
+            "KUMIKI_PLACEMENT_KEYFILE: KUMIKI_PLACEMENT_CERTFILE and KUMIKI_PLACEMENT_KEYFILE go together"
+        )
+    if cafile is None and certfile is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=cafile.read_bytes() if cafile else None,
+        private_key=keyfile.read_bytes() if keyfile else None,
+        certificate_chain=certfile.read_bytes() if certfile else None,
+    )
+
+
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     env = os.environ
     address = env_str(env, "KUMIKI_PLACEMENT_ADDRESS", "127.0.0.1:50051")
@@ -73,7 +92,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     me = identity()
     kube = KubeApi(client_from(kubeconfig), me)
     runtime.closers.append(kube.close)
-    placement = PlacementClient(address)
+    placement = PlacementClient(address, placement_credentials(env))
     runtime.closers.append(placement.close)
     binder = Binder(kube, placement, runtime.producer, concurrency=concurrency, scheduled_events=scheduled_events)
     runtime.components.update(binder=binder)
