@@ -96,3 +96,18 @@ async def test_the_guard_rejects_on_a_real_server_with_invalid_argument() -> Non
     finally:
         await server.stop(None)
         await asyncio.sleep(0)
+
+
+def test_a_nul_in_any_string_is_refused_naming_the_field() -> None:
+    """Postgres text cannot hold U+0000: without this every service storing a name answered UNKNOWN."""
+    deserialize = guarded_deserializer(placement_pb2.BindRequest.FromString)
+    request = placement_pb2.BindRequest(
+        job=common_pb2.JobRef(job_id="j", generation=1),
+        queue="q",
+        pods=[common_pb2.PodResources(gpu_fraction=0.5), common_pb2.PodResources(gpu_model="A\x00")],
+    )
+    rejected = deserialize(request.SerializeToString())
+    assert isinstance(rejected, Undecodable)
+    assert rejected.reason == "pods[1].gpu_model: contains a NUL character (U+0000), which no Kumiki name may hold"
+    del request.pods[1]  # a zero byte in a double is not a NUL in a string
+    assert isinstance(deserialize(request.SerializeToString()), placement_pb2.BindRequest)

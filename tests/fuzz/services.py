@@ -76,6 +76,10 @@ class Endpoint:
     def streaming(self) -> bool:
         return bool(self.method.client_streaming)
 
+    @property
+    def watching(self) -> bool:
+        return bool(self.method.server_streaming and not self.method.client_streaming)
+
 
 @dataclass
 class RunningServices:

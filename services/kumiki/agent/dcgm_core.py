@@ -270,7 +270,9 @@ def _fields(values: Mapping[str, float]) -> SampleFields:
     parts = [values.get(name) for name in MEMORY_PARTS]
     used, free = parts[0], parts[1]
     if used is not None and free is not None and not any(p is not None and math.isnan(p) for p in parts):
-        kwargs["memory_total_bytes"] = round(sum(p for p in parts if p is not None) * MIB)
+        total = sum(p for p in parts if p is not None) * MIB
+        if math.isfinite(total):  # an exporter's +Inf must not crash the scrape (found by tests/fuzz)
+            kwargs["memory_total_bytes"] = round(total)
     last_xid = kwargs.get("last_xid")
     if last_xid == 0:
         kwargs["last_xid"] = None  # 0 is the exporter's "no XID yet"

@@ -85,8 +85,12 @@ def env_file(env: Environ, name: str) -> Path | None:
     if not raw:
         return None
     path = Path(raw)
-    if not path.is_file():
-        raise ConfigError(f"{name}: expected a readable file, got {raw!r} (no such file)")
+    try:
+        found = path.is_file()
+    except (OSError, ValueError) as error:  # a name too long for the filesystem, a NUL byte
+        raise ConfigError(f"{name}: expected a readable file, got {raw[:80]!r} ({error.__class__.__name__})") from None
+    if not found:
+        raise ConfigError(f"{name}: expected a readable file, got {raw[:200]!r} (no such file)")
     return path
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import Counter
 
@@ -53,11 +53,13 @@ def timestamp(moment: datetime | None = None) -> Timestamp:
 # gRPC's own handling of a request whose bytes do not parse is an UNKNOWN status and a full traceback logged at
 # ERROR, for every such request: a caller could fill the disk with them. RequestGuard, installed by the shared
 # server setup (kumiki.common.service) on every service, makes it INVALID_ARGUMENT saying what did not decode
-# (naming the field where the wire format allows), one WARNING line at most per rejected request.
+# (naming the field where the wire format allows), one WARNING line at most per rejected request. A string
+# holding U+0000 is refused there too, naming the field: Postgres cannot store it, so without this check every
+# service that writes a request's names would answer it with an UNKNOWN database error.
 
 REJECTED = Counter(
     "kumiki_grpc_rejected_requests_total",
-    "gRPC requests rejected before the handler: the bytes did not decode as the method's request",
+    "gRPC requests rejected before the handler: bytes that do not decode as the method's request, or a NUL in a string",
     ["method"],
 )
 _MAX_DEPTH = 100  # protobuf's own recursion limit
@@ -148,6 +150,30 @@ def undecodable_reason(descriptor: Descriptor, data: bytes) -> str:
     return f"{head}: wire format corrupt"
 
 
+def nul_field(message: Message, path: str = "") -> str | None:
+    """The first string field holding U+0000 (Postgres text cannot store it; no Kubernetes name has it)."""
+    for field, value in message.ListFields():
+        where = f"{path}.{field.name}" if path else field.name
+        items = value if field.is_repeated else [value]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            items = list(value.items()) if hasattr(value, "items") else []
+            for key, item in items:
+                if isinstance(key, str) and "\x00" in key:
+                    return f"{where}[{key!r}]"
+                if isinstance(item, str) and "\x00" in item:
+                    return f"{where}[{key!r}]"
+                if isinstance(item, Message) and (found := nul_field(item, f"{where}[{key!r}]")) is not None:
+                    return found
+            continue
+        for index, item in enumerate(items):
+            at = f"{where}[{index}]" if field.is_repeated else where
+            if isinstance(item, str) and "\x00" in item:
+                return at
+            if isinstance(item, Message) and (found := nul_field(item, at)) is not None:
+                return found
+    return None
+
+
 def guarded_deserializer(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     """`deserializer` (a generated Message.FromString) that returns Undecodable instead of raising."""
     message_type = getattr(deserializer, "__self__", None)
@@ -155,7 +181,12 @@ def guarded_deserializer(deserializer: Callable[[bytes], Any]) -> Callable[[byte
 
     def deserialize(data: bytes) -> Any:
         try:
-            return deserializer(data)
+            message = deserializer(data)
+            if b"\x00" in data and isinstance(message, Message):  # only then can a string hold a NUL
+                where = nul_field(message)
+                if where is not None:
+                    return Undecodable(f"{where}: contains a NUL character (U+0000), which no Kumiki name may hold")
+            return message
         except Exception as error:  # DecodeError, and whatever else a deserializer raises on hostile bytes
             if descriptor is not None and isinstance(error, DecodeError):
                 return Undecodable(undecodable_reason(descriptor, data))
@@ -202,7 +233,7 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             extra: dict[str, object] = {"method": method, "peer": context.peer(), "reason": reason}
             if left_out:
                 extra["not_logged_since_last"] = left_out
-            log.warning("rejected undecodable request", extra=extra)
+            log.warning("rejected request before its handler", extra=extra)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]

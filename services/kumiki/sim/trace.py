@@ -86,15 +86,20 @@ def _rows(path: Path, expected: tuple[str, ...]) -> Iterator[tuple[str, dict[str
         raise TraceError(f"{path}: cannot open trace file: {error.strerror}") from None
     with handle:
         reader = csv.DictReader(handle)
-        header = tuple(reader.fieldnames or ())
-        missing = [column for column in expected if column not in header]
-        if missing:
-            raise TraceError(f"{path}: header lacks column(s) {', '.join(missing)}; expected {', '.join(expected)}")
-        for row in reader:
-            where = f"{path}:{reader.line_num}"
-            if None in row:
-                raise TraceError(f"{where}: more fields than the header has columns")
-            yield where, {key: (value or "") for key, value in row.items()}
+        try:  # bytes that are not UTF-8 are a bad file, not a crash (found by tests/fuzz)
+            header = tuple(reader.fieldnames or ())
+            missing = [column for column in expected if column not in header]
+            if missing:
+                raise TraceError(f"{path}: header lacks column(s) {', '.join(missing)}; expected {', '.join(expected)}")
+            for row in reader:
+                where = f"{path}:{reader.line_num}"
+                if None in row:
+                    raise TraceError(f"{where}: more fields than the header has columns")
+                yield where, {key: (value or "") for key, value in row.items()}
+        except UnicodeDecodeError as error:
+            raise TraceError(
+                f"{path}:{reader.line_num + 1}: not UTF-8 (byte {error.object[error.start]:#04x})"
+            ) from None
 
 
 def parse_job(where: str, row: dict[str, str]) -> TraceJob:
