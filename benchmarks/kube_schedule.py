@@ -1,0 +1,349 @@
+"""Kumiki's binder against kube-scheduler (default profile) on the same real API server, in the same run.
+
+    python benchmarks/kube_schedule.py --bootstrap 127.0.0.1:19092            # 1,000 nodes x 8 GPUs, 5,000 pods
+    python benchmarks/kube_schedule.py --bootstrap ... --nodes 200 --pods 1000  # a smaller run
+
+One control plane (etcd v3.7.0, kube-apiserver v1.37.2, KWOK v0.8.0 from infra/kube/build.sh) with `--nodes`
+KWOK nodes of 8 GPUs. The pods are the Philly slice's jobs in arrival order until `--pods` pods: a job of g GPUs
+is one pod when g <= --gpus-per-pod, else a gang of ceil(g / --gpus-per-pod) pods with a PodGroup. Phase 1:
+placement and the binder as processes (Apache Kafka at --bootstrap), pods with schedulerName kumiki. Phase 2:
+the binder and placement stopped, every pod deleted, kube-scheduler started, the same pods with the default
+scheduler. Each phase creates its pods as fast as the API server takes them (--creators in flight) and watches
+them: scheduling latency = pod created (the create call returned) to spec.nodeName seen; throughput = pods
+Running / (last Running - first created). A gang is partial when some but not all of its pods are bound at the
+end of the phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "services"))
+
+from kumiki.devstack.kube import KubeStack, start_kube, start_scheduler, stop_component, stop_kube  # noqa: E402
+from kumiki.devstack.processes import free_port  # noqa: E402
+from kumiki.devstack.stack import readiness  # noqa: E402
+from kumiki.sim.trace import load_jobs  # noqa: E402
+
+PodGroup = create_namespaced_resource("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups")
+CRD = REPO_ROOT / "charts" / "kumiki" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
+
+
+@dataclass
+class Workload:
+    pods: list[tuple[str, int, str]]  # (name, gpus, group or "")
+    groups: dict[str, int]  # group -> size
+    gpus: int
+
+
+def workload(pod_limit: int, gpus_per_pod: int) -> Workload:
+    pods: list[tuple[str, int, str]] = []
+    groups: dict[str, int] = {}
+    total = 0
+    for index, job in enumerate(load_jobs("philly-slice")):
+        gpus = max(1, int(job.gpus))
+        if gpus <= gpus_per_pod:
+            if len(pods) + 1 > pod_limit:
+                break
+            pods.append((f"j{index}", gpus, ""))
+        else:
+            size = math.ceil(gpus / gpus_per_pod)
+            if len(pods) + size > pod_limit:
+                break
+            group = f"j{index}"
+            groups[group] = size
+            pods += [(f"{group}-{member}", gpus_per_pod, group) for member in range(size)]
+        total += gpus
+    return Workload(pods, groups, total)
+
+
+def pod_manifest(ns: str, name: str, gpus: int, group: str, scheduler: str) -> dict[str, Any]:
+    labels = {"scheduling.x-k8s.io/pod-group": group} if group else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/train:1",
+                    "resources": {
+                        "requests": {"cpu": "1", "memory": "4Gi"},
+                        "limits": {"nvidia.com/gpu": str(gpus)},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def node_manifest(name: str) -> dict[str, Any]:
+    allocatable = {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "nvidia.com/gpu.memory": "81920",
+                "kumiki.io/nvlink-island-size": "4",
+                "type": "kwok",
+            },
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": {},
+        "status": {"allocatable": allocatable, "capacity": allocatable},
+    }
+
+
+async def bounded(coroutines: list[Any], limit: int) -> None:
+    slots = asyncio.Semaphore(limit)
+
+    async def one(coroutine: Any) -> None:
+        async with slots:
+            await coroutine
+
+    await asyncio.gather(*(one(c) for c in coroutines))
+
+
+@dataclass
+class Phase:
+    name: str
+    created: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)
+    create_s: float = 0.0
+
+    def report(self, workload: Workload) -> dict[str, Any]:
+        latencies = sorted(self.bound[name] - self.created[name] for name in self.bound if name in self.created)
+        first = min(self.created.values()) if self.created else 0.0
+        last = max(self.running.values()) if self.running else first
+        partial = 0
+        for group, size in workload.groups.items():
+            placed = sum(1 for member in range(size) if f"{group}-{member}" in self.bound)
+            if 0 < placed < size:
+                partial += 1
+        return {
+            "phase": self.name,
+            "pods": len(workload.pods),
+            "bound": len(self.bound),
+            "running": len(self.running),
+            "pods_per_s": len(self.running) / (last - first) if last > first else 0.0,
+            "p50_ms": 1000 * statistics.median(latencies) if latencies else None,
+            "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
+            "gangs": len(workload.groups),
+            "partial_gangs": partial,
+            "create_s": self.create_s,
+        }
+
+
+async def watch_phase(client: AsyncClient, ns: str, phase: Phase, done: asyncio.Event) -> None:
+    async for _, pod in client.watch(Pod, namespace=ns):
+        assert pod.metadata is not None and pod.spec is not None
+        name = pod.metadata.name or ""
+        now = time.perf_counter()
+        if pod.spec.nodeName and name not in phase.bound:
+            phase.bound[name] = now
+        if pod.status is not None and pod.status.phase == "Running" and name not in phase.running:
+            phase.running[name] = now
+        if done.is_set():
+            return
+
+
+async def run_phase(
+    client: AsyncClient, name: str, scheduler: str, load: Workload, creators: int, settle_s: float, timeout_s: float
+) -> Phase:
+    ns = f"bench-{name}-{uuid.uuid4().hex[:4]}"
+    await client.create(Namespace.from_dict({"metadata": {"name": ns}}))
+    phase = Phase(name)
+    done = asyncio.Event()
+    watcher = asyncio.create_task(watch_phase(client, ns, phase, done))
+    await asyncio.sleep(0.5)
+    for group, size in load.groups.items():
+        await client.create(
+            PodGroup.from_dict({"metadata": {"name": group, "namespace": ns}, "spec": {"minMember": size}})
+        )
+
+    async def create(pod_name: str, gpus: int, group: str) -> None:
+        body = Pod.from_dict(pod_manifest(ns, pod_name, gpus, group, scheduler))
+        for attempt in range(20):
+            try:
+                await client.create(body)
+                break
+            except ApiError as error:
+                if error.status.code != 429:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+        phase.created[pod_name] = time.perf_counter()
+
+    started = time.perf_counter()
+    await bounded([create(*pod) for pod in load.pods], creators)
+    phase.create_s = time.perf_counter() - started
+    deadline = time.perf_counter() + timeout_s
+    last_change, last_count = time.perf_counter(), -1
+    while time.perf_counter() < deadline:
+        count = len(phase.running)
+        if count == len(load.pods):
+            break
+        if count != last_count:
+            last_change, last_count = time.perf_counter(), count
+        elif time.perf_counter() - last_change > settle_s:
+            break  # nothing more starts: what did not fit waits
+        await asyncio.sleep(0.2)
+    done.set()
+    watcher.cancel()
+    return phase
+
+
+async def delete_pods(client: AsyncClient) -> None:
+    names = []
+    async for pod in client.list(Pod, namespace="*"):
+        assert pod.metadata is not None
+        names.append((pod.metadata.name, pod.metadata.namespace))
+    await bounded([client.delete(Pod, n, namespace=ns, grace_period=0) for n, ns in names], 64)
+
+
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def wait_ready(port: int, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while readiness(port)[0] != "ready":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} not ready within {timeout_s:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bootstrap", default=os.environ.get("KUMIKI_TEST_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--gpus-per-pod", type=int, default=2, help="jobs with more GPUs become gangs of such pods")
+    parser.add_argument("--creators", type=int, default=64, help="pod creations in flight")
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds without a new Running pod ends a phase")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--skip-kube-scheduler", action="store_true")
+    parser.add_argument("--folder", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here too")
+    args = parser.parse_args()
+    if args.nodes < 1 or args.pods < 1 or args.gpus_per_pod < 1 or args.creators < 1:
+        parser.error("--nodes, --pods, --gpus-per-pod and --creators must be >= 1")
+    folder = args.folder or Path(tempfile.mkdtemp(prefix="kumiki-kube-bench-"))
+    load = workload(args.pods, args.gpus_per_pod)
+    print(f"workload: {len(load.pods)} pods, {len(load.groups)} gangs, {load.gpus} GPUs on {args.nodes * 8} GPUs")
+    stack: KubeStack = start_kube(folder / "kube")
+    processes: list[subprocess.Popen[bytes]] = []
+    results = []
+    try:
+        client = AsyncClient(config=KubeConfig.from_file(str(stack.kubeconfig)), field_manager="kumiki-bench")
+        from lightkube.codecs import load_all_yaml
+
+        for obj in load_all_yaml(CRD.read_text()):
+            await client.apply(obj, field_manager="kumiki-bench", force=True)
+        started = time.perf_counter()
+        await bounded([client.create(Node.from_dict(node_manifest(f"kwok-{i:05d}"))) for i in range(args.nodes)], 64)
+
+        async def nodes_ready() -> int:
+            count = 0
+            async for node in client.list(Node):
+                conditions = (node.status.conditions if node.status else None) or []
+                count += any(c.type == "Ready" and c.status == "True" for c in conditions)
+            return count
+
+        while await nodes_ready() < args.nodes:
+            await asyncio.sleep(1.0)
+        print(f"{args.nodes} KWOK nodes Ready in {time.perf_counter() - started:.1f}s")
+
+        prefix = f"bench-{uuid.uuid4().hex[:8]}."
+        env = {
+            **os.environ,
+            "KUMIKI_KAFKA_BOOTSTRAP": args.bootstrap,
+            "KUMIKI_TOPIC_PREFIX": prefix,
+            "PYTHONPATH": str(REPO_ROOT / "services"),
+        }
+        grpc_port, http_port = free_port(), free_port()
+        placement = spawn(
+            [sys.executable, "-m", "kumiki.placement"],
+            {**env, "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port), "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port)},
+            folder / "placement.log",
+        )
+        processes.append(placement)
+        await wait_ready(http_port, "placement")
+        binder_http = free_port()
+        binder = spawn(
+            [sys.executable, "-m", "kumiki.binder"],
+            {
+                **env,
+                "KUMIKI_KUBECONFIG": str(stack.kubeconfig),
+                "KUMIKI_PLACEMENT_ADDRESS": f"127.0.0.1:{grpc_port}",
+                "KUMIKI_BINDER_GRPC_PORT": str(free_port()),
+                "KUMIKI_BINDER_HTTP_PORT": str(binder_http),
+            },
+            folder / "binder.log",
+        )
+        processes.append(binder)
+        await wait_ready(binder_http, "binder")
+        await asyncio.sleep(3.0)  # the binder publishes the nodes; placement reads them
+        kumiki = await run_phase(client, "kumiki", "kumiki", load, args.creators, args.settle, args.timeout)
+        results.append(kumiki.report(load))
+        print(json.dumps(results[-1]))
+        for process in (binder, placement):
+            process.terminate()
+            process.wait(timeout=30)
+        await delete_pods(client)
+        if not args.skip_kube_scheduler:
+            start_scheduler(stack)
+            baseline = await run_phase(
+                client, "kube", "default-scheduler", load, args.creators, args.settle, args.timeout
+            )
+            results.append(baseline.report(load))
+            print(json.dumps(results[-1]))
+            stop_component(stack, "scheduler")
+        await client.close()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        stop_kube(stack)
+    print()
+    print("| scheduler | pods | running | pods/s | p50 ms | p99 ms | gangs | partial gangs | vs kube-scheduler |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    base = results[1]["pods_per_s"] if len(results) > 1 else 0.0
+    for row in results:
+        ratio = f"{row['pods_per_s'] / base:.2f}x" if base else ""
+        p50 = f"{row['p50_ms']:.0f}" if row["p50_ms"] is not None else "-"
+        p99 = f"{row['p99_ms']:.0f}" if row["p99_ms"] is not None else "-"
+        print(
+            f"| {row['phase']} | {row['pods']} | {row['running']} | {row['pods_per_s']:.0f} | {p50} | {p99} "
+            f"| {row['gangs']} | {row['partial_gangs']} | {ratio} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
