@@ -112,6 +112,7 @@ class Victim:
 
     job: BoundJob
     preemption: Preemption
+    decided_s: float = 0.0  # when the pass decided it (its unsaved work is measured at this moment)
 
 
 @dataclass
@@ -295,7 +296,7 @@ class PlacementBook:
             victim = self.bound.pop(preemption.job_id, None)
             if victim is None:  # a job the same pass started and preempted at once: nothing ran yet
                 continue
-            entry = Victim(victim, preemption)
+            entry = Victim(victim, preemption, now)
             self.draining[preemption.job_id] = entry
             self.preemptions.append(entry)
         for start in decisions.starts:

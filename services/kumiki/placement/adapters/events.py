@@ -109,6 +109,8 @@ class DecisionPublisher:
         preemption coordinator runs the checkpoint protocol from it."""
         job, preemption = victim.job, victim.preemption
         decision = self._decision(events_pb2.DECISION_KIND_PREEMPT, job.command)
+        if victim.decided_s:  # the moment the unsaved work was measured, not the (later) moment of publishing
+            decision.at.FromNanoseconds(int(victim.decided_s * 1e9))
         decision.assignments.extend(assignments(job))
         reason = "reservation" if preemption.reason == "reservation deadline" else preemption.reason
         decision.preemption_reason = reason

@@ -30,17 +30,17 @@ async def publish_preemptions(book: PlacementBook, publisher: DecisionPublisher)
     and what was placed on its GPUs stays nominated, until its decision is out and the coordinator evicts it)."""
     published = 0
     while book.preemptions:
-        victim = book.preemptions[0]
+        victim = book.preemptions.pop(0)  # taken before awaiting: a concurrent pass does not publish it twice
         try:
             await publisher.preempted(victim)
         except Exception as error:
+            if victim.job.command.job_id in book.draining:
+                book.preemptions.insert(0, victim)
             log.error(
                 "preemption decision not published; retried next cycle",
                 extra={"job": victim.job.command.job_id, "error": repr(error)},
             )
             return published
-        if book.preemptions and book.preemptions[0] is victim:
-            book.preemptions.pop(0)
         PREEMPT_DECISIONS.labels(victim.preemption.reason).inc()
         published += 1
     return published

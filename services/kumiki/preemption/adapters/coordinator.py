@@ -153,7 +153,7 @@ class Coordinator:
         kept = events_pb2.PreemptionCommand(assignments=list(decision.assignments)).SerializeToString()
         await store.save(connection, transition, kept)
         self._record(None, transition)
-        self._notify()
+        self._notify_after_commit()
 
     async def on_lifecycle(self, event: Event, connection: asyncpg.Connection | None) -> None:
         change = event.payload
@@ -171,7 +171,12 @@ class Coordinator:
                 transition = core.ended(protocol, change.job.generation)
             await store.save(connection, transition, stored.assignments)
             if transition.changed:
-                self._notify()
+                self._notify_after_commit()
+
+    def _notify_after_commit(self) -> None:
+        """Consumer handlers run inside the batch's transaction: wake readers once it has had time to commit
+        (they re-read every second anyway)."""
+        asyncio.get_running_loop().call_later(0.05, self._notify)
 
     async def report(
         self, record: core.CheckpointRecord, message: checkpoints_pb2.CheckpointReport
