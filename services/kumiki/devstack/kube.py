@@ -378,9 +378,19 @@ def stop_kube(stack: KubeStack) -> None:
         stack.save()
 
 
+def kube_running(folder: Path) -> KubeStack | None:
+    """The stack recorded in `folder` when its API server still runs."""
+    if not (folder / STATE_FILE).exists():
+        return None
+    stack = KubeStack.load(folder)
+    return stack if alive(stack.pids.get("apiserver")) else None
+
+
 def stop_kube_folder(folder: Path) -> bool:
     """Stop the stack recorded in `folder`/kube.json; False when there is none."""
     if not (folder / STATE_FILE).exists():
         return False
-    stop_kube(KubeStack.load(folder))
-    return True
+    stack = KubeStack.load(folder)
+    running = any(alive(pid) for pid in stack.pids.values())
+    stop_kube(stack)
+    return running

@@ -34,6 +34,7 @@ DEFAULT_PORTS: dict[str, tuple[int, int]] = {
     "quota": (50053, 8083),
     "preemption": (50054, 8084),
     "telemetry-ingest": (50055, 8085),
+    "binder": (50057, 8087),  # only with `kumiki up --kubernetes`
 }
 
 
@@ -84,6 +85,9 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
         env.setdefault("KUMIKI_QUOTA_ALLOW_ANONYMOUS", "true")
     if name == "placement" and "quota" in state.services:  # admission through the stack's quota service
         env.setdefault("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{state.services['quota']['grpc_port']}")
+    if name == "binder":  # the stack's API server (kumiki.devstack.kube) and placement
+        env["KUMIKI_KUBECONFIG"] = str(state.home / "kube" / "kubeconfig")
+        env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
     if not state.broker.get("idempotent", True):
         env["KUMIKI_KAFKA_IDEMPOTENT"] = "false"
     return env
@@ -109,6 +113,7 @@ def bring_up(
     postgres_port: int | None = None,
     timeout_s: float = 120.0,
     progress: Any = None,
+    kubernetes: bool = False,
 ) -> StackState:
     home = stack_home()
     state = StackState.load(home)
@@ -162,7 +167,15 @@ def bring_up(
     if infra_only:
         return state
 
-    for name, module in SERVICES.items():
+    services = dict(SERVICES)
+    if kubernetes:  # etcd, kube-apiserver and KWOK (built by infra/kube/build.sh when missing), then the binder
+        from kumiki.devstack.kube import kube_running, start_kube
+
+        if kube_running(home / "kube") is None:
+            step("starting Kubernetes: etcd, kube-apiserver, KWOK (the first run builds them, ~12 min)")
+            start_kube(home / "kube", build=True)
+        services["binder"] = "kumiki.binder"
+    for name, module in services.items():
         current = state.services.get(name)
         if current and alive(current.get("pid")):
             continue
@@ -296,6 +309,10 @@ def bring_down(purge: bool = False, progress: Any = None) -> list[str]:
         if progress:
             progress(f"stopped {name}")
     state.services = {}
+    from kumiki.devstack.kube import stop_kube_folder
+
+    if stop_kube_folder(home / "kube"):
+        stopped.append("kubernetes")
     if state.database and state.database.get("pid"):
         if alive(state.database["pid"]):
             stop_postgres(
