@@ -52,7 +52,7 @@ def stack_home(tmp_path: Path) -> Iterator[Path]:
 
 async def test_up_status_event_down_up_keeps_history(stack_home: Path) -> None:
     ports = ["--kafka-port", str(free_port()), "--postgres-port", str(free_port())]
-    up = kumiki(stack_home, "up", *ports)
+    up = kumiki(stack_home, "up", "--no-replay", *ports)
     assert up.returncode == 0, up.stdout + up.stderr
     rows = status(stack_home)
     assert set(rows) == {"broker", "postgres", *SERVICES}
@@ -92,7 +92,7 @@ async def test_up_status_event_down_up_keeps_history(stack_home: Path) -> None:
     assert down.returncode == 0 and "broker" in down.stderr
     assert {row["health"] for row in status(stack_home).values()} <= {"down"}
 
-    again = kumiki(stack_home, "up", *ports)
+    again = kumiki(stack_home, "up", "--no-replay", *ports)
     assert again.returncode == 0, again.stdout + again.stderr
     connection = await asyncpg.connect(database_url)
     try:

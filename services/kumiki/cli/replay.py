@@ -24,7 +24,7 @@ from kumiki.devstack.stack import (
     service_address,
     stack_home,
 )
-from kumiki.replay.core import PHASES, ReplayError
+from kumiki.replay.core import DEFAULT_PHASES, ReplayError
 from kumiki.replay.driver import LiveCounts
 from kumiki.replay.report import load_results, markdown, write_report
 from kumiki.replay.runner import DEFAULT_TRACE, Endpoints, ReplaySettings, run_session
@@ -39,7 +39,9 @@ def add_replay_options(parser: argparse.ArgumentParser, *, prefix: str = "") -> 
     parser.add_argument(f"--{prefix}speed", type=float, default=2000.0, help="trace seconds per wall second")
     parser.add_argument(f"--{prefix}nodes", type=int, default=16, help="emulated nodes of 8 GPUs")
     parser.add_argument(
-        f"--{prefix}phases", default=",".join(PHASES), help="baseline (static quotas, FIFO) and/or kumiki"
+        f"--{prefix}phases",
+        default=",".join(DEFAULT_PHASES),
+        help="baseline (static quotas, FIFO), kumiki, open (no quota)",
     )
     parser.add_argument(
         f"--{prefix}idle-fraction", type=float, default=0.1, help="share of jobs that hold GPUs and compute nothing"

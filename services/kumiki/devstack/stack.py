@@ -85,6 +85,8 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
         env.setdefault("KUMIKI_QUOTA_ALLOW_ANONYMOUS", "true")
     if name == "placement" and "quota" in state.services:  # admission through the stack's quota service
         env.setdefault("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{state.services['quota']['grpc_port']}")
+    if name == "placement":  # jobs quota held back are asked again every 0.1 s: the replay runs at 1000x and more
+        env.setdefault("KUMIKI_PLACEMENT_CYCLE_S", "0.1")
     if name == "binder":  # the stack's API server (kumiki.devstack.kube) and placement
         env["KUMIKI_KUBECONFIG"] = str(state.home / "kube" / "kubeconfig")
         env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")

@@ -23,7 +23,10 @@ class ReplayError(ValueError):
     """A trace or setting the replay cannot run; the message names the job or option."""
 
 
-PHASES = ("baseline", "kumiki")
+# baseline: static per-queue quotas with FIFO; kumiki: guarantees with borrowing and the stack's policy;
+# open: the stack's policy with no quota admission at all (the simulator's setting, for live-against-simulated)
+PHASES = ("baseline", "kumiki", "open")
+DEFAULT_PHASES = ("baseline", "kumiki")
 
 
 @dataclass(frozen=True, slots=True)

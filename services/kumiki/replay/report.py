@@ -50,7 +50,8 @@ def _ratio(baseline: float, kumiki: float, key: str) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     phases = results["phases"]
-    names = [name for name in ("baseline", "kumiki") if name in phases]
+    names = [name for name in ("baseline", "kumiki", "open") if name in phases]
+    compare = "baseline" in phases and "kumiki" in phases
     lines = [
         f"# Replay: {results['trace']} ({results['jobs']} jobs, {results['idle_jobs']} idle), "
         f"{results['nodes']} x {results['gpus_per_node']} GPUs at {results['speed']:g}x",
@@ -63,18 +64,21 @@ def markdown(results: dict[str, Any]) -> str:
     for label, key, fmt in ROWS:
         cells = [fmt.format(phases[name]["summary"][key]) for name in names]
         row = f"| {label} | " + " | ".join(cells) + " |"
-        if len(names) == 2:
+        if compare:
             row += f" {_ratio(phases['baseline']['summary'][key], phases['kumiki']['summary'][key], key)} |"
         lines.append(row)
     simulated = results.get("simulated_kumiki") or {}
-    if simulated and "kumiki" in phases:
-        live = phases["kumiki"]["summary"]["avg_jct_s"]
+    for name in ("open", "kumiki"):
+        if not simulated or name not in phases:
+            continue
+        live = phases[name]["summary"]["avg_jct_s"]
         lines += [
             "",
-            "Live against simulated (same jobs, cluster and policy, no quota service in the simulator): average"
-            f" JCT {live:,.0f} s live, {simulated['avg_jct_s']:,.0f} s simulated"
+            f"Live ({name}) against simulated (same jobs, cluster and policy; the simulator has no quota service):"
+            f" average JCT {live:,.0f} s live, {simulated['avg_jct_s']:,.0f} s simulated"
             f" ({live / simulated['avg_jct_s'] - 1:+.1%}).",
         ]
+        break
     for name in names:
         problems = phases[name]["problems"]
         lines.append("")
@@ -85,7 +89,8 @@ def markdown(results: dict[str, Any]) -> str:
     baseline_def = (
         "Baseline: static per-queue quotas (each queue capped at its guaranteed share of the cluster, no borrowing) "
         "with FIFO, the way most clusters run today. Kumiki: the same guarantees with idle GPUs lent to whoever "
-        "waits, and the stack's placement policy. Times are trace seconds (wall clock x speed-up)."
+        "waits, and the stack's placement policy. Open: the stack's policy with no quota admission (what the"
+        " simulator models). Times are trace seconds (wall clock x speed-up)."
     )
     lines += ["", baseline_def, ""]
     return "\n".join(lines)
@@ -98,8 +103,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     phases = results["phases"]
-    names = [name for name in ("baseline", "kumiki") if name in phases]
-    colours = {"baseline": "#999999", "kumiki": "#4c72b0"}
+    names = [name for name in ("baseline", "kumiki", "open") if name in phases]
+    colours = {"baseline": "#999999", "kumiki": "#4c72b0", "open": "#55a868"}
     panels = (
         ("average and p95 JCT (h)", ("avg_jct_s", "p95_jct_s"), 1 / 3600),
         ("GPUs while jobs wait", ("allocation_under_backlog", "utilisation_under_backlog"), 100.0),

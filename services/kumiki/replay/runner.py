@@ -14,11 +14,27 @@ from typing import Any
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.data import bundled_trace
-from kumiki.replay.core import PHASES, Outcome, ReplayError, ReplayJob, double_holds, plan_jobs, queue_tree, summarise
+from kumiki.devstack.queues import development_tree
+from kumiki.replay.core import (
+    DEFAULT_PHASES,
+    PHASES,
+    Outcome,
+    ReplayError,
+    ReplayJob,
+    double_holds,
+    plan_jobs,
+    queue_tree,
+    summarise,
+)
 from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, swap_queue_tree
 from kumiki.sim.trace import load_jobs
 
 GPUS_PER_NODE = 8
+# How placement runs in a phase, where it differs from the stack's own configuration (a restart applies it)
+PHASE_OVERRIDES: dict[str, dict[str, str]] = {
+    "baseline": {"KUMIKI_PLACEMENT_POLICY": "fifo"},
+    "open": {"KUMIKI_QUOTA_ADDRESS": ""},  # allow-all admission: nothing but placement decides
+}
 DEFAULT_TRACE = "philly-replay"
 
 
@@ -27,7 +43,7 @@ class ReplaySettings:
     trace: str = DEFAULT_TRACE
     nodes: int = 16
     speed: float = 1000.0
-    phases: tuple[str, ...] = PHASES
+    phases: tuple[str, ...] = DEFAULT_PHASES
     idle_fraction: float = 0.1
     seed: int = 0
     out: Path = Path("out/replay")
@@ -89,7 +105,10 @@ def check_phase(jobs: Sequence[ReplayJob], outcomes: Sequence[Outcome], log: Seq
     twice = sorted(f"{job}/{generation}" for (job, generation), count in ends.items() if count > 1)
     if twice:
         problems.append(f"ended more than once: {', '.join(twice[:5])}")
-    problems.extend(double_holds((e.kind, e.job_id, e.generation, e.gpus) for e in log))
+    # events of different jobs sit on different partitions, so the log's read order is not their order: replay
+    # them by their own time (placement stamps a release before the bind that reuses its GPUs), endings first
+    ordered = sorted(log, key=lambda e: (e.at_us, e.kind != "ended"))
+    problems.extend(double_holds((e.kind, e.job_id, e.generation, e.gpus) for e in ordered))
     return problems
 
 
@@ -138,9 +157,14 @@ async def run_session(
             tree = queue_tree(jobs, capacity, weights, static=baseline)
             await swap_queue_tree(endpoints.database, tree, f"replay {phase}")
             policy = endpoints.placement_policy
-            if baseline and endpoints.restart_placement is not None:
-                await asyncio.to_thread(endpoints.restart_placement, {"KUMIKI_PLACEMENT_POLICY": "fifo"})
-                policy = "fifo"
+            overrides = PHASE_OVERRIDES.get(phase, {})
+            restarted = bool(overrides) and endpoints.restart_placement is not None
+            if overrides and not restarted:
+                raise ReplayError(f"--phases: {phase} restarts placement, which only a local stack (`kumiki up`) can")
+            if restarted:
+                assert endpoints.restart_placement is not None
+                await asyncio.to_thread(endpoints.restart_placement, overrides)
+                policy = overrides.get("KUMIKI_PLACEMENT_POLICY", policy)
             if on_phase is not None:
                 on_phase(phase)
             live = counts if counts is not None else LiveCounts()
@@ -158,7 +182,8 @@ async def run_session(
             try:
                 outcomes = await replay.run(timeout_s=settings.timeout_s)
             finally:
-                if baseline and endpoints.restart_placement is not None:
+                if restarted:
+                    assert endpoints.restart_placement is not None
                     await asyncio.to_thread(endpoints.restart_placement, {})
             summary = summarise(phase, outcomes, len(jobs), capacity)
             results.append(
@@ -178,7 +203,7 @@ async def run_session(
             endpoints.database, previous_tree or queue_tree(jobs, capacity, weights, static=False), "replay done"
         )
     simulated: dict[str, float] = {}
-    if settings.simulate and "kumiki" in settings.phases:
+    if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
         simulated = simulate_counterpart(jobs, settings.nodes, endpoints.placement_policy, endpoints.placement_strategy)
     payload = {
         "trace": settings.trace,

@@ -1,0 +1,96 @@
+"""The replay's pure rules: the jobs a trace becomes, the two queue trees, the report's figures, the
+double-hold check."""
+
+from __future__ import annotations
+
+import pytest
+
+from kumiki.quota.core import ANY_MODEL
+from kumiki.replay.core import (
+    Outcome,
+    ReplayError,
+    double_holds,
+    guarantees,
+    percentile,
+    plan_jobs,
+    queue_tree,
+    summarise,
+)
+from kumiki.sim.trace import TraceJob, load_jobs
+
+
+def trace_job(job_id: str, submit_s: float | None, gpus: float, duration_s: float | None, queue: str = "a") -> TraceJob:
+    return TraceJob(job_id, submit_s, gpus, None, None, duration_s, "", queue, "", "")
+
+
+def test_plan_rebases_submit_times_and_shapes_gangs_like_the_simulator() -> None:
+    jobs = plan_jobs(
+        [trace_job("late", 500, 16, 10), trace_job("early", 100, 3, 20)], gpus_per_node=8, nodes=4, idle_fraction=0.0
+    )
+    assert [(job.job_id, job.submit_s, job.pods) for job in jobs] == [("early", 0.0, (3,)), ("late", 400.0, (8, 8))]
+    assert not any(job.idle for job in jobs)
+
+
+@pytest.mark.parametrize(
+    ("job", "field"),
+    [
+        (trace_job("x", None, 1, 10), "submit_s"),
+        (trace_job("x", 0, 1, None), "duration_s"),
+        (trace_job("x", 0, 0.5, 10), "gpus"),
+        (trace_job("x", 0, 64, 10), "gpus"),
+    ],
+)
+def test_plan_names_the_job_and_field_it_cannot_run(job: TraceJob, field: str) -> None:
+    with pytest.raises(ReplayError, match=f"job x: field '{field}'"):
+        plan_jobs([job], gpus_per_node=8, nodes=2)
+
+
+def test_idle_jobs_follow_the_seed_and_fraction() -> None:
+    trace = [trace_job(f"j{i}", i, 1, 10) for i in range(400)]
+    first = plan_jobs(trace, gpus_per_node=8, nodes=1, idle_fraction=0.25, seed=3)
+    again = plan_jobs(trace, gpus_per_node=8, nodes=1, idle_fraction=0.25, seed=3)
+    assert [job.idle for job in first] == [job.idle for job in again]
+    assert 60 <= sum(job.idle for job in first) <= 140
+    with pytest.raises(ReplayError, match="--idle-fraction"):
+        plan_jobs(trace, gpus_per_node=8, nodes=1, idle_fraction=1.0)
+
+
+def test_static_tree_caps_each_queue_at_its_guarantee_but_never_below_its_largest_job() -> None:
+    jobs = plan_jobs([trace_job("a1", 0, 8, 10, "big"), trace_job("b1", 0, 16, 10, "small")], gpus_per_node=8, nodes=4)
+    weights = {"big": 3.0, "small": 1.0}
+    assert guarantees(jobs, 32, weights) == {"big": 24, "small": 8}
+    static = queue_tree(jobs, 32, weights, static=True)
+    assert static.queues["big"].limit_gpus == 24
+    assert static.queues["small"].limit_gpus == 16  # its 16-GPU job could never run under 8
+    shared = queue_tree(jobs, 32, weights, static=False)
+    assert all(queue.limit_gpus is None for queue in shared.queues.values())
+    assert shared.queues["small"].guarantees == {ANY_MODEL: 8.0}
+
+
+def test_summary_counts_allocation_only_while_jobs_wait() -> None:
+    outcomes = [
+        Outcome("a", "q", 8, submitted_s=0, bound_s=0, ended_s=100, idle=False),
+        Outcome("b", "q", 8, submitted_s=0, bound_s=100, ended_s=200, idle=True),
+    ]
+    summary = summarise("kumiki", outcomes, planned=2, capacity_gpus=16)
+    assert summary.avg_jct_s == 150 and summary.avg_queue_s == 50 and summary.makespan_s == 200
+    assert summary.backlog_h == pytest.approx(100 / 3600)  # b waited 0..100
+    assert summary.allocation_under_backlog == pytest.approx(0.5)  # 8 of 16 GPUs held while b waited
+    assert summary.utilisation_under_backlog == pytest.approx(0.5)
+    assert summary.idle_gpu_h == pytest.approx(8 * 100 / 3600)
+    assert summary.jobs_per_gpu_h == pytest.approx(2 / (16 * 200 / 3600))
+    assert percentile([5, 1, 3], 95) == 5
+
+
+def test_double_holds_finds_a_gpu_bound_twice_and_accepts_reuse_after_release() -> None:
+    gpu = frozenset({("n1", 0)})
+    fine = [("bound", "a", 1, gpu), ("ended", "a", 1, gpu), ("bound", "b", 1, gpu), ("bound", "b", 1, gpu)]
+    assert double_holds(fine) == []
+    clash = [("bound", "a", 1, gpu), ("bound", "b", 1, gpu)]
+    assert double_holds(clash) == ["n1 GPU 0: bound to b/1 while a held it"]
+
+
+def test_bundled_excerpt_replays_on_the_default_cluster() -> None:
+    jobs = plan_jobs(load_jobs("philly-replay"), gpus_per_node=8, nodes=16)
+    assert len(jobs) == 523 and jobs[0].submit_s == 0
+    assert max(job.duration_s for job in jobs) <= 6 * 3600

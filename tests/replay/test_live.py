@@ -1,0 +1,127 @@
+"""The main job for real: `kumiki up` replays a small trace through every live service (development broker,
+embedded Postgres, the five services as processes), baseline and Kumiki phases, and the run is checked from the
+outside: every job completed once, no GPU held by two jobs at any event of the log, the quota ledger equal to
+the GPU-seconds the jobs held (and not zero); then the README's next commands work without --address."""
+
+from __future__ import annotations
+
+import csv
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import events_pb2
+from kumiki.devstack.processes import free_port
+from kumiki.replay.core import double_holds
+from kumiki.sim.trace import TRACE_COLUMNS, load_jobs
+from tests.conftest import read_records, wait_until
+from tests.devstack.test_stack import kumiki, stack_home  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def small_trace(path: Path) -> int:
+    """60 short jobs of the bundled excerpt, arrivals ten times denser so that one 8-GPU node queues."""
+    jobs = [job for job in load_jobs("philly-replay") if job.duration_s is not None and job.duration_s <= 3600][:60]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TRACE_COLUMNS)
+        for job in jobs:
+            assert job.submit_s is not None
+            writer.writerow(
+                [job.job_id, job.submit_s / 10, int(job.gpus), "", "", job.duration_s, "", job.queue, "", ""]
+            )
+    return len(jobs)
+
+
+async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home: Path, tmp_path: Path) -> None:  # noqa: F811
+    trace = tmp_path / "small.csv"
+    planned = small_trace(trace)
+    out = tmp_path / "report"
+    ports = ["--kafka-port", str(free_port()), "--postgres-port", str(free_port())]
+    up = kumiki(
+        stack_home,
+        "up",
+        *ports,
+        "--replay-trace",
+        str(trace),
+        "--replay-nodes",
+        "1",
+        "--replay-speed",
+        "500",
+        "--replay-out",
+        str(out),
+        timeout=420,
+    )
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["phases"]) == {"baseline", "kumiki"}
+    for phase in results["phases"].values():
+        assert phase["problems"] == [] and phase["errors"] == []
+        assert phase["summary"]["completed"] == planned
+    assert (out / "report.png").stat().st_size > 10_000
+    assert "| average JCT (s) |" in (out / "report.md").read_text()
+
+    # The log, read independently: each (job, generation) bound once and ended once, no GPU held twice.
+    state = json.loads((stack_home / "stack.json").read_text())
+    kafka = KafkaSettings(bootstrap=state["broker"]["bootstrap"])
+    prefixes = tuple(phase["prefix"] for phase in results["phases"].values())
+    records = await read_records(kafka, JOB_LIFECYCLE.full_name(kafka.topic_prefix), 4 * planned, timeout_s=60)
+    events = [events_pb2.JobLifecycle.FromString(record.value) for record in records]
+    ours = [event for event in events if event.job.job_id.startswith(prefixes)]
+    held: dict[tuple[str, int], tuple[int, Decimal]] = {}
+    billed: dict[tuple[str, int], Decimal] = {}
+    timeline = []
+    for event in sorted(ours, key=lambda e: (e.at.seconds, e.at.nanos, e.state == events_pb2.JOB_STATE_BOUND)):
+        key = (event.job.job_id, event.job.generation)
+        at_us = event.at.seconds * 1_000_000 + event.at.nanos // 1000
+        gpus = frozenset((a.node, int(i)) for a in event.assignments for i in a.gpu_indices)
+        if event.state == events_pb2.JOB_STATE_BOUND:
+            assert key not in held, f"{key} bound twice"
+            held[key] = (at_us, Decimal(repr(event.gpus)))
+            timeline.append(("bound", *key, gpus))
+        elif event.state == events_pb2.JOB_STATE_COMPLETED:
+            assert key in held and key not in billed, f"{key} completed without a hold, or twice"
+            start, demand = held[key]
+            billed[key] = demand * Decimal(at_us - start) / 1_000_000
+            timeline.append(("ended", *key, gpus))
+    assert len(billed) == 2 * planned
+    assert double_holds(timeline) == []
+    expected = sum(billed.values(), Decimal(0))
+    assert expected > 0
+
+    # The quota ledger meters the same intervals (BOUND to COMPLETED), exactly, each once.
+    connection = await asyncpg.connect(state["database"]["url"])
+    try:
+
+        async def metered() -> bool:
+            count = await connection.fetchval(
+                "SELECT count(*) FROM quota.ledger WHERE job_id LIKE ANY($1::text[])", [p + "%" for p in prefixes]
+            )
+            return int(count) == 2 * planned
+
+        await wait_until(metered, timeout_s=60, what="every replayed job in the quota ledger")
+        ledger = await connection.fetchval(
+            "SELECT sum(gpu_seconds) FROM quota.ledger WHERE job_id LIKE ANY($1::text[])", [p + "%" for p in prefixes]
+        )
+    finally:
+        await connection.close()
+    assert ledger == expected
+
+    # The README's next commands, with no --address and no --database-url.
+    report = kumiki(stack_home, "quota", "report", "--by", "queue", "--csv", str(tmp_path / "usage.csv"))
+    assert report.returncode == 0, report.stderr
+    with (tmp_path / "usage.csv").open() as handle:
+        total = sum(Decimal(row["gpu_seconds"]) for row in csv.DictReader(handle))
+    assert total >= expected
+    bind = kumiki(stack_home, "placement", "bind", "demo-1", "--queue", "research", "--gpus", "8")
+    assert bind.returncode == 0 and '"OUTCOME_BOUND"' in bind.stdout, bind.stdout + bind.stderr
+    explain = kumiki(stack_home, "placement", "explain", "demo-1")
+    assert explain.returncode == 0 and "replay-00000" in explain.stdout, explain.stdout + explain.stderr
+    released = kumiki(stack_home, "placement", "release", "demo-1", "--outcome", "completed")
+    assert released.returncode == 0 and '"released": true' in released.stdout, released.stdout + released.stderr
