@@ -92,7 +92,7 @@ async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, t
             ]
 
         if exporting:
-            await wait_until(lambda: len(ours()) >= 2, timeout_s=30, what="placement's spans over OTLP")
+            await wait_until(lambda: len(ours()) >= 3, timeout_s=30, what="placement's spans over OTLP")
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
@@ -104,10 +104,15 @@ async def test_bind_is_one_trace_from_caller_to_consumer(kafka: KafkaSettings, t
     service, bind = spans["kumiki.v1.Placement/Bind"]
     assert service == "kumiki-placement"
     assert int.from_bytes(bind.parent_span_id, "big") == root.get_span_context().span_id
-    # both of the bind's events (job.lifecycle and scheduling.decisions) go out under one PRODUCER span
-    (publish,) = [span for name, (_, span) in spans.items() if name.startswith("publish") and "job.lifecycle" in name]
-    assert "scheduling.decisions" in publish.name
-    assert publish.parent_span_id == bind.span_id, "the event is published inside the Bind span"
+    # both of the bind's events (job.lifecycle and scheduling.decisions) go out under one PRODUCER span, a
+    # child of the decision's span ("schedule"), which is the Bind span's child
+    schedule = spans["schedule"][1]
+    assert schedule.parent_span_id == bind.span_id
+    publish = spans["send"][1]
+    assert publish.kind == publish.SPAN_KIND_PRODUCER
+    destinations = next(a.value.string_value for a in publish.attributes if a.key == "messaging.destination.name")
+    assert destinations == f"{kafka.topic_prefix}job.lifecycle, {kafka.topic_prefix}scheduling.decisions"
+    assert publish.parent_span_id == schedule.span_id, "the event is published inside the decision's span"
     assert consumed == [trace_id], "the consumer's span continues the same trace"
 
 
@@ -127,3 +132,20 @@ def test_inject_headers_carries_what_there_is_and_nothing_else() -> None:
     with trace.get_tracer("test").start_as_current_span("decide") as span:
         headers = dict(inject_headers())
     assert f"{span.get_span_context().trace_id:032x}" in headers["traceparent"].decode()
+
+
+def test_sampler_comes_from_the_environment_and_a_bad_value_names_the_variable() -> None:
+    from opentelemetry.sdk.trace import sampling
+
+    from kumiki.common.config import ConfigError
+    from kumiki.common.tracing import sampler_from_env
+
+    assert sampler_from_env({}).get_description() == sampling.ParentBased(sampling.ALWAYS_ON).get_description()
+    ratio = sampler_from_env({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"})
+    assert "TraceIdRatioBased{0.25}" in ratio.get_description()
+    assert sampler_from_env({"OTEL_TRACES_SAMPLER": "always_off"}) is sampling.ALWAYS_OFF
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER: expected one of"):
+        sampler_from_env({"OTEL_TRACES_SAMPLER": "traceidratoi"})
+    for bad in ("half", "1.5", "-0.1"):
+        with pytest.raises(ConfigError, match=r"OTEL_TRACES_SAMPLER_ARG: expected a ratio in 0\.\.1"):
+            sampler_from_env({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": bad})

@@ -68,6 +68,8 @@ class AgentConfig:
     speed: float
     keep_timestamps: bool
     log_level: str
+    metrics_port: int | None = None  # serve /metrics on this port (KUMIKI_AGENT_METRICS_PORT)
+    metrics_host: str = "127.0.0.1"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--dcgm-url",
         default=os.environ.get("KUMIKI_DCGM_URL", "http://localhost:9400/metrics"),
         help="dcgm-exporter metrics URL (default http://localhost:9400/metrics)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        default=os.environ.get("KUMIKI_AGENT_METRICS_PORT"),
+        help="serve Prometheus /metrics on this port, 1..65535 (default: $KUMIKI_AGENT_METRICS_PORT, else off)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=os.environ.get("KUMIKI_BIND_HOST", "127.0.0.1"),
+        help="address of the /metrics server (default: $KUMIKI_BIND_HOST or 127.0.0.1; 0.0.0.0 in a pod)",
     )
     parser.add_argument(
         "--log-level",
@@ -163,6 +175,11 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         raise ConfigError("--record", f"{record_dir} already holds a recording")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError("--log-level", f"{args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+    metrics_port = None
+    if args.metrics_port not in (None, ""):
+        metrics_port = int(_number("--metrics-port", str(args.metrics_port), low=1, high=65535))
+        if str(metrics_port) != str(args.metrics_port).strip():
+            raise ConfigError("--metrics-port", f"{args.metrics_port!r} is not a whole number")
     output = args.output
     if output not in (None, "-") and not Path(output).parent.is_dir():
         raise ConfigError("--output", f"folder {Path(output).parent} does not exist")
@@ -180,6 +197,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         speed=speed,
         keep_timestamps=args.keep_timestamps,
         log_level=args.log_level.upper(),
+        metrics_port=metrics_port,
+        metrics_host=args.metrics_host,
     )
 
 
@@ -258,9 +277,13 @@ async def run_sampling(
     sleep: Sleep = asyncio.sleep,
     stop: asyncio.Event | None = None,
     on_tick: Callable[[float], None] | None = None,
+    metrics_node: str | None = None,
 ) -> RunStats:
-    """Sample at every due tick and publish; a failing tick or publish is counted, never fatal."""
+    """Sample at every due tick and publish; a failing tick or publish is counted, never fatal.
+
+    `metrics_node`: also count into the agent's Prometheus metrics under this node label."""
     stats = RunStats()
+    meter = _Meter(metrics_node) if metrics_node is not None else None
     tick = schedule.origin
     while schedule.is_due(tick) and not (stop is not None and stop.is_set()):
         delay = tick - clock()
@@ -273,6 +296,8 @@ async def run_sampling(
                 if stop.is_set():
                     break
         stats.ticks += 1
+        if meter is not None:
+            meter.tick(stats, source)
         try:
             samples = await source.sample(wall())
         except Exception:
@@ -283,6 +308,8 @@ async def run_sampling(
             try:
                 await sink.publish(samples)
                 stats.samples += len(samples)
+                if meter is not None:
+                    meter.published(samples)
             except BrokenPipeError:
                 # The reader of stdout went away (`| head`): nobody will ever read another sample.
                 log.info("output closed by its reader; stopping")
@@ -295,12 +322,47 @@ async def run_sampling(
         tick, skipped = schedule.next_tick(tick, clock())
         if skipped:
             stats.skipped_ticks += skipped
+            if meter is not None:
+                meter.skipped(skipped)
             log.warning("sampling fell behind: skipped %d tick(s)", skipped)
     stats.source_errors = dict(source.errors)
+    if meter is not None:
+        meter.tick(stats, source)
     stats.unsupported = sorted(
         {f"gpu{index}:{name}" if index >= 0 else f"system:{name}" for index, name in source.unsupported}
     )
     return stats
+
+
+class _Meter:
+    """RunStats into the agent's Prometheus counters, as deltas (the stats stay the run's summary)."""
+
+    def __init__(self, node: str) -> None:
+        from kumiki.agent import metrics
+
+        self.metrics = metrics
+        self.node = node
+        self.seen: dict[str, int] = {}
+
+    def _add(self, stage: str, total: int) -> None:
+        delta = total - self.seen.get(stage, 0)
+        if delta > 0:
+            self.metrics.ERRORS.labels(self.node, stage).inc(delta)
+            self.seen[stage] = total
+
+    def tick(self, stats: RunStats, source: Source) -> None:
+        self.metrics.TICKS.labels(self.node).inc()
+        self._add("tick", stats.tick_errors)
+        self._add("publish", stats.publish_errors)
+        for kind, count in source.errors.items():
+            self._add(f"source:{kind}", count)
+
+    def published(self, samples: Sequence[GpuSample]) -> None:
+        self.metrics.SAMPLES.labels(self.node).inc(len(samples))
+        self.metrics.LAST_SAMPLE.labels(self.node).set(max(sample.timestamp for sample in samples))
+
+    def skipped(self, ticks: int) -> None:
+        self.metrics.SKIPPED_TICKS.labels(self.node).inc(ticks)
 
 
 def retarget(samples: Sequence[GpuSample], *, node: str | None, shift_s: float) -> list[GpuSample]:
@@ -446,6 +508,14 @@ async def _run_live(config: AgentConfig, sink: Any, recording: Any) -> RunStats 
             inventory.cuda_driver_version,
         )
         await sink.publish_inventory(inventory)
+        metrics_node = None
+        if config.metrics_port is not None:
+            from kumiki.agent import metrics
+
+            metrics.serve(config.metrics_port, config.metrics_host)
+            metrics.GPUS.labels(inventory.node).set(len(inventory.gpus))
+            metrics_node = inventory.node
+            log.info("metrics on http://%s:%d/metrics", config.metrics_host, config.metrics_port)
         schedule = TickSchedule(config.interval_s, time.monotonic(), config.duration_s)
         if config.duration_s is not None and config.record_dir is not None:
             with _progress() as progress:
@@ -456,9 +526,10 @@ async def _run_live(config: AgentConfig, sink: Any, recording: Any) -> RunStats 
                     schedule,
                     stop=stop,
                     on_tick=lambda elapsed: progress.update(task, completed=elapsed + config.interval_s),
+                    metrics_node=metrics_node,
                 )
         else:
-            stats = await run_sampling(source, sink, schedule, stop=stop)
+            stats = await run_sampling(source, sink, schedule, stop=stop, metrics_node=metrics_node)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,7 +29,7 @@ from kumiki.common.config import ConfigError, Settings
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
 from kumiki.common.grpcutil import RequestGuard
 from kumiki.common.logs import configure_logging
-from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing
+from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing, sampler_from_env
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +241,7 @@ def run_service(spec: ServiceSpec, argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m kumiki.<service>`: exit 2 with one line on bad configuration."""
     try:
         settings = Settings.from_env(spec.name, grpc_port=spec.grpc_port, http_port=spec.http_port)
+        sampler = sampler_from_env(os.environ)  # OTEL_TRACES_SAMPLER[_ARG]: a typo is an error, not "sample all"
     except ConfigError as error:
         print(f"kumiki-{spec.name}: configuration error: {error}", file=sys.stderr)
         return 2
@@ -247,7 +249,7 @@ def run_service(spec: ServiceSpec, argv: Sequence[str] | None = None) -> int:
     if settings.otlp_endpoint:
         # Without an exporter, recording spans would cost every call CPU for nothing. The no-op tracer still
         # hands the caller's traceparent on to the events a call publishes.
-        configure_tracing(spec.name, settings.otlp_endpoint)
+        configure_tracing(spec.name, settings.otlp_endpoint, sampler=sampler)
     try:
         asyncio.run(_serve(spec, settings))
     except (BrokerUnavailable, DatabaseUnavailable, MigrationError) as error:

@@ -5,9 +5,13 @@ The models themselves are `kumiki.forecast.models`, the same code the simulator'
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster
+
+ACCURACY_WINDOW = 200  # endings per model in the rolling accuracy figures
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +21,34 @@ class FinishedJob:
     finished_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Accuracy:
+    """A model's rolling record over its last `ACCURACY_WINDOW` scored endings."""
+
+    model: str
+    scored: int  # endings in the window
+    mean_abs_log_error: float  # mean |log(actual / p50)|: 0.69 means off by a factor of 2 on average
+    p90_coverage: float  # share of runs that ended within the p90 (a calibrated p90 covers 0.9)
+
+
+@dataclass
+class AccuracyWindow:
+    """|log error| of the p50 and whether the p90 covered the run, for each model's last endings."""
+
+    size: int = ACCURACY_WINDOW
+    scores: dict[str, deque[tuple[float, bool]]] = field(default_factory=dict)
+
+    def add(self, forecast: RuntimeForecast, runtime_s: float) -> Accuracy:
+        window = self.scores.setdefault(forecast.model, deque(maxlen=self.size))
+        window.append((abs(math.log(runtime_s / max(forecast.p50_s, 1e-9))), runtime_s <= forecast.p90_s))
+        return Accuracy(
+            forecast.model,
+            len(window),
+            sum(error for error, _ in window) / len(window),
+            sum(covered for _, covered in window) / len(window),
+        )
+
+
 @dataclass
 class ForecastBook:
     """Jobs submitted but not finished, and the forecaster that learns as they finish."""
@@ -24,16 +56,27 @@ class ForecastBook:
     forecaster: RuntimeForecaster
     open_jobs: dict[str, JobFeatures] = field(default_factory=dict)
     learned: int = 0
+    given: dict[str, RuntimeForecast] = field(default_factory=dict)  # the forecast each open job was given
+    accuracy: AccuracyWindow = field(default_factory=AccuracyWindow)
+    last_accuracy: Accuracy | None = None  # of the latest ending scored
 
     def submitted(self, features: JobFeatures) -> RuntimeForecast:
         self.open_jobs[features.job_id] = features
-        return self.forecaster.predict(features)
+        forecast = self.forecaster.predict(features)
+        self.given[features.job_id] = forecast
+        return forecast
 
     def finished(self, job_id: str, runtime_s: float, finished_s: float, fallback: JobFeatures) -> FinishedJob | None:
-        """Learn from a finished job (the submit-time features if we saw the submit); None for a bad runtime."""
+        """Learn from a finished job (the submit-time features if we saw the submit); None for a bad runtime.
+
+        Before learning, the ending scores the forecast the job was given at submission (or, for a job first
+        seen at its end, what the model would have said): `last_accuracy`."""
         features = self.open_jobs.pop(job_id, fallback)
+        given = self.given.pop(job_id, None)
+        self.last_accuracy = None
         if runtime_s <= 0:
             return None
+        self.last_accuracy = self.accuracy.add(given or self.forecaster.predict(features), runtime_s)
         self.forecaster.observe(features, runtime_s, finished_s)
         self.learned += 1
         return FinishedJob(features, runtime_s, finished_s)

@@ -33,7 +33,7 @@ from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import DEAD_LETTER, TopicSpec
 from kumiki.common.config import KafkaSettings
 from kumiki.common.metrics import labelled
-from kumiki.common.tracing import extract_context
+from kumiki.common.tracing import extract_context, process_attributes
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.bus")
@@ -173,10 +173,12 @@ class EventConsumer:
             labelled(DUPLICATES, spec.name, self.group_id).inc()
             return
         with tracer.start_as_current_span(
-            f"consume {spec.name}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER
+            f"process {record.topic}",
+            context=extract_context(headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes=process_attributes(record.topic, self.group_id, record.partition, record.offset, record.key),
         ) as span:
             span.set_attribute("messaging.message.id", event.attributes.id)
-            span.set_attribute("messaging.consumer.group.name", self.group_id)
             reason = await self._call_handler(event, connection)
         if reason is not None:
             await self._dead_letter(record, reason)

@@ -21,7 +21,7 @@ from kumiki.common.bus.metrics import PUBLISH_ROUND_RECORDS, PUBLISHED
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
 from kumiki.common.metrics import labelled
-from kumiki.common.tracing import inject_headers, recording
+from kumiki.common.tracing import inject_headers, recording, send_attributes, send_span_name
 
 tracer = trace.get_tracer("kumiki.bus")
 # The client's default request limit, stated so a record over it is refused before it joins a batch (a
@@ -183,12 +183,10 @@ class EventProducer:
             return []
         if not recording():
             return await self._send_all(records, time)
-        topics = {record.spec.name for record in records}
-        name = f"publish {next(iter(topics))}" if len(topics) == 1 else "publish " + ", ".join(sorted(topics))
-        if len(records) > 1:
-            name += f" x{len(records)}"
-        with tracer.start_as_current_span(name, kind=trace.SpanKind.PRODUCER) as span:
-            span.set_attribute("messaging.destination.name", ", ".join(sorted(topics)))
+        topics = [record.spec.full_name(self.settings.topic_prefix) for record in records]
+        with tracer.start_as_current_span(
+            send_span_name(topics), kind=trace.SpanKind.PRODUCER, attributes=send_attributes(topics, len(records))
+        ) as span:
             sent = await self._send_all(records, time)
             span.set_attribute("messaging.message.id", ", ".join(attributes.id for attributes in sent))
         return sent

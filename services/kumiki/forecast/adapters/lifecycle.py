@@ -6,14 +6,34 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+from prometheus_client import Counter, Gauge
 
 from kumiki.common.bus import Event, EventProducer
 from kumiki.common.bus.topics import JOB_FORECAST
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.grpcutil import timestamp
-from kumiki.forecast.core import FinishedJob, ForecastBook
+from kumiki.forecast.core import ACCURACY_WINDOW, Accuracy, FinishedJob, ForecastBook
 from kumiki.forecast.demand import Arrival
 from kumiki.sched.forecasting import JobFeatures
+
+ABS_LOG_ERROR = Gauge(
+    "kumiki_forecast_abs_log_error",
+    f"Mean |log(actual / p50)| over each model's last {ACCURACY_WINDOW} job endings (0.69: off by 2x)",
+    ["model"],
+)
+P90_COVERAGE = Gauge(
+    "kumiki_forecast_p90_coverage_ratio",
+    f"Share of each model's last {ACCURACY_WINDOW} job endings that ran no longer than their p90 (target 0.9)",
+    ["model"],
+)
+SCORED = Counter("kumiki_forecast_scored_total", "Job endings scored against their forecast", ["model"])
+
+
+def record_accuracy(accuracy: Accuracy) -> None:
+    ABS_LOG_ERROR.labels(accuracy.model).set(accuracy.mean_abs_log_error)
+    P90_COVERAGE.labels(accuracy.model).set(accuracy.p90_coverage)
+    SCORED.labels(accuracy.model).inc()
+
 
 FINAL_STATES = {
     events_pb2.JOB_STATE_COMPLETED: "completed",
@@ -78,6 +98,8 @@ class LifecycleHandler:
             started = at - timedelta(seconds=max(0.0, message.runtime_s))
             fallback = replace(features_of(message), submit_s=started.timestamp())
             learned = self.book.finished(message.job.job_id, message.runtime_s, at.timestamp(), fallback)
+            if self.book.last_accuracy is not None:
+                record_accuracy(self.book.last_accuracy)
             await connection.execute(
                 "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, submitted_at,"
                 " finished_at, final_state, runtime_s) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"

@@ -8,7 +8,7 @@ from typing import Protocol
 import grpc
 
 from kumiki.common.contracts.v1 import common_pb2, quota_pb2, quota_pb2_grpc
-from kumiki.common.tracing import outgoing_metadata
+from kumiki.common.tracing import ClientTracingInterceptor
 from kumiki.placement.core import BindCommand
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,13 @@ class QuotaServiceAdmission:
     """Quota.Admit over gRPC; the bearer token (if any) identifies placement to the quota service."""
 
     def __init__(self, address: str, token: str | None, credentials: grpc.ChannelCredentials | None = None) -> None:
-        channel = grpc.aio.secure_channel(address, credentials) if credentials else grpc.aio.insecure_channel(address)
+        # a CLIENT span per Admit, a child of the decision's span; it sends its own traceparent to quota
+        interceptors = [ClientTracingInterceptor(address, "placement")]
+        channel = (
+            grpc.aio.secure_channel(address, credentials, interceptors=interceptors)
+            if credentials
+            else grpc.aio.insecure_channel(address, interceptors=interceptors)
+        )
         self.stub = quota_pb2_grpc.QuotaStub(channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -58,7 +64,7 @@ class QuotaServiceAdmission:
                 priority_tier=command.priority_tier,
                 preemptible=command.preemptible,
             ),
-            metadata=self.metadata + outgoing_metadata(),
+            metadata=self.metadata,
             timeout=2.0,
         )
         return reply

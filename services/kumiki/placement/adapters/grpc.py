@@ -28,6 +28,7 @@ from kumiki.placement.adapters.convert import assignments, bind_command, pending
 from kumiki.placement.adapters.events import DecisionPublisher
 from kumiki.placement.adapters.preempting import publish_preemptions, release_preempted
 from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook
+from kumiki.placement.observe import book_stranded_gpus, pending_by_reason
 from kumiki.sched.placement import PendingReason
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,39 @@ JOB_COMPLETION = Histogram(
 )
 ALLOCATED = Gauge("kumiki_placement_allocated_gpus", "GPU capacity allocated (fractions and MIG counted)")
 CYCLE_BINDS = Counter("kumiki_placement_cycle_binds_total", "Pending jobs bound by the scheduling cycle")
+STRANDED = Gauge(
+    "kumiki_placement_stranded_gpus",
+    "Free GPUs on healthy nodes that no pod of any job waiting for capacity fits, by node shape (fragmentation)",
+    ["shape"],
+)
+PENDING_BY_REASON = Gauge(
+    "kumiki_placement_pending_jobs_by_reason", "Jobs waiting, by the resource their pending reason names", ["reason"]
+)
+
+
+def observe_book(book: PlacementBook) -> None:
+    """Fragmentation and pending reasons, once a scheduling cycle (a reason no job has any more reads 0)."""
+    for shape, gpus in book_stranded_gpus(book).items():
+        STRANDED.labels(shape).set(gpus)
+    counts = pending_by_reason(book.pending.values())
+    for reason in {*counts, *_reasons_seen}:
+        PENDING_BY_REASON.labels(reason).set(counts.get(reason, 0))
+    _reasons_seen.update(counts)
+
+
+_reasons_seen: set[str] = set()
 
 
 def _waited(job: BoundJob) -> None:
     """Count a published bind's wait in its queue."""
     labelled(QUEUE_WAIT, job.command.queue).observe(job.waited_s)
+
+
+def _note(**attributes: str | int | float | bool | list[str]) -> None:
+    """Attributes on the decision's span, when there is one recording."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
 
 
 def _nobody_reads(task: asyncio.Task[placement_pb2.BindStreamResponse]) -> None:
@@ -190,11 +219,27 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             BIND_SECONDS.observe(time.perf_counter() - started)
 
     async def _bind(self, command: BindCommand) -> placement_pb2.BindResponse:
+        """The decision as one span (admission and the published events are its children) when traced."""
+        if not recording():
+            return await self._schedule(command)
+        attributes: dict[str, str | int | float] = {
+            "kumiki.job.id": command.job_id,
+            "kumiki.job.generation": command.generation,
+            "kumiki.queue": command.queue,
+            "kumiki.gpus": command.request.gpu_demand,
+            "kumiki.pods": len(command.request.pods),
+            "kumiki.placement.policy": self.publisher.policy,
+        }
+        with tracer.start_as_current_span("schedule", kind=SpanKind.INTERNAL, attributes=attributes):
+            return await self._schedule(command)
+
+    async def _schedule(self, command: BindCommand) -> placement_pb2.BindResponse:
         waiting = self.book.pending.get(command.job_id)
         arrives = waiting is None or waiting.command.generation != command.generation  # not a caller's retry
         existing = self.book.bound.get(command.job_id)
         if existing is None or existing.command.generation != command.generation:
             denied = await self.admission.admit(command)
+            _note(**{"kumiki.quota.admitted": denied is None})
             if denied is not None:
                 reason = PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
                 self.book.hold(command, reason, time.time())
@@ -202,12 +247,21 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         try:
             outcome = self.book.bind(command, time.time())
         except BindConflict as error:
+            _note(**{"kumiki.outcome": "conflict"})
             BINDS_CONFLICT.inc()
             raise BindRefused(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from None
         if outcome.started:  # the pass this arrival ran also started jobs that were waiting
             await self._publish_started(outcome.started)
         if self.book.preemptions:  # the pass named victims: the coordinator checkpoints and evicts them
             await publish_preemptions(self.book, self.publisher)
+        if outcome.job is not None:
+            _note(
+                **{
+                    "kumiki.outcome": "replayed" if outcome.replayed else "bound",
+                    "kumiki.nodes": sorted(set(outcome.job.node_names)),
+                    "kumiki.started_with": len(outcome.started),
+                }
+            )
         if outcome.job is not None and outcome.replayed:
             BINDS_REPLAYED.inc()
             return self._bound_response(outcome.job)
@@ -221,6 +275,13 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
 
     async def _pending(self, command: BindCommand, reason: PendingReason, arrives: bool) -> placement_pb2.BindResponse:
         """`arrives`: the job has just joined the queue, and is not durable until its SUBMITTED event is."""
+        _note(
+            **{
+                "kumiki.outcome": "pending",
+                "kumiki.pending.reason": reason.explain(),
+                "kumiki.pending.resource": reason.resource,
+            }
+        )
         waiting = self.book.pending.get(command.job_id)
         submitted_s = waiting.submitted_s if arrives and waiting is not None else None
         try:
@@ -319,6 +380,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         await publish_preemptions(self.book, self.publisher)
         PENDING.set(len(self.book.pending))
         ALLOCATED.set(self.book.state.allocated_gpus())
+        observe_book(self.book)
         return len(started)
 
     async def _publish_started(self, started: Sequence[BoundJob]) -> None:

@@ -7,6 +7,7 @@ import logging
 import time
 
 import grpc
+from opentelemetry import trace
 
 from kumiki.common.contracts.v1 import quota_pb2, quota_pb2_grpc
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
@@ -15,6 +16,7 @@ from kumiki.quota.adapters.store import NoConfig, NotOwner, QuotaStore, UnknownQ
 from kumiki.quota.core import AdmitRequest, admission_response, may_submit, timestamp_micros, validate_admit
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.quota")
 
 
 class QuotaServicer(quota_pb2_grpc.QuotaServicer):
@@ -48,7 +50,19 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
             preemptible=request.preemptible,
         )
         try:
-            result = await self.store.admit(admit, identity)
+            with tracer.start_as_current_span(
+                "admit",
+                attributes={"kumiki.job.id": admit.job_id, "kumiki.queue": admit.queue, "kumiki.gpus": admit.gpus},
+            ) as span:  # the admission's Postgres transaction, inside Quota.Admit's SERVER span
+                result = await self.store.admit(admit, identity)
+                span.set_attributes(
+                    {
+                        "kumiki.quota.admitted": result.admission.admitted,
+                        "kumiki.quota.outcome": result.admission.outcome.name.lower(),
+                        "kumiki.quota.code": result.admission.code,
+                        "kumiki.quota.victims": [victim.job_id for victim in result.victims],
+                    }
+                )
         except UnknownQueue as error:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
         except NotOwner as error:
@@ -70,6 +84,9 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
         since_us = timestamp_micros(request.since.seconds, request.since.nanos) if request.HasField("since") else 0
         now_us = time.time_ns() // 1000
         until_us = timestamp_micros(request.until.seconds, request.until.nanos) if request.HasField("until") else now_us
+        for name, micros in (("since", since_us), ("until", until_us)):  # Postgres timestamptz: years 1..9999
+            if not 0 <= micros < 253_402_300_800 * 1_000_000:
+                await abort_invalid(context, InvalidRequest(name, "must be a time from 1970 to 9999"))
         if until_us <= since_us:
             await abort_invalid(context, InvalidRequest("until", "must be after since"))
         identity = await self._identity(context, request.queue or "(all)")

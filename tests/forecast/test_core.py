@@ -1,0 +1,59 @@
+"""The forecast book scores each ending against the forecast the job was given (pure)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from kumiki.forecast.core import AccuracyWindow, ForecastBook
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
+
+
+@dataclass
+class Fixed:
+    """A forecaster that always says p50 = 100 s, p90 = 300 s, and counts what it learned."""
+
+    observed: list[float] = field(default_factory=list)
+
+    def predict(self, job: JobFeatures) -> RuntimeForecast:
+        return RuntimeForecast(100.0 * (1 + len(self.observed)), 300.0, "fixed", 1)
+
+    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        self.observed.append(runtime_s)
+
+
+def features(job: str) -> JobFeatures:
+    return JobFeatures(job_id=job, queue="q", user="u", gpus=1, name="n", submit_s=0.0)
+
+
+def test_an_ending_scores_the_forecast_given_at_submission_not_a_later_one() -> None:
+    book = ForecastBook(Fixed())
+    given = book.submitted(features("a"))  # p50 100 s
+    book.finished("b", 50.0, 10.0, features("b"))  # learning in between changes later predictions
+    book.finished("a", 200.0, 20.0, features("a"))
+    assert given.p50_s == 100.0
+    accuracy = book.last_accuracy
+    assert accuracy is not None and accuracy.model == "fixed" and accuracy.scored == 2
+    # b (first seen at its end) is scored on what the model said then (p50 100): |log 0.5|; a on its p50 100
+    assert accuracy.mean_abs_log_error == pytest.approx((math.log(2) + math.log(2)) / 2)
+    assert accuracy.p90_coverage == 1.0
+
+
+def test_coverage_counts_runs_past_the_p90_and_the_window_rolls() -> None:
+    window = AccuracyWindow(size=4)
+    forecast = RuntimeForecast(100.0, 300.0, "m", 1)
+    for runtime in (100.0, 400.0, 100.0, 100.0):
+        accuracy = window.add(forecast, runtime)
+    assert accuracy.p90_coverage == 0.75
+    for _ in range(4):  # the long run leaves the window
+        accuracy = window.add(forecast, 100.0)
+    assert accuracy.p90_coverage == 1.0 and accuracy.mean_abs_log_error == 0.0 and accuracy.scored == 4
+
+
+def test_a_bad_runtime_is_not_scored() -> None:
+    book = ForecastBook(Fixed())
+    book.submitted(features("a"))
+    assert book.finished("a", 0.0, 1.0, features("a")) is None
+    assert book.last_accuracy is None
