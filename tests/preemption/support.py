@@ -185,11 +185,17 @@ class Attempt:
     process: asyncio.subprocess.Process
     progress: Path
 
+    def answering(self) -> bool:
+        """The job has begun writing the checkpoint that answers a CHECKPOINT command."""
+        return self.progress.exists() and "# answering" in self.progress.read_text()
+
     def steps(self) -> list[tuple[int, float]]:
         if not self.progress.exists():
             return []
         rows = []
         for line in self.progress.read_text().splitlines():
+            if line.startswith("#"):
+                continue
             step, at = line.split()
             rows.append((int(step), float(at)))
         return rows
@@ -206,6 +212,7 @@ async def start_attempt(
     interval_s: float = 1000.0,
     ignore: bool = False,
     max_checkpoints: int = 0,
+    save_s: float = 0.0,
 ) -> Attempt:
     progress = tmp / f"progress-{generation}.txt"
     env = {
@@ -220,6 +227,8 @@ async def start_attempt(
     arguments += ["--checkpoints", str(tmp / "checkpoints"), "--progress", str(progress)]
     if ignore:
         arguments.append("--ignore-commands")
+    if save_s:
+        arguments += ["--save-s", str(save_s)]
     if max_checkpoints:
         arguments += ["--max-checkpoints", str(max_checkpoints)]
     with (tmp / f"train-{generation}.log").open("ab") as log:

@@ -54,17 +54,19 @@ async def test_coordinator_sigkilled_mid_protocol_twice_every_job_completes_once
         coordinator = stack.coordinator
         await bind_until_bound(stack, train_request("team/filler", 1, gpus=8))
         await bind_until_bound(stack, train_request(JOB, 1, preemptible=True))
-        first = await start_attempt(stack, JOB, 1, tmp_path, steps=steps, step_s=step_s)
+        first = await start_attempt(stack, JOB, 1, tmp_path, steps=steps, step_s=step_s, save_s=2.0)
         await wait_until(lambda: len(first.steps()) >= 40, timeout_s=60, what="the first attempt to train")
         urgent = train_request("team/urgent", 1, gpus=8, priority_tier=1)
         await stack.placement.Bind(urgent)
 
-        # 1: CHECKPOINT issued, no acknowledgement yet: kill. The job's report waits for the restart.
-        await wait_until(lambda: phase(database_settings), timeout_s=30, interval_s=0.01, what="CHECKPOINT issued")
+        # 1: CHECKPOINT delivered, the job is writing its checkpoint (2 s), no acknowledgement yet: kill. The
+        # job's report waits for the restart.
+        await wait_until(first.answering, timeout_s=30, interval_s=0.01, what="the job to answer CHECKPOINT")
         coordinator.kill()
         assert await phase(database_settings) == "checkpointing"  # read after the kill: nothing moved it on
         await coordinator.start()
         assert await first.process.wait() == 0  # acknowledged by the restarted coordinator, then exited
+        assert first.steps()[-1][0] < steps  # it stopped for the preemption, it did not run to the end
         await wait_until(lambda: stack.events.command(JOB, 1, events_pb2.PREEMPTION_ACTION_EVICT), timeout_s=30)
 
         # 2: evicted and requeued, generation 2 not bound yet: kill; the bind happens while it is down.

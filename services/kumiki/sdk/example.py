@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", type=Path)
     parser.add_argument("--ignore-commands", action="store_true")
     parser.add_argument("--max-checkpoints", type=int, default=0, help="stop checkpointing after this many (0: never)")
+    parser.add_argument("--save-s", type=float, default=0.0, help="extra seconds each checkpoint takes to write")
     parser.add_argument("--no-sdk", action="store_true", help="train without any coordinator (the reference run)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.step_s < 0:
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 written += 1
             continue
         if job.should_checkpoint():
+            if progress is not None and job.preempting:
+                progress.write(f"# answering {step}\n")  # a test waits for this to act mid-checkpoint
+                progress.flush()
+            time.sleep(args.save_s)
             job.report_checkpoint(save(args.checkpoints, step, weights, rng), step)
             written += 1
         if job.should_stop():
