@@ -9,7 +9,8 @@ export KUMIKI_HOME="${KUMIKI_CI_HOME:-$ROOT/.kumiki/ci}"
 PY="${PYTHON:-python3}"
 
 need=()
-# prometheus: its promtool checks and unit-tests the chart's alerting rules (tests/charts)
+# prometheus: its promtool checks and unit-tests the chart's alerting rules (tests/charts); its server scrapes the
+# live stack in tests/observability
 for pkg in postgresql maven default-jre-headless gcc prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -17,7 +18,7 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "== installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # the tests start their own Postgres and need no Prometheus server: keep packages from starting daemons
+  # the tests start their own Postgres and Prometheus servers: keep packages from starting daemons
   own_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1
@@ -40,6 +41,14 @@ if [ -x "$GO" ]; then
   echo "== building kube-apiserver, kube-scheduler, etcd and KWOK with $GO (background)"
   GO="$GO" bash infra/kube/build.sh >"${TMPDIR:-/tmp}/kumiki-kube-build.log" 2>&1 &
   kube_build=$!
+fi
+# Jaeger v2 for the observability tests (tests/observability): built from the Go module proxy in the background
+# (infra/observability/build-jaeger.sh, cached in ~/.cache/kumiki). Without it the Jaeger tests skip and say why.
+jaeger_build=""
+if [ -x "$GO" ]; then
+  echo "== building Jaeger v2 with $GO (background)"
+  GO="$GO" bash infra/observability/build-jaeger.sh >"${TMPDIR:-/tmp}/kumiki-jaeger-build.log" 2>&1 &
+  jaeger_build=$!
 fi
 go_tools=""
 if [ -x "$GO" ] && ! { command -v helm >/dev/null && command -v kubeconform >/dev/null; }; then
@@ -70,6 +79,11 @@ echo "   Kafka $KUMIKI_TEST_KAFKA_BOOTSTRAP, Postgres $KUMIKI_TEST_DATABASE_URL"
 if [ -n "$go_tools" ]; then
   if wait "$go_tools"; then echo "   helm and kubeconform built"
   else echo "   WARNING: helm/kubeconform did not build (chart tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-go-tools.log"; fi
+fi
+
+if [ -n "$jaeger_build" ]; then
+  if wait "$jaeger_build"; then echo "   Jaeger built: $(tail -1 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log")"
+  else echo "   WARNING: Jaeger did not build (Jaeger tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log"; fi
 fi
 
 if [ -n "$kube_build" ]; then

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "kumiki.cli.quota",
     "kumiki.cli.placement",
     "kumiki.cli.replay",
+    "kumiki.cli.trace",
 )
 
 

@@ -89,9 +89,27 @@ def _emulate(args: argparse.Namespace) -> int:
 
 
 async def _call(address: str, method: str, request: object) -> object:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = placement_pb2_grpc.PlacementStub(channel)
-        return await getattr(stub, method)(request, timeout=10)
+    """With OTEL_EXPORTER_OTLP_ENDPOINT set the call is traced: the CLI's span is the root of the decision's
+    trace (`kumiki trace JOB` shows it), sampled by OTEL_TRACES_SAMPLER like the services."""
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        async with grpc.aio.insecure_channel(address) as channel:
+            return await getattr(placement_pb2_grpc.PlacementStub(channel), method)(request, timeout=10)
+    from opentelemetry import trace
+
+    from kumiki.common.tracing import ClientTracingInterceptor, configure_tracing, sampler_from_env, shutdown_tracing
+
+    try:
+        configure_tracing("cli", endpoint, sampler=sampler_from_env(os.environ))
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    try:
+        with trace.get_tracer("kumiki.cli").start_as_current_span(f"kumiki placement {method.lower()}"):
+            interceptors = [ClientTracingInterceptor(address, "cli")]
+            async with grpc.aio.insecure_channel(address, interceptors=interceptors) as channel:
+                return await getattr(placement_pb2_grpc.PlacementStub(channel), method)(request, timeout=10)
+    finally:
+        shutdown_tracing()  # the process ends right after: send its spans now
 
 
 def placement_address(given: str | None) -> str:

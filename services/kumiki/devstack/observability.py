@@ -252,3 +252,90 @@ def start_prometheus(
 
 def stop(pid: int | None) -> bool:
     return terminate(pid)
+
+
+# ---- `kumiki up --observability`: both, with their state in a folder of the stack's home ----------------------
+
+
+def observability_state(folder: Path) -> dict[str, Any] | None:
+    """What `start_observability` started in `folder`, while its Jaeger still runs (None otherwise)."""
+    path = folder / "state.json"
+    if not path.exists():
+        return None
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state if alive(state.get("jaeger", {}).get("pid")) else None
+
+
+def start_observability(folder: Path, logs: Path, *, build: bool = True, progress: Any = None) -> dict[str, Any]:
+    """Jaeger (built first when missing and `build`) and Prometheus with the chart's rules; Prometheus' targets
+    are the stack's services, written by `set_targets` as they start. Returns the state (as state.json)."""
+    running = observability_state(folder)
+    if running is not None:
+        return running
+    binary = jaeger_binary()
+    if binary is None:
+        if not build:
+            raise StackError(f"no Jaeger binary: build it with `bash {BUILD_JAEGER}`")
+        if progress is not None:
+            progress("building Jaeger v2 with Go (once, a few minutes; cached under ~/.cache/kumiki)")
+        binary = build_jaeger(logs / "jaeger-build.log")
+    jaeger = start_jaeger(folder / "jaeger", logs / "jaeger.log", binary=binary)
+    try:
+        prometheus = start_prometheus(folder / "prometheus", logs / "prometheus.log", {})
+    except StackError:
+        terminate(jaeger.pid)
+        raise
+    state = {"jaeger": jaeger.as_dict(), "prometheus": prometheus.as_dict()}
+    (folder / "state.json").write_text(json.dumps(state, indent=2))
+    return state
+
+
+def set_targets(folder: Path, targets: Mapping[str, Sequence[str]]) -> None:
+    """Point the stack's Prometheus at these /metrics addresses (it re-reads the file within a second)."""
+    state = observability_state(folder)
+    if state is not None:
+        write_targets(Path(state["prometheus"]["targets_file"]), targets)
+
+
+def stop_observability(folder: Path) -> bool:
+    """Stop what `start_observability` started there; True when something was running."""
+    path = folder / "state.json"
+    if not path.exists():
+        return False
+    state = json.loads(path.read_text())
+    stopped = [terminate(state.get(part, {}).get("pid")) for part in ("prometheus", "jaeger")]
+    path.unlink()
+    return any(stopped)
+
+
+def observability_rows(folder: Path) -> list[dict[str, Any]]:
+    """`kumiki status` rows for Jaeger and Prometheus."""
+    path = folder / "state.json"
+    if not path.exists():
+        return []
+    state = json.loads(path.read_text())
+    rows = []
+    jaeger, prometheus = state.get("jaeger"), state.get("prometheus")
+    if jaeger:
+        up = alive(jaeger["pid"]) and _get(f"http://127.0.0.1:{jaeger['query_port']}/api/services") is not None
+        rows.append(
+            {
+                "component": "jaeger",
+                "kind": f"Jaeger v2 ({JAEGER_MODULE_VERSION}), memory storage",
+                "address": f"otlp :{jaeger['otlp_grpc_port']} query http://127.0.0.1:{jaeger['query_port']}",
+                "pid": jaeger["pid"],
+                "health": "ready" if up else "down",
+            }
+        )
+    if prometheus:
+        up = alive(prometheus["pid"]) and _get(f"http://127.0.0.1:{prometheus['port']}/-/ready") is not None
+        rows.append(
+            {
+                "component": "prometheus",
+                "kind": "Prometheus (chart rules loaded)",
+                "address": f"http://127.0.0.1:{prometheus['port']}",
+                "pid": prometheus["pid"],
+                "health": "ready" if up else "down",
+            }
+        )
+    return rows
