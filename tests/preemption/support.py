@@ -14,16 +14,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import grpc
 from aiokafka import AIOKafkaConsumer
 
+from kumiki.common.bus import EventConsumer, EventProducer
+from kumiki.common.bus.topics import JOB_LIFECYCLE
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.db import apply_migrations, create_pool
 from kumiki.common.service import ServiceHost
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import readiness
 from kumiki.placement.app import SPEC as PLACEMENT
+from kumiki.quota.adapters.ledger import LedgerHandler
 from tests.conftest import REPO_ROOT, wait_until
 from tests.placement.support import bind_request, emulate, settings_for, whole
 
@@ -122,6 +127,25 @@ class Stack:
     coordinator: Coordinator
     events: Events
     kafka: KafkaSettings
+
+
+@asynccontextmanager
+async def quota_ledger(kafka: KafkaSettings, database: DatabaseSettings) -> AsyncIterator[asyncpg.Pool]:
+    """Quota's exactly-once ledger consumer of job.lifecycle (the service's own handler) on the test database."""
+    pool = await create_pool(database)
+    await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
+    await apply_migrations(pool, "quota", "kumiki.quota.migrations")
+    async with EventProducer(kafka, "//kumiki/quota/test") as producer:
+        consumer = EventConsumer(kafka, [JOB_LIFECYCLE], "quota-ledger", LedgerHandler(), producer, pool=pool)
+        await consumer.start()
+        task = asyncio.create_task(consumer.run())
+        try:
+            yield pool
+        finally:
+            consumer.request_stop()
+            await task
+            await consumer.stop()
+            await pool.close()
 
 
 @asynccontextmanager

@@ -22,6 +22,7 @@ from tests.preemption.support import (
     bind_until_bound,
     job_ref,
     live_stack,
+    quota_ledger,
     reference_weights,
     start_attempt,
     train_request,
@@ -146,6 +147,14 @@ async def test_job_ignoring_the_command_is_evicted_at_the_deadline_losing_the_wo
         )
         preempted = next(e for e in events.lifecycle if e.state == events_pb2.JOB_STATE_PREEMPTED)
         assert preempted.lost_gpu_seconds == pytest.approx(evict.lost_gpu_seconds)
+        async with quota_ledger(kafka, database_settings) as ledger:  # quota's ledger books it as lost work
+
+            async def booked() -> object:
+                return await ledger.fetchrow("SELECT * FROM quota.lost_work WHERE job_id = $1", JOB)
+
+            row = await wait_until(booked, timeout_s=30, what="lost work in the quota ledger")
+        assert (row["generation"], row["queue"]) == (1, "team")  # type: ignore[index]
+        assert float(row["lost_gpu_seconds"]) == pytest.approx(evict.lost_gpu_seconds)  # type: ignore[index]
 
         # it resumes from its last periodic checkpoint and still ends with the reference's bytes
         urgent = train_request("team/urgent", 1, gpus=8, priority_tier=1)

@@ -9,6 +9,8 @@ record published twice by a producer retry is not counted twice either.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import asyncpg
 
 from kumiki.common.bus import Event, EventRejected
@@ -31,6 +33,13 @@ CLOSE_SQL = (
     " start_us, end_us, gpu_seconds, final_state, event_id)"
     " SELECT job_id, generation, queue, gpu_model, priority_tier, gpus, cpu_milli, memory_mib, start_us,"
     " greatest($3, start_us), gpus * (greatest($3, start_us) - start_us) * 0.000001, $4, $5 FROM closed"
+)
+
+
+# Lost work of a preempted attempt, its own entry (idempotent per job and generation like the intervals).
+LOST_WORK_SQL = (
+    "INSERT INTO quota.lost_work (job_id, generation, queue, gpu_model, lost_gpu_seconds, at_us, reason, event_id)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (job_id, generation) DO NOTHING"
 )
 
 
@@ -70,4 +79,16 @@ class LedgerHandler:
             )
         else:
             await connection.execute(CLOSE_SQL, job.job_id, job.generation, at_us, message.state, event.attributes.id)
+            if message.state == events_pb2.JOB_STATE_PREEMPTED and message.lost_gpu_seconds > 0:
+                await connection.execute(
+                    LOST_WORK_SQL,
+                    job.job_id,
+                    job.generation,
+                    message.queue,
+                    message.gpu_model,
+                    Decimal(repr(message.lost_gpu_seconds)),
+                    at_us,
+                    message.reason,
+                    event.attributes.id,
+                )
         self.applied += 1
