@@ -171,7 +171,8 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
     for pod in pods:
         if pod["metadata"]["labels"][core.POD_GROUP_LABEL] == waiting_group:
             assert not pod["spec"].get("nodeName")
-            assert "gang" in (condition(pod) or {}).get("message", ""), condition(pod)
+            told = condition(pod) or {}
+            assert told.get("reason") == "Unschedulable" and "GPU" in told.get("message", ""), told
 
     # a gang larger than the cluster at once: every pod pending, none bound, the condition says why
     ns2 = await namespace(kube)
@@ -191,7 +192,8 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
     never = condition(pods["sixteen"]) or {}
     assert never["reason"] == "NeverFits" and "largest node has 8" in never["message"]
     for i in range(3):
-        assert (condition(pods[f"huge-{i}"]) or {})["reason"] == "Unschedulable"
+        told = condition(pods[f"huge-{i}"]) or {}
+        assert told["reason"] == "Unschedulable" and "GPU" in told["message"], told
     events = [event async for event in kube.list(Event, namespace=ns2)]
     assert any(event.reason == "FailedScheduling" and event.involvedObject.name == "sixteen" for event in events)
     assert any(event.involvedObject.kind == "PodGroup" and event.involvedObject.name == "huge" for event in events)
@@ -354,3 +356,27 @@ async def test_binder_sigkilled_mid_500_binds_resumes_without_double_binding(
         job = annotations[core.JOB_ANNOTATION]
         assert int(annotations[core.GENERATION_ANNOTATION]) == last_bound[job].job.generation
         assert pod["spec"]["nodeName"] in {a.node for a in last_bound[job].assignments}
+
+
+async def test_two_replicas_one_leader_and_the_standby_takes_over(kube: AsyncClient, processes: Processes) -> None:
+    from lightkube.resources.coordination_v1 import Lease
+
+    await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
+    standby = await processes.start_binder()  # ready, but waiting for the Lease
+    lease = await kube.get(Lease, processes.lease, namespace="kube-system")
+    assert lease.spec is not None and lease.spec.holderIdentity is not None
+    assert lease.spec.holderIdentity.startswith("binder-0-")  # the first binder leads
+    ns = await namespace(kube)
+    await create_all(kube, [pod_object(ns, f"before-{i}", gpus=1) for i in range(4)])
+    await wait_until(lambda: all_bound(kube, ns, 4), timeout_s=60, what="pods bound by the leader")
+    processes.kill_binder(0)
+    await create_all(kube, [pod_object(ns, f"after-{i}", gpus=1) for i in range(4)])
+
+    async def standby_leads() -> bool:
+        current = await kube.get(Lease, processes.lease, namespace="kube-system")
+        return bool(current.spec and (current.spec.holderIdentity or "").startswith("binder-1-"))
+
+    await wait_until(standby_leads, timeout_s=60, what="the standby to take the Lease")
+    await wait_until(lambda: all_bound(kube, ns, 8), timeout_s=60, what="pods bound by the new leader")
+    assert standby.poll() is None
+    assert over_commits(await pods_in(kube, ns)) == []

@@ -55,6 +55,9 @@ def probe(initial_delay_secs = 0, timeout_secs = 1, period_secs = 10, success_th
     return dict(period_secs = period_secs, timeout_secs = timeout_secs, failure_threshold = failure_threshold,
                 exec = exec, http_get = http_get, tcp_socket = tcp_socket)
 
+def exec_action(command):
+    return dict(command = command)
+
 def http_get_action(port, host = "localhost", scheme = "http", path = ""):
     return dict(port = port, host = host, scheme = scheme, path = path)
 
@@ -203,7 +206,7 @@ def test_the_k8s_section_deploys_the_chart_and_names_its_workloads() -> None:
     assert [c["yaml"] for c in calls if c["kind"] == "k8s_yaml"] == ["<helm yaml>"]
     workloads = {c["workload"]: c for c in calls if c["kind"] == "k8s_resource"}
     # the chart names its Deployments <release>-<service> and the agent <release>-agent
-    assert set(workloads) == {f"kumiki-{name}" for name in SERVICE_APPS} | {"kumiki-agent"}
+    assert set(workloads) == {f"kumiki-{name}" for name in SERVICE_APPS} | {"kumiki-agent", "kumiki-binder"}
     for name, module in SERVICE_APPS.items():
         spec = importlib.import_module(f"{module}.app").SPEC
         (forward,) = workloads[f"kumiki-{name}"]["port_forwards"]
@@ -214,6 +217,27 @@ def test_the_k8s_section_deploys_the_chart_and_names_its_workloads() -> None:
     (build,) = [c for c in built if c["kind"] == "docker_build"]
     assert build["dockerfile"] == str(REPO_ROOT / "infra" / "image" / "Containerfile")
     assert Path(build["dockerfile"]).is_file()
+
+
+def test_kubernetes_runs_the_real_control_plane_and_the_binder_after_placement() -> None:
+    plain = local_resources(evaluate(REPO_ROOT))
+    assert "kube" not in plain and "binder" not in plain
+    resources = local_resources(evaluate(REPO_ROOT, {"kubernetes": True}))
+    kube, binder = resources["kube"], resources["binder"]
+    assert kube["serve_cmd"][-3:-1] == ["kumiki.devstack.kube", "serve"]
+    assert kube["readiness_probe"]["exec"]["command"][-2] == "status"
+    spec = importlib.import_module("kumiki.binder.app").SPEC
+    env = binder["serve_env"]
+    assert (int(env["KUMIKI_BINDER_GRPC_PORT"]), int(env["KUMIKI_BINDER_HTTP_PORT"])) == (
+        spec.grpc_port,
+        spec.http_port,
+    )
+    assert binder["readiness_probe"]["http_get"]["port"] == spec.http_port
+    assert env["KUMIKI_KUBECONFIG"] == os.path.join(kube["serve_cmd"][-1], "kubeconfig")
+    placement = importlib.import_module("kumiki.placement.app").SPEC
+    assert env["KUMIKI_PLACEMENT_ADDRESS"] == f"127.0.0.1:{placement.grpc_port}"
+    assert {"infra", "kube", "placement"} <= set(binder["resource_deps"])
+    assert binder["serve_cmd"][-1].endswith("-m kumiki.binder")
 
 
 def test_bad_tiltfile_arguments_fail_naming_them() -> None:

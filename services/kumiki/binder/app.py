@@ -144,6 +144,7 @@ async def _lead(runtime: Runtime, kube: KubeApi, binder: Binder, lease: tuple[st
     pods, pods_version = await kube.list_pods()
     for pod in pods:
         await binder.on_pod("ADDED", pod)
+    binder.reconcile()
     binder.synced.set()
     log.info("binder synced", extra={"nodes": len(nodes), "pods": len(pods), "jobs_in_log": len(binder.logged)})
 

@@ -405,6 +405,7 @@ class Gang:
     running_published: int = 0  # generation whose RUNNING was published
     released: int = 0  # generation released in placement
     reason: str = ""  # the last pending reason shown on the pods
+    last_join: float = 0.0  # monotonic time the last pod joined (a group without a PodGroup settles first)
 
     def waiting(self) -> list[Pod]:
         return sorted(

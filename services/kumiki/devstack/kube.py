@@ -394,3 +394,42 @@ def stop_kube_folder(folder: Path) -> bool:
     running = any(alive(pid) for pid in stack.pids.values())
     stop_kube(stack)
     return running
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kumiki.devstack.kube serve FOLDER [--scheduler]`: the control plane in the foreground (Tilt's
+    serve_cmd), stopped on SIGTERM or Ctrl-C; `status FOLDER` exits 0 when its API server is ready."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="python -m kumiki.devstack.kube")
+    parser.add_argument("action", choices=("serve", "status"))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--scheduler", action="store_true", help="also run kube-scheduler (default profile)")
+    args = parser.parse_args(argv)
+    if args.action == "status":
+        stack = kube_running(args.folder)
+        return 0 if stack is not None and _get(f"{stack.api_url}/readyz", stack.token)[0] == 200 else 1
+    stack = start_kube(args.folder, build=True, scheduler=args.scheduler)
+    print(f"Kubernetes API {stack.api_url}; export KUBECONFIG={stack.kubeconfig}", flush=True)
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not stopping:
+            if not all(alive(pid) for pid in stack.pids.values()):
+                print(f"a component exited; see {stack.folder / 'logs'}", flush=True)
+                return 1
+            time.sleep(1.0)
+    finally:
+        stop_kube(stack)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

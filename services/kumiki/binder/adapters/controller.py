@@ -65,6 +65,7 @@ class Binder:
         *,
         concurrency: int = 256,
         scheduled_events: bool = True,
+        settle_s: float = 0.5,
     ) -> None:
         self.kube = kube
         self.placement = placement
@@ -85,6 +86,10 @@ class Binder:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.synced = asyncio.Event()
         self.node_changes = 0
+        self.dirty: set[str] = set()
+        self.told_late: set[str] = set()
+        self.never_fit: set[str] = set()
+        self.settle_s = settle_s
 
     # ---- Placement's log ------------------------------------------------------------------------------
     async def on_lifecycle(self, key: str, event: Event | None) -> None:
@@ -141,15 +146,23 @@ class Binder:
             self.nodes.pop(name, None)
             self.published.pop(name, None)
             await self.producer.publish(CLUSTER_STATE, name, events_pb2.NodeState(node=name, healthy=False))
-            self.wake.set()
+            self._nodes_changed()
             return
         before = self.nodes.get(name)
         node = core.parse_node(obj)
         self.nodes[name] = node
         self.node_changes += 1
         await self._publish_nodes([name])
-        if before is None or before.schedulable != node.schedulable:
-            self.wake.set()  # a pod that never fitted may fit now; a gang on a cordoned node goes again
+        if before is None or before.schedulable != node.schedulable or before.gpus != node.gpus:
+            self._nodes_changed()
+
+    def _nodes_changed(self) -> None:
+        """A pod that never fitted may fit now: look at those gangs again at once."""
+        for job_id in self.never_fit:
+            self.retry_at.pop(job_id, None)
+            self.dirty.add(job_id)
+        self.never_fit.clear()
+        self.wake.set()
 
     async def _publish_nodes(self, names: list[str], force: bool = False) -> None:
         records = []
@@ -183,7 +196,7 @@ class Binder:
         gang = self.gangs.get(core.job_id_for(key[0], key[1], ""))
         if gang is not None:
             gang.min_member = minimum
-        self.wake.set()
+            self.touch(gang.job_id)
 
     # ---- pods -----------------------------------------------------------------------------------------
     def _gang_for(self, pod: Pod) -> Gang:
@@ -205,6 +218,7 @@ class Binder:
         gang = self._gang_for(pod)
         if kind == "DELETED":
             gang.pods.pop(pod.key, None)
+            self.touch(gang.job_id)
             await self._check_progress(gang)
             waiting_in_placement = gang.generation and not gang.bound and gang.released != gang.generation
             if waiting_in_placement and not gang.waiting() and gang.submitted:
@@ -216,8 +230,10 @@ class Binder:
         previous = gang.pods.get(pod.key)
         gang.pods[pod.key] = pod
         if not pod.node:
+            if previous is None:
+                gang.last_join = time.monotonic()
             if previous is None or previous.node != pod.node:
-                self.wake.set()
+                self.touch(gang.job_id)
             return
         if pod.generation_annotation and pod.job_annotation == gang.job_id and not gang.bound:
             # bound by an earlier life of the binder (or a replica before it)
@@ -293,27 +309,90 @@ class Binder:
             log.error("binder task failed", exc_info=task.exception())
             self.wake.set()
 
+    def touch(self, job_id: str) -> None:
+        """The gang changed: look at it in the next round."""
+        self.dirty.add(job_id)
+        self.wake.set()
+
     async def run_submissions(self, stopping: asyncio.Event) -> None:
-        """Every wake-up: each gang that is complete and not in flight goes to Placement."""
+        """Each round: every changed gang that is complete and not in flight goes to Placement. A sweep a
+        quarter of a second looks at every gang again (retries, groups that settled, the pending gauge)."""
         await self.synced.wait()
+        self.dirty.update(self.gangs)
+        last_sweep = 0.0
         while not stopping.is_set():
             self.wake.clear()
             now = time.monotonic()
-            pending = 0
-            for gang in list(self.gangs.values()):
-                waiting = gang.waiting()
-                pending += len(waiting)
-                if gang.job_id in self.busy or not gang.ready_to_submit():
+            if now - last_sweep >= 0.25:
+                last_sweep = now
+                self.dirty.update(self.gangs)
+                PENDING.set(sum(len(gang.waiting()) for gang in self.gangs.values()))
+            dirty, self.dirty = self.dirty, set()
+            for job_id in dirty:
+                gang = self.gangs.get(job_id)
+                if gang is None or job_id in self.busy or self.retry_at.get(job_id, 0.0) > now:
                     continue
                 if gang.bound and gang.released != gang.generation:
-                    continue  # a pod of a placed gang that is not bound yet: the bind in flight does it
-                if self.retry_at.get(gang.job_id, 0.0) > now:
+                    late = [pod for pod in gang.waiting() if pod.key not in gang.submitted]
+                    if late and job_id not in self.told_late:
+                        self.told_late.add(job_id)
+                        self._spawn(
+                            self._tell_pending(
+                                gang, late, "GroupAlreadyPlaced", "the pod group was placed before this pod joined it"
+                            )
+                        )
                     continue
-                self.busy.add(gang.job_id)
+                if not gang.ready_to_submit():
+                    continue
+                waiting_keys = tuple(pod.key for pod in gang.waiting())
+                if gang.generation and gang.released != gang.generation and gang.submitted == waiting_keys:
+                    logged = self.logged.get(job_id)
+                    if logged and logged.state == events_pb2.JOB_STATE_BOUND and logged.generation == gang.generation:
+                        # bound by the cycle while our submission was in flight (its event found us busy)
+                        self.busy.add(job_id)
+                        self._spawn(self._apply(gang, gang.generation, list(logged.assignments), "cycle"))
+                    continue  # queued in Placement as it is: its bind arrives on job.lifecycle
+                if gang.group and not gang.min_member and now - gang.last_join < self.settle_s:
+                    continue  # a group without a PodGroup: wait until its pods stop arriving
+                self.busy.add(job_id)
                 self._spawn(self._submit(gang))
-            PENDING.set(pending)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self.wake.wait(), timeout=0.25)
+
+    def reconcile(self) -> None:
+        """After the first list: gangs whose pods are bound resume where they were; a gang Placement bound
+        (its last word in the log) whose pods are not all bound is repaired exactly as logged."""
+        for gang in self.gangs.values():
+            logged = self.logged.get(gang.job_id)
+            members = sorted((pod for pod in gang.pods.values() if not pod.deleting), key=lambda pod: pod.key.name)
+            bound = [pod for pod in members if pod.node]
+            if not bound:
+                continue
+            generation = max(pod.generation_annotation for pod in bound) or (logged.generation if logged else 1)
+            gang.generation = generation
+            if len(bound) == len(members):
+                gang.bound = True
+                gang.submitted = tuple(pod.key for pod in members)
+                if (
+                    logged is not None
+                    and logged.generation == generation
+                    and logged.state != events_pb2.JOB_STATE_BOUND
+                ):
+                    gang.released = generation  # Placement already released it (it ended while we were away)
+                continue
+            if (
+                logged is not None
+                and logged.state == events_pb2.JOB_STATE_BOUND
+                and logged.generation == generation
+                and [pod.resources for pod in members] == list(logged.pods)
+            ):
+                gang.submitted = tuple(pod.key for pod in members)
+                self.busy.add(gang.job_id)
+                self._spawn(self._apply(gang, generation, list(logged.assignments), "repair"))
+                continue
+            log.warning("a partly bound gang cannot be repaired as logged", extra={"job": gang.job_id})
+            gang.bound = True
+            gang.submitted = tuple(pod.key for pod in bound)
 
     async def _submit(self, gang: Gang) -> None:
         try:
@@ -336,7 +415,8 @@ class Binder:
             why = core.never_fits(pod.resources, (node for node in self.nodes.values() if node.schedulable))
             if why:
                 await self._tell_pending(gang, pods, "NeverFits", f"no node in the cluster could ever hold it: {why}")
-                self.retry_at[gang.job_id] = time.monotonic() + 30  # nodes join: look again then (or on a change)
+                self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
+                self.never_fit.add(gang.job_id)
                 return
         generation = self._generation_for(gang, pods)
         if generation is None:
@@ -366,9 +446,11 @@ class Binder:
                 log.warning(
                     "placement unavailable; the gang goes again", extra={"job": gang.job_id, "reason": str(error)}
                 )
+                gang.submitted = ()
                 self.retry_at[gang.job_id] = time.monotonic() + 1.0
                 return
             if answer.status_code:
+                gang.submitted = ()
                 GANGS.labels("refused").inc()
                 span.set_attribute("kumiki.refused", answer.error)
                 if answer.status_code == 9:  # FAILED_PRECONDITION: an older generation still holds GPUs
@@ -424,7 +506,7 @@ class Binder:
             await self._release(gang.job_id, logged.generation, "superseded by a new generation of the pods", 0)
             logged.state = events_pb2.JOB_STATE_RELEASED
         self.retry_at[gang.job_id] = time.monotonic() + 0.5
-        self.wake.set()
+        self.touch(gang.job_id)
 
     async def _tell_pending(self, gang: Gang, pods: list[Pod], reason: str, message: str) -> None:
         """PodScheduled=False with the reason, an Event on each pod and on the PodGroup (when it changed)."""
