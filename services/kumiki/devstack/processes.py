@@ -22,6 +22,17 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     return False
 
 
+def can_bind(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on host:port now (a connect test misses a socket bound but not listening)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
