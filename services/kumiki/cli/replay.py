@@ -33,7 +33,7 @@ from kumiki.sim.trace import TraceError
 console = message_console()
 
 
-def add_replay_options(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, prefix: str = "") -> None:
     """The replay's options; `kumiki up` takes the same ones as --replay-* (prefix 'replay-')."""
     parser.add_argument(f"--{prefix}trace", default=DEFAULT_TRACE, help="trace: CSV path or bundled name")
     parser.add_argument(f"--{prefix}speed", type=float, default=2000.0, help="trace seconds per wall second")

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.codec import Event
@@ -37,8 +38,8 @@ EMULATED_LABEL = "kumiki.dev/emulated"
 ENDINGS = {events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED, events_pb2.JOB_STATE_RELEASED}
 
 
-def _seconds(stamp: object) -> float:
-    return stamp.seconds + stamp.nanos / 1e9  # type: ignore[attr-defined]
+def _seconds(stamp: Timestamp) -> float:
+    return float(stamp.seconds + stamp.nanos / 1e9)
 
 
 @dataclass
