@@ -29,7 +29,7 @@ def load_tokens(path: Path) -> dict[str, str]:
     """token SHA-256 (hex) -> identity, validated; errors name the variable and the entry."""
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
+    except (OSError, ValueError, yaml.YAMLError) as error:  # PyYAML raises ValueError for a bad \U escape
         raise ConfigError(f"{TOKENS_FILE}: cannot read {str(path)!r}: {error}") from None
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"{TOKENS_FILE}: expected a YAML mapping of token sha256 (hex) to identity in {path}")
