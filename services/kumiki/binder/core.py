@@ -460,11 +460,7 @@ def reason_text(reasons: Iterable[common_pb2.PendingReason], queue_position: int
     parts = []
     code = "Unschedulable"
     for reason in reasons:
-        text = reason.message or reason.code
-        if reason.resource:
-            text += f" [resource {reason.resource}]"
-        if reason.node_shape:
-            text += f" [needs {reason.node_shape}]"
+        text = reason.message or reason.code  # Placement's message already names resource and shape
         parts.append(text)
         if reason.code == "quota_exceeded":
             code = "QuotaExceeded"
