@@ -38,13 +38,18 @@ def test_evaluate_writes_the_report_and_predictions_contract(
 ) -> None:
     trace = write_trace(tmp_path / "trace.csv")
     out = tmp_path / "out"
-    code, _ = run(
-        ["forecast", "evaluate", "--trace", str(trace), "--out", str(out), "--start-s", "36000"], capsys
-    )
+    code, _ = run(["forecast", "evaluate", "--trace", str(trace), "--out", str(out), "--start-s", "36000"], capsys)
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     window_jobs = sum(1 for index in range(240) if index * 300 >= 36_000)
-    assert set(report["models"]) == {"kumiki", "history-median", "quantreg", "global-median", "last-two"}
+    assert set(report["models"]) == {
+        "kumiki",
+        "kumiki-ensemble",
+        "history-median",
+        "quantreg",
+        "global-median",
+        "last-two",
+    }
     for scores in report["models"].values():
         assert set(scores) == {"jobs", "median_abs_log_error", "mae_s", "p90_coverage"}
         assert scores["jobs"] == window_jobs
@@ -54,16 +59,15 @@ def test_evaluate_writes_the_report_and_predictions_contract(
     with (out / "predictions.csv").open(newline="") as handle:
         rows = list(csv.reader(handle))
     assert rows[0] == ["job_id", "model", "p50_s", "p90_s"]
-    assert len(rows) - 1 == window_jobs * 5
+    assert len(rows) - 1 == window_jobs * 6
     pairs = {(row[0], row[1]) for row in rows[1:]}
-    assert len(pairs) == window_jobs * 5  # one row per job and model
+    assert len(pairs) == window_jobs * 6  # one row per job and model
     assert all(float(row[3]) >= float(row[2]) > 0 for row in rows[1:])
     assert "| kumiki |" in (out / "report.md").read_text()
     assert (out / "forecast_errors.png").read_bytes().startswith(b"\x89PNG")
     # The keys differ by 30x: Kumiki's per-key history must beat the global median.
     assert (
-        report["models"]["kumiki"]["median_abs_log_error"]
-        < report["models"]["global-median"]["median_abs_log_error"]
+        report["models"]["kumiki"]["median_abs_log_error"] < report["models"]["global-median"]["median_abs_log_error"]
     )
 
 
@@ -89,30 +93,20 @@ def test_evaluate_rejects_bad_options_naming_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], option: str
 ) -> None:
     trace = write_trace(tmp_path / "trace.csv", jobs=10)
-    code, err = run(
-        ["forecast", "evaluate", "--trace", str(trace), "--out", str(tmp_path / "o"), *extra], capsys
-    )
+    code, err = run(["forecast", "evaluate", "--trace", str(trace), "--out", str(tmp_path / "o"), *extra], capsys)
     assert code == 2
     assert option in err
 
 
-def test_evaluate_rejects_negative_or_non_numeric_seconds(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_evaluate_rejects_negative_or_non_numeric_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for value in ("-5", "soon", "nan"):
-        code, err = run(
-            ["forecast", "evaluate", "--trace", "t.csv", "--out", "o", "--start-s", value], capsys
-        )
+        code, err = run(["forecast", "evaluate", "--trace", "t.csv", "--out", "o", "--start-s", value], capsys)
         assert code == 2
         assert "--start-s" in err
 
 
-def test_evaluate_names_the_trace_when_it_is_missing_or_bad(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, err = run(
-        ["forecast", "evaluate", "--trace", str(tmp_path / "nope.csv"), "--out", str(tmp_path)], capsys
-    )
+def test_evaluate_names_the_trace_when_it_is_missing_or_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["forecast", "evaluate", "--trace", str(tmp_path / "nope.csv"), "--out", str(tmp_path)], capsys)
     assert code == 2
     assert "--trace" in err and "nope.csv" in err
     bad = tmp_path / "bad.csv"
@@ -122,9 +116,7 @@ def test_evaluate_names_the_trace_when_it_is_missing_or_bad(
     assert "--trace" in err and "gpus" in err and ":2" in err
 
 
-def test_evaluate_refuses_an_out_path_that_is_a_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_evaluate_refuses_an_out_path_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "trace.csv", jobs=10)
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -136,9 +128,7 @@ def test_evaluate_refuses_an_out_path_that_is_a_file(
 def test_demand_writes_backtest_forecast_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "trace.csv", jobs=900)  # 75 hours
     out = tmp_path / "demand"
-    code, _ = run(
-        ["forecast", "demand", "--trace", str(trace), "--out", str(out), "--horizon-hours", "12"], capsys
-    )
+    code, _ = run(["forecast", "demand", "--trace", str(trace), "--out", str(out), "--horizon-hours", "12"], capsys)
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     assert set(report["forecast"]) == {"vc-fast", "vc-slow"}
@@ -152,15 +142,11 @@ def test_demand_writes_backtest_forecast_and_plot(tmp_path: Path, capsys: pytest
     assert "holt-winters" in (out / "report.md").read_text()
 
 
-def test_demand_rejects_a_holdout_longer_than_the_trace(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_demand_rejects_a_holdout_longer_than_the_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "trace.csv", jobs=40)  # about 3 hours
     code, err = run(["forecast", "demand", "--trace", str(trace), "--out", str(tmp_path / "d")], capsys)
     assert code == 2
     assert "--holdout-hours" in err
-    code, err = run(
-        ["forecast", "demand", "--trace", str(trace), "--out", "d", "--horizon-hours", "0"], capsys
-    )
+    code, err = run(["forecast", "demand", "--trace", str(trace), "--out", "d", "--horizon-hours", "0"], capsys)
     assert code == 2
     assert "--horizon-hours" in err

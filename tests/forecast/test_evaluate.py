@@ -122,10 +122,17 @@ def test_every_default_model_is_scored_on_every_window_job() -> None:
     jobs = keyed_trace(120, medians_s={"a": 20.0, "b": 200.0}, gap_s=5.0)
     evaluation = replay(jobs, default_factories(), start_s=300.0)
     window_jobs = sum(1 for job in jobs if job.submit_s is not None and job.submit_s >= 300.0)
-    assert set(evaluation.scores) == {"kumiki", "history-median", "quantreg", "global-median", "last-two"}
+    assert set(evaluation.scores) == {
+        "kumiki",
+        "kumiki-ensemble",
+        "history-median",
+        "quantreg",
+        "global-median",
+        "last-two",
+    }
     for result in evaluation.scores.values():
         assert result.jobs == window_jobs
-    assert len(evaluation.predictions) == window_jobs * 5
+    assert len(evaluation.predictions) == window_jobs * 6
 
 
 PHILLY = TRACES_DIR / "philly-slice.csv"

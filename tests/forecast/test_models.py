@@ -28,9 +28,7 @@ from kumiki.sched.forecasting import JobFeatures
 from .synthetic import keyed_trace, trace_job
 
 
-def features(
-    job_id: str, *, queue: str = "a", gpus: float = 1.0, user: str = "", name: str = ""
-) -> JobFeatures:
+def features(job_id: str, *, queue: str = "a", gpus: float = 1.0, user: str = "", name: str = "") -> JobFeatures:
     return JobFeatures(job_id=job_id, queue=queue, user=user, gpus=gpus, name=name, submit_s=0.0)
 
 
@@ -86,9 +84,7 @@ def test_kumiki_beats_global_median_when_keys_differ() -> None:
     from kumiki.forecast.baselines import GlobalMedianSoFar
 
     jobs = keyed_trace(900, medians_s={"a": 60.0, "b": 3_600.0, "c": 86_400.0}, gap_s=10.0)
-    scores = replay(
-        jobs, {"kumiki": build_default_forecaster, "global": GlobalMedianSoFar}, start_s=3_000.0
-    ).scores
+    scores = replay(jobs, {"kumiki": build_default_forecaster, "global": GlobalMedianSoFar}, start_s=3_000.0).scores
     assert scores["kumiki"].median_abs_log_error < 0.5 * scores["global"].median_abs_log_error
 
 
@@ -178,7 +174,8 @@ def test_coverage_correction_reacts_when_run_times_shift_up() -> None:
 def test_forecast_carries_model_name_and_a_version_that_counts_updates() -> None:
     forecaster = build_default_forecaster()
     first = forecaster.predict(features("j1"))
-    assert first.model == "kumiki/ensemble"
+    # the default names the expert it weighs most (equal weights before any record: the first)
+    assert first.model == "kumiki/kumiki-ensemble"
     assert first.model_version == 0
     assert first.p50_s == pytest.approx(math.exp(PRIOR_LOG_S))
     forecaster.observe(features("j1"), 42.0, 42.0)
@@ -256,7 +253,7 @@ def test_finished_jobs_of_the_same_burst_predict_the_rest_of_it() -> None:
 
 
 def test_open_forecasts_are_bounded_and_a_requery_is_one_sibling(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kumiki.forecast.models as models
+    import kumiki.forecast.models.experts as models
 
     monkeypatch.setattr(models, "MAX_OPEN_FORECASTS", 10)
     forecaster = KumikiForecaster()

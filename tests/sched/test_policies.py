@@ -16,6 +16,7 @@ from kumiki.sched.policies import (
     estimate_remaining,
     gittins_rank,
     policy_named,
+    posterior_trust,
     running_rank,
     tiresias_level,
     waiting_key,
@@ -180,3 +181,34 @@ def test_kumiki_variants_differ_only_in_what_they_know():
     kumiki = POLICIES["kumiki"]
     oracle = POLICIES["kumiki-oracle"]
     assert dataclasses.replace(oracle, name="kumiki", oracle=False, uses_forecast=True) == kumiki
+
+
+def test_trust_mixes_the_forecast_rank_towards_the_forecast_free_one():
+    trusting = POLICIES["kumiki-trust"]
+    features = JobFeatures("j", "q", "", 1.0, "", 0.0)
+
+    def key(trust, executed_s=0.0):
+        forecast = RuntimeForecast(1e5, 2e5, "m", 1, log_sigma=0.3, trust=trust)
+        job = JobView(features=features, gpus=1, queue="q", submit_s=0.0, forecast=forecast, executed_s=executed_s)
+        return waiting_key(trusting, job)
+
+    blind = gittins_rank(NO_FORECAST_P50_S, NO_FORECAST_P90_S, 0.0)
+    sharp = gittins_rank(1e5, 1e5 * math.exp(Z90 * 0.3), 0.0)
+    assert key(0.0) == pytest.approx(blind)  # no trust: exactly the kumiki-noforecast order
+    assert key(1.0) == pytest.approx(sharp)  # full trust: exactly the forecast's
+    assert key(None) == pytest.approx(sharp)  # a model that measures no trust is fully trusted
+    assert blind < key(0.5) < sharp  # in between, monotone in trust
+    assert key(0.2) < key(0.5) < key(0.8)
+    # `kumiki` itself ignores trust (measured: docs/design/0003-forecast-trust.md)
+    plain = JobView(
+        features=features, gpus=1, queue="q", submit_s=0.0, forecast=RuntimeForecast(1e5, 2e5, "m", 1, 0.3, 0.0)
+    )
+    assert waiting_key(POLICIES["kumiki"], plain) == pytest.approx(sharp)
+
+
+def test_a_job_outliving_its_forecast_shifts_belief_to_the_prior():
+    # forecast 60 s, tight; having run an hour, the forecast hypothesis has all but lost
+    assert posterior_trust(0.9, 60.0, 70.0, 0.0) == pytest.approx(0.9)
+    assert posterior_trust(0.9, 60.0, 70.0, 30.0) > 0.85
+    assert posterior_trust(0.9, 60.0, 70.0, 3600.0) < 0.5
+    assert posterior_trust(0.0, 60.0, 70.0, 3600.0) == 0.0

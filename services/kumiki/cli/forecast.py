@@ -21,7 +21,16 @@ from rich.table import Table
 
 from kumiki.cli.main import UsageError, message_console
 from kumiki.forecast import demand as demand_model
-from kumiki.forecast.evaluate import Evaluation, Prediction, baseline_factories, default_factories, replay
+from kumiki.forecast.evaluate import (
+    Evaluation,
+    Prediction,
+    baseline_factories,
+    default_factories,
+    replay,
+    rolling_origin,
+    scores_by,
+    verdicts,
+)
 from kumiki.sim.trace import TraceError, TraceJob, load_jobs
 
 console = message_console()
@@ -157,6 +166,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         "end_s": args.end_s,
         "trained_only_jobs": evaluation.trained_only,
         "skipped_jobs": evaluation.skipped,
+        **_windows_report(evaluation, names),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     _write_predictions(out / "predictions.csv", evaluation.predictions)
@@ -165,6 +175,38 @@ def _evaluate(args: argparse.Namespace) -> int:
     _print_scores(evaluation)
     console.print(f"wrote {out}/report.json, predictions.csv, report.md, forecast_errors.png")
     return 0
+
+
+def _windows_report(evaluation: Evaluation, names: Sequence[str]) -> dict[str, Any]:
+    """Rolling origin (per day of submit) and per queue: every model's scores, and each Kumiki model
+    against the better baseline of that window, with the spread over days (not one average)."""
+    by_day = rolling_origin(evaluation)
+    by_queue = scores_by(evaluation.predictions, lambda p: p.queue or "(none)")
+
+    def table(grouped: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return {
+            label: {
+                model: {k: _finite_or_none(v) for k, v in score.as_dict().items()} for model, score in models.items()
+            }
+            for label, models in grouped.items()
+        }
+
+    comparisons: dict[str, Any] = {}
+    for model in names:
+        if model in baseline_factories():
+            continue
+        days = verdicts(by_day, model)
+        ratios = [v.ratio for v in days if math.isfinite(v.ratio)]
+        coverage = [v.p90_coverage for v in days]
+        comparisons[model] = {
+            "days": [v.as_dict() for v in days],
+            "queues": [v.as_dict() for v in verdicts(by_queue, model)],
+            "ratio_spread": {"min": min(ratios), "mean": sum(ratios) / len(ratios), "max": max(ratios)}
+            if ratios
+            else None,
+            "coverage_spread": {"min": min(coverage), "max": max(coverage)} if coverage else None,
+        }
+    return {"per_day": table(by_day), "per_queue": table(by_queue), "versus_better_baseline": comparisons}
 
 
 def _write_predictions(path: Path, predictions: Sequence[Prediction]) -> None:
@@ -208,6 +250,19 @@ def _evaluation_markdown(evaluation: Evaluation, args: argparse.Namespace) -> st
         )
     if best is not None:
         lines += ["", f"Better baseline here: {best[0]} ({best[1]:.3f})."]
+    if "kumiki" in evaluation.scores:
+        lines += [
+            "",
+            "## Rolling origin: each day scored on forecasts from the days before (kumiki vs the better baseline)",
+            "",
+            "| day | jobs | kumiki | better baseline | its error | ratio | p90 coverage |",
+            "|---|---:|---:|---|---:|---:|---:|",
+        ]
+        for verdict in verdicts(rolling_origin(evaluation), "kumiki"):
+            lines.append(
+                f"| {verdict.label} | {verdict.jobs} | {verdict.model_error:.3f} | {verdict.better_baseline} | "
+                f"{verdict.baseline_error:.3f} | {verdict.ratio:.2f} | {100.0 * verdict.p90_coverage:.1f}% |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -50,6 +50,11 @@ def register(subparsers: Any) -> None:
     simulate.add_argument("--checkpoint-cost-s", default=str(DEFAULT_CHECKPOINT.checkpoint_cost_s))
     simulate.add_argument("--restore-cost-s", default=str(DEFAULT_CHECKPOINT.restore_cost_s))
     simulate.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    simulate.add_argument(
+        "--day-windows",
+        action="store_true",
+        help="also simulate each day of the trace on its own (forecasters warmed on the days before)",
+    )
     simulate.set_defaults(handler=run_simulate)
 
     pack = subparsers.add_parser(
@@ -149,7 +154,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sim.engine import SimConfig, Simulator
-    from kumiki.sim.report import markdown_table, plot_results, summarize, write_json
+    from kumiki.sim.report import forecast_value, markdown_table, plot_results, summarize, window_table, write_json
     from kumiki.sim.trace import TraceError, load_jobs, window
     from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -231,20 +236,118 @@ def run_simulate(args: argparse.Namespace) -> int:
             summary["wall_s"] = round(time.perf_counter() - started, 3)
             report["policies"][name] = summary
             results.append(result)
+    report["forecast_value"] = forecast_value(report["policies"])
+    windows_md = ""
+    if args.day_windows:
+        report["windows"] = _day_windows(
+            load_jobs(args.trace), trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seed
+        )
+        report["windows_spread"] = _window_spread(report["windows"])
+        windows_md = (
+            f"\n## Day windows (avg JCT s; forecasters warmed on the days before)\n\n{window_table(report['windows'])}"
+        )
     write_json(out / "report.json", report)
     baseline = "fifo" if "fifo" in policies else None
     table = markdown_table(report["policies"], baseline)
     per_queue = _queue_table(report["policies"])
+    value = report["forecast_value"]
+    value_md = ""
+    if value is not None:
+        share = value["recovered_share"]
+        value_md = (
+            f"\nShare of the oracle's gain over `kumiki-noforecast` that the forecasts recover: "
+            f"{'n/a (no gap)' if share is None else f'{100 * share:.1f}%'}\n"
+        )
     (out / "report.md").write_text(
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
-        f"{table}\n## Average JCT per queue (s)\n\n{per_queue}",
+        f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{windows_md}",
         encoding="utf-8",
     )
     if not args.no_plots:
         plot_results(results, out)
-    console.print(table)
+    console.print(table + value_md)
+    if args.day_windows:
+        console.print(window_table(report["windows"]))
     console.print(f"wrote {out / 'report.json'} and {out / 'report.md'}")
     return 0
+
+
+def _day_windows(
+    full_trace: Any,
+    trace: Any,
+    policies: list[str],
+    spec: Any,
+    placement: str,
+    checkpoint: CheckpointModel,
+    shares: dict[str, float] | None,
+    gpus_per_node: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Each day of the (windowed) trace simulated on its own. A forecaster starts with what a live one would
+    hold then: every job of the trace file that finished before the day began (`warm_up`)."""
+    from kumiki.forecast.evaluate import DAY_S, warm_up
+    from kumiki.sim.engine import SimConfig, Simulator
+    from kumiki.sim.report import forecast_value, summarize
+    from kumiki.sim.trace import window
+    from kumiki.sim.workload import sim_jobs
+
+    submits = [job.submit_s for job in trace if job.submit_s is not None]
+    first_day, last_day = int(min(submits) // DAY_S), int(max(submits) // DAY_S)
+    windows: dict[str, Any] = {}
+    for day in range(first_day, last_day + 1):
+        start, end = day * DAY_S, (day + 1) * DAY_S
+        jobs = sim_jobs(window(trace, start, end), max_gpus=spec.total_gpus, seed=seed)
+        if not jobs:
+            continue
+        rows: dict[str, Any] = {}
+        for name in policies:
+            forecaster = None
+            if POLICIES[name].uses_forecast:
+                forecaster = default_forecaster()
+                warm_up(forecaster, full_trace, start)
+            config = SimConfig(POLICIES[name], placement=placement, checkpoint=checkpoint, queue_shares=shares)
+            result = Simulator(spec, jobs, config, forecaster=forecaster).run()
+            summary = summarize(result, large_gpus=gpus_per_node)
+            rows[name] = {key: summary[key] for key in ("jobs", "avg_jct_s", "p99_jct_s", "preemptions")}
+        windows[f"day {day}"] = {
+            "start_s": start,
+            "end_s": end,
+            "jobs": len(jobs),
+            "policies": rows,
+            "forecast_value": forecast_value(rows),
+        }
+    return windows
+
+
+def _window_spread(windows: dict[str, Any]) -> dict[str, Any]:
+    """The spread over windows, not one average: min / median / max of the recovered share and of kumiki's ratios."""
+    import numpy as np
+
+    def spread(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        return {
+            "min": float(np.min(values)),
+            "median": float(np.median(values)),
+            "max": float(np.max(values)),
+            "mean": float(np.mean(values)),
+            "windows": len(values),
+        }
+
+    shares = [
+        w["forecast_value"]["recovered_share"]
+        for w in windows.values()
+        if w.get("forecast_value") and w["forecast_value"]["recovered_share"] is not None
+    ]
+    out: dict[str, Any] = {"recovered_share": spread(shares)}
+    for other in ("kumiki-noforecast", "tiresias", "srtf-oracle"):
+        ratios = [
+            w["policies"]["kumiki"]["avg_jct_s"] / w["policies"][other]["avg_jct_s"]
+            for w in windows.values()
+            if "kumiki" in w["policies"] and other in w["policies"]
+        ]
+        out[f"kumiki_over_{other}"] = spread(ratios)
+    return out
 
 
 def _advancer(progress: Any, task: Any) -> Callable[[int], None]:

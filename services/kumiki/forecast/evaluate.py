@@ -20,6 +20,8 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
 from kumiki.sim.trace import TraceJob
 
 ForecasterFactory = Callable[[], RuntimeForecaster]
+DAY_S = 86_400.0
+BASELINES = ("global-median", "last-two")
 Progress = Callable[[int, int], None]
 
 
@@ -55,6 +57,7 @@ class Prediction:
     actual_s: float
     chosen: str  # the model name the forecaster reported (e.g. which expert)
     submit_s: float
+    queue: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,14 @@ def replay(
             if scored:
                 predictions.append(
                     Prediction(
-                        job.job_id, name, forecast.p50_s, forecast.p90_s, job.duration_s, forecast.model, now
+                        job.job_id,
+                        name,
+                        forecast.p50_s,
+                        forecast.p90_s,
+                        job.duration_s,
+                        forecast.model,
+                        now,
+                        job.queue,
                     )
                 )
         trained_only += 0 if scored else 1
@@ -144,3 +154,96 @@ def replay(
             progress(sequence + 1, len(ordered))
     scores = {name: score([p for p in predictions if p.model == name]) for name in forecasters}
     return Evaluation(tuple(predictions), scores, trained_only, skipped)
+
+
+def scores_by(
+    predictions: Sequence[Prediction], group: Callable[[Prediction], str]
+) -> dict[str, dict[str, ModelScore]]:
+    """Scores per group (e.g. per day, per queue) and model, groups in first-seen order."""
+    grouped: dict[str, dict[str, list[Prediction]]] = {}
+    for prediction in predictions:
+        grouped.setdefault(group(prediction), {}).setdefault(prediction.model, []).append(prediction)
+    return {label: {model: score(rows) for model, rows in models.items()} for label, models in grouped.items()}
+
+
+def day_of(prediction: Prediction, origin_s: float = 0.0) -> int:
+    return int((prediction.submit_s - origin_s) // DAY_S)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowVerdict:
+    """One window (a day, a queue) of a rolling-origin evaluation: the model against the better baseline."""
+
+    label: str
+    jobs: int
+    model_error: float
+    better_baseline: str
+    baseline_error: float
+    ratio: float  # model / better baseline median |log error|
+    p90_coverage: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "label": self.label,
+            "jobs": self.jobs,
+            "median_abs_log_error": self.model_error,
+            "better_baseline": self.better_baseline,
+            "better_baseline_error": self.baseline_error,
+            "ratio_to_better_baseline": self.ratio,
+            "p90_coverage": self.p90_coverage,
+        }
+
+
+def verdicts(
+    grouped: Mapping[str, Mapping[str, ModelScore]], model: str = "kumiki", baselines: Sequence[str] = BASELINES
+) -> list[WindowVerdict]:
+    """Per window: `model`'s error, the better baseline's, their ratio and the model's coverage."""
+    out: list[WindowVerdict] = []
+    for label, scores in grouped.items():
+        if model not in scores:
+            continue
+        present = [(name, scores[name].median_abs_log_error) for name in baselines if name in scores]
+        present = [(name, value) for name, value in present if math.isfinite(value)]
+        if not present:
+            continue
+        best_name, best = min(present, key=lambda item: item[1])
+        own = scores[model]
+        ratio = own.median_abs_log_error / best if best > 0 else math.inf
+        out.append(WindowVerdict(label, own.jobs, own.median_abs_log_error, best_name, best, ratio, own.p90_coverage))
+    return out
+
+
+def rolling_origin(evaluation: Evaluation, origin_s: float = 0.0) -> dict[str, dict[str, ModelScore]]:
+    """Per day of submit (day 0 from `origin_s`): every day is scored on forecasts made from the days before.
+
+    The replay is online, so a day's forecasts were issued with exactly the jobs that finished before
+    each submit: the rolling origin "train on every earlier day, test on the next" at the finest grain.
+    """
+    return scores_by(evaluation.predictions, lambda p: f"day {day_of(p, origin_s)}")
+
+
+def warm_up(forecaster: RuntimeForecaster, jobs: Sequence[TraceJob], until_s: float) -> int:
+    """Teach a forecaster the history a live cluster would hold at `until_s`: jobs submitted before it are
+    forecast at submit and learned from when they finished (strictly) before it, in time order. Returns the
+    number learned. Used to start a simulation of a later window with the forecaster of the days before."""
+    ordered, _ = replayable(jobs)
+    running: list[tuple[float, int, JobFeatures, float]] = []
+    learned = 0
+
+    def drain(now: float) -> None:
+        nonlocal learned
+        while running and running[0][0] < now:
+            finished_s, _, done, duration_s = heapq.heappop(running)
+            forecaster.observe(done, duration_s, finished_s)
+            learned += 1
+
+    for sequence, job in enumerate(ordered):
+        assert job.submit_s is not None and job.duration_s is not None
+        if job.submit_s >= until_s:
+            break
+        drain(job.submit_s)
+        features = job_features(job)
+        forecaster.predict(features)
+        heapq.heappush(running, (job.submit_s + job.duration_s, sequence, features, job.duration_s))
+    drain(until_s)
+    return learned

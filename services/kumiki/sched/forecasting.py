@@ -8,8 +8,21 @@ simulator and the live forecast service call the same implementation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
+
+# The belief a scheduler forms from a forecast, shared by the forecaster (which measures how well that
+# belief has explained each key's runs) and the policies (which order jobs by it). A forecast says: log
+# run time ~ Normal(log p50, sigma), except that a share WRONG_TAIL_WEIGHT of forecasts are simply wrong
+# and spread Normal(log p50, WRONG_TAIL_SIGMA). Without a forecast (or with one that has not earned
+# trust) a job is drawn from one wide, uninformed prior: median half an hour, p90 e^2 (~7x) above it.
+Z90 = 1.2815515655446004
+UNINFORMED_P50_S = 1800.0
+UNINFORMED_P90_S = 1800.0 * math.exp(2.0)
+UNINFORMED_LOG_SIGMA = 2.0 / Z90
+WRONG_TAIL_WEIGHT = 0.1
+WRONG_TAIL_SIGMA = 2.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +51,37 @@ class RuntimeForecast:
     model: str
     model_version: int
     log_sigma: float | None = None
+    # Posterior probability (0..1) that this forecast's belief, rather than the uninformed prior, describes
+    # runs of this job's key, from the forecaster's own record on that key (None: the model keeps none, and
+    # consumers trust it fully). A policy mixes its ordering towards the forecast-free order as this falls.
+    trust: float | None = None
+
+
+def _log_normal_density(x: float, mean: float, sigma: float) -> float:
+    z = (x - mean) / sigma
+    return -0.5 * z * z - math.log(sigma) - 0.5 * math.log(2.0 * math.pi)
+
+
+def belief_log_density(log_runtime_s: float, log_p50_s: float, log_sigma: float) -> float:
+    """Log density of a log run time under the belief a forecast (log p50, sigma) induces, wrong tail included."""
+    sharp = _log_normal_density(log_runtime_s, log_p50_s, max(log_sigma, 0.02))
+    wide = _log_normal_density(log_runtime_s, log_p50_s, WRONG_TAIL_SIGMA)
+    high = max(sharp, wide)
+    return high + math.log(
+        (1.0 - WRONG_TAIL_WEIGHT) * math.exp(sharp - high) + WRONG_TAIL_WEIGHT * math.exp(wide - high)
+    )
+
+
+def uninformed_log_density(log_runtime_s: float) -> float:
+    """Log density of a log run time under the uninformed prior (the belief with no forecast)."""
+    return belief_log_density(log_runtime_s, math.log(UNINFORMED_P50_S), UNINFORMED_LOG_SIGMA)
+
+
+def belief_survival(log_attained_s: float, log_p50_s: float, log_sigma: float) -> float:
+    """P(run time > attained) under the belief of a forecast (log p50, sigma), wrong tail included."""
+    sharp = 0.5 * math.erfc((log_attained_s - log_p50_s) / (max(log_sigma, 0.02) * math.sqrt(2.0)))
+    wide = 0.5 * math.erfc((log_attained_s - log_p50_s) / (WRONG_TAIL_SIGMA * math.sqrt(2.0)))
+    return (1.0 - WRONG_TAIL_WEIGHT) * sharp + WRONG_TAIL_WEIGHT * wide
 
 
 class RuntimeForecaster(Protocol):

@@ -13,6 +13,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kumiki.sched.forecasting import (
+    UNINFORMED_LOG_SIGMA,
+    UNINFORMED_P50_S,
+    UNINFORMED_P90_S,
+    WRONG_TAIL_SIGMA,
+    WRONG_TAIL_WEIGHT,
+    belief_survival,
+)
 from kumiki.sched.jobs import JobView, OracleJobView
 
 # Tiresias' discretised attained-service levels, in GPU-seconds (Gu et al., NSDI'19 use a few queues
@@ -22,9 +30,9 @@ TIRESIAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)
 # but never below this floor, so a fresh job is not treated as already finished.
 NO_FORECAST_FLOOR_S = 600.0
 # Without a forecast, `gittins` believes every job is drawn from one wide prior: median half an hour,
-# p90 e^2 (~7x) above it (the forecaster's own cold-start prior).
-NO_FORECAST_P50_S = 1800.0
-NO_FORECAST_P90_S = 1800.0 * math.exp(2.0)
+# p90 e^2 (~7x) above it (the forecaster's own cold-start prior; `kumiki.sched.forecasting`).
+NO_FORECAST_P50_S = UNINFORMED_P50_S
+NO_FORECAST_P90_S = UNINFORMED_P90_S
 # A job waiting longer than this (since it was last queued) starves: it gets the reservation (large
 # gangs first) and, where the policy says so, evicts what is cheapest to stop.
 STARVATION_S = 24 * 3600.0
@@ -33,8 +41,8 @@ STARVATION_S = 24 * 3600.0
 KUMIKI_PROTECT_AFTER_S = 21600.0
 # `gittins`: weight and width (sigma of log run time) of the wide log-normal mixed into every forecast,
 # for the forecasts that are simply wrong (the Philly slice's longest job was forecast at 264 s)
-GITTINS_TAIL_WEIGHT = 0.1
-GITTINS_TAIL_SIGMA = 2.5
+GITTINS_TAIL_WEIGHT = WRONG_TAIL_WEIGHT
+GITTINS_TAIL_SIGMA = WRONG_TAIL_SIGMA
 # `las-forecast` keys: the attained-service level dominates, the forecast orders jobs inside a level.
 LEVEL_SPAN_S = 1e9
 
@@ -71,6 +79,9 @@ class QueuePolicy:
     use_log_sigma: bool = True
     # `gittins` order: rank x GPUs^gpu_exponent (0: per job, 1: GPU-seconds as in 2D-LAS)
     gpu_exponent: float = 0.0
+    # `gittins` order: weigh the forecast by its `trust` (the forecaster's measured record on the job's key),
+    # falling back to the forecast-free rank as trust falls; False: every forecast fully trusted
+    use_trust: bool = True
 
 
 # Kumiki: Gittins-index order on the forecast distribution, per GPU-second; preemption with a 4x hysteresis
@@ -89,6 +100,9 @@ KUMIKI = QueuePolicy(
     protect_after_s=KUMIKI_PROTECT_AFTER_S,
     starvation_preempts=True,
     gpu_exponent=1.0,
+    # Measured-trust mixing towards the forecast-free order (`kumiki-trust`) cost 7-10% of average JCT at
+    # 48 x 8 on the Philly slice in every form tried (docs/design/0003-forecast-trust.md), so it is off here.
+    use_trust=False,
 )
 
 POLICIES: dict[str, QueuePolicy] = {
@@ -99,6 +113,8 @@ POLICIES: dict[str, QueuePolicy] = {
     "tiresias": QueuePolicy("tiresias", "las", preemptive=True),
     "kumiki": KUMIKI,
     "kumiki-oracle": replace(KUMIKI, name="kumiki-oracle", oracle=True, uses_forecast=False),
+    # as `kumiki`, each forecast weighed by its `trust` (the forecaster's record on the job's key)
+    "kumiki-trust": replace(KUMIKI, name="kumiki-trust", use_trust=True),
     # without forecasts there is nothing to backfill with: starving jobs' reserved nodes stay theirs
     "kumiki-noforecast": replace(KUMIKI, name="kumiki-noforecast", uses_forecast=False, backfill_on_reserved=False),
 }
@@ -157,21 +173,56 @@ def waiting_key(policy: QueuePolicy, view: JobView) -> float:
 
 
 def gittins_key(policy: QueuePolicy, view: JobView, executed_s: float) -> float:
-    """Rank by the Gittins index of the forecast distribution (oracles: the true remaining time, i.e. SRPT)."""
+    """Rank by the Gittins index of the forecast distribution (oracles: the true remaining time, i.e. SRPT).
+
+    A forecast with `trust` w < 1 is one of two hypotheses: its own belief (weight w) or the uninformed
+    prior the policy would use without it (1 - w). Having run `executed_s`, the job's survival updates
+    that weight (Bayes: a job far past its forecast makes the prior likelier), and the rank is the
+    weight-geometric mean of the two hypotheses' ranks, so w = 0 is exactly the forecast-free order
+    (`kumiki-noforecast`) and w = 1 exactly the forecast's.
+    """
     if policy.oracle:
         remaining = estimate_remaining(policy, view, executed_s)
         return remaining * view.gpus**policy.gpu_exponent if policy.gpu_exponent else remaining
     forecast = view.forecast if policy.uses_forecast else None
+    trust = 1.0
     if forecast is None:
         p50, p90 = NO_FORECAST_P50_S, NO_FORECAST_P90_S
+        trust = 0.0
     else:
         p50, p90 = forecast.p50_s, forecast.p90_s
         if policy.forecast_sigma:
             p90 = p50 * math.exp(Z90 * policy.forecast_sigma)
         elif policy.use_log_sigma and forecast.log_sigma is not None:
             p90 = p50 * math.exp(Z90 * forecast.log_sigma)
-    rank = gittins_rank(p50, p90, executed_s, tail_weight=policy.tail_weight, tail_sigma=policy.tail_sigma)
+        if policy.use_trust and forecast.trust is not None:
+            trust = min(1.0, max(0.0, forecast.trust))
+    tail = {"tail_weight": policy.tail_weight, "tail_sigma": policy.tail_sigma}
+    if trust > 0.0:
+        trust = posterior_trust(trust, p50, p90, executed_s)
+    if trust >= 1.0 - 1e-6:
+        rank = gittins_rank(p50, p90, executed_s, **tail)
+    else:
+        prior = gittins_rank(NO_FORECAST_P50_S, NO_FORECAST_P90_S, executed_s, **tail)
+        if trust <= 1e-6:
+            rank = prior
+        else:
+            rank = math.exp(
+                trust * math.log(gittins_rank(p50, p90, executed_s, **tail)) + (1.0 - trust) * math.log(prior)
+            )
     return rank * view.gpus**policy.gpu_exponent if policy.gpu_exponent else rank
+
+
+def posterior_trust(trust: float, p50_s: float, p90_s: float, executed_s: float) -> float:
+    """P(forecast hypothesis | the job has run `executed_s`) from its prior weight `trust` (Bayes on survival)."""
+    if executed_s <= 0.0 or trust >= 1.0:
+        return trust
+    log_a = math.log(executed_s)
+    ratio = max(p90_s / max(p50_s, 1e-3), 1.0 + 1e-9)
+    informed = trust * belief_survival(log_a, math.log(max(p50_s, 1e-3)), math.log(ratio) / Z90)
+    uninformed = (1.0 - trust) * belief_survival(log_a, math.log(NO_FORECAST_P50_S), UNINFORMED_LOG_SIGMA)
+    total = informed + uninformed
+    return informed / total if total > 0.0 else 0.0
 
 
 def running_rank(policy: QueuePolicy, view: JobView, executed_s: float, attained_gpu_s: float) -> float:

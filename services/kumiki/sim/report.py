@@ -135,3 +135,65 @@ def plot_results(results: Sequence[SimResult], out: Path) -> list[Path]:
         ax.legend(fontsize=8)
         save(fig, name)
     return written
+
+
+# Below this share of `kumiki-noforecast`'s average JCT, the oracle's gain is too small to split (a
+# window where every order gives the same JCT): the recovered share is reported as None there.
+MIN_ORACLE_GAIN = 0.005
+
+
+def forecast_value(
+    policies: Mapping[str, Mapping[str, Any]],
+    *,
+    forecast: str = "kumiki",
+    without: str = "kumiki-noforecast",
+    oracle: str = "kumiki-oracle",
+) -> dict[str, Any] | None:
+    """How much of the oracle's gain over no forecast the forecasts recover: (without - forecast) / (without - oracle).
+
+    1: as good as true durations; 0: no better than no forecast; negative: the forecasts made the order worse.
+    None when one of the three runs is missing.
+    """
+    if not all(name in policies for name in (forecast, without, oracle)):
+        return None
+    base = float(policies[without]["avg_jct_s"])
+    own = float(policies[forecast]["avg_jct_s"])
+    best = float(policies[oracle]["avg_jct_s"])
+    gain = base - best
+    share = (base - own) / gain if base > 0 and gain > MIN_ORACLE_GAIN * base else None
+    return {
+        "policy": forecast,
+        "noforecast_avg_jct_s": base,
+        "forecast_avg_jct_s": own,
+        "oracle_avg_jct_s": best,
+        "recovered_share": share,
+    }
+
+
+def window_table(windows: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per window: each policy's average JCT, the forecasts' recovered share, and ratios."""
+    names: list[str] = []
+    for window in windows.values():
+        for name in window["policies"]:
+            if name not in names:
+                names.append(name)
+    header = "| window | jobs | " + " | ".join(names) + " | recovered | x tiresias | x srtf-oracle |"
+    lines = [header, "|" + "---|" * (len(names) + 5)]
+    for label, window in windows.items():
+        rows = window["policies"]
+        cells = [f"{rows[name]['avg_jct_s']:,.0f}" if name in rows else "" for name in names]
+        value = window.get("forecast_value") or {}
+        share = value.get("recovered_share")
+        kumiki = rows.get("kumiki", {}).get("avg_jct_s")
+
+        def ratio(other: str, own: float | None = kumiki, rows: Mapping[str, Any] = rows) -> str:
+            if own is None or other not in rows or not rows[other]["avg_jct_s"]:
+                return ""
+            return f"{own / rows[other]['avg_jct_s']:.3f}"
+
+        lines.append(
+            f"| {label} | {window['jobs']} | "
+            + " | ".join(cells)
+            + f" | {'n/a' if share is None else f'{100 * share:.0f}%'} | {ratio('tiresias')} | {ratio('srtf-oracle')} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Run-time forecasters learned online from job history (pure: no I/O, deterministic).
+"""The experts: run-time forecasters learned online from job history (pure: no I/O, deterministic).
 
 Run times are heavy-tailed (seconds to weeks), so every model works on log run time and its error
 is measured as |log error|. A forecaster sees a job at submit (`predict`) and learns from it when it
@@ -20,7 +20,7 @@ import functools
 import math
 import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TypeVar
@@ -28,7 +28,7 @@ from typing import TypeVar
 import numpy as np
 from statsmodels.regression.quantile_regression import QuantReg
 
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 # Run times below a second carry no information beyond "very short"; clamping keeps logs finite.
 MIN_RUNTIME_S = 1.0
@@ -334,6 +334,19 @@ class ConformalP90:
                 sigma = math.sqrt((count * own**2 + config.shrink * sigma**2) / (count + config.shrink))
         return sigma
 
+    def calibrated_sigma(self, job: JobFeatures) -> float | None:
+        """Sigma of a zero-centred normal that describes the key's residuals, bias included:
+        sqrt(((q90 - q10) / 2.563)^2 + median^2) of the most specific key with enough residuals.
+        This is the honest spread of "actual around the p50 issued"; None before any residual."""
+        width = _normal_quantile(0.9) - _normal_quantile(0.1)
+        for key in job_keys(job):
+            window = self._residuals.get(key)
+            needed = 2 if key == GLOBAL_KEY else self.config.min_residuals
+            if window is not None and len(window) >= needed:
+                spread = (window.quantile(0.9) - window.quantile(0.1)) / width
+                return math.sqrt(spread**2 + window.median() ** 2)
+        return None
+
     def is_calibrated(self, job: JobFeatures) -> bool:
         """Whether some key of the job has enough residuals for its p90 to be a conformal one."""
         for key in job_keys(job):
@@ -402,9 +415,7 @@ class BurstSiblings:
     `agreement` (log seconds), which a sweep does and a heterogeneous key does not.
     """
 
-    def __init__(
-        self, window_s: float, min_finished: int, *, agreement: float = 1.0, capacity: int = 256
-    ) -> None:
+    def __init__(self, window_s: float, min_finished: int, *, agreement: float = 1.0, capacity: int = 256) -> None:
         self.window_s = window_s
         self.min_finished = min_finished
         self.agreement = agreement
@@ -470,9 +481,7 @@ class KumikiForecaster:
         if unknown or not self.config.experts:
             raise ValueError(f"experts must be a non-empty subset of {EXPERTS}, got {self.config.experts}")
         self.history = KeyedHistory(self.config.history)
-        self.regression = (
-            QuantileRegression(self.config.quantreg) if "quantreg" in self.config.experts else None
-        )
+        self.regression = QuantileRegression(self.config.quantreg) if "quantreg" in self.config.experts else None
         self.calibration = ConformalP90(self.config.calibration)
         self.burst_calibration = ConformalP90(self.config.calibration)
         self.bursts = BurstSiblings(self.config.burst_window_s, self.config.burst_min_jobs)
@@ -529,9 +538,7 @@ class HistoryMedianForecaster:
     def __init__(self, *, window: int = 1000, name: str = "history-median") -> None:
         self.name = name
         self.window = window
-        self.history = KeyedHistory(
-            HistoryConfig(long_window=window, short_window=window, recent_window=window)
-        )
+        self.history = KeyedHistory(HistoryConfig(long_window=window, short_window=window, recent_window=window))
         self.calibration = ConformalP90(CalibrationConfig())
         self.version = 0
         self._issued: dict[str, tuple[float, float, bool]] = {}
@@ -574,29 +581,13 @@ class QuantRegForecaster:
         base = features[1]
         fitted = self.regression.predict(regression_row(features))
         low, high = fitted if fitted is not None else (0.0, PRIOR_P90_OFFSET)
-        return RuntimeForecast(
-            math.exp(base + low), math.exp(base + high), self.name, self.regression.version
-        )
+        return RuntimeForecast(math.exp(base + low), math.exp(base + high), self.name, self.regression.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         actual = log_runtime(runtime_s)
         features = self._features.pop(job.job_id, None) or job_vector(job, self.history)
         self.regression.add(regression_row(features), actual - features[1])
         self.history.add(job, actual)
-
-
-def build_default_forecaster() -> RuntimeForecaster:
-    """The forecaster the simulator's Kumiki policy and the forecast service use."""
-    return KumikiForecaster()
-
-
-def model_factories() -> dict[str, Callable[[], RuntimeForecaster]]:
-    """Kumiki's models by report name; each call builds a fresh, untrained one."""
-    return {
-        "kumiki": build_default_forecaster,
-        "history-median": HistoryMedianForecaster,
-        "quantreg": QuantRegForecaster,
-    }
 
 
 def median(values: Sequence[float]) -> float:

@@ -1,0 +1,95 @@
+"""Run-time forecasters learned online from job history (pure: no I/O, deterministic).
+
+- `experts`: the individual models (per-key rolling medians, the burst + median-of-experts ensemble, the
+  statsmodels quantile regression) and their building blocks (key hierarchy, rolling windows, the
+  conformal p90 and spread).
+- `selection`: the default forecaster, which weighs the experts and both baselines online per key by
+  their own recent error.
+- `trust`: how far each key's forecasts have earned a scheduler's trust (a decayed likelihood ratio
+  against the uninformed prior), carried on every forecast.
+"""
+
+from kumiki.forecast.models.experts import (
+    DEFAULT_EXPERTS,
+    EXPERT_FEATURES,
+    EXPERTS,
+    FEATURE_NAMES,
+    GLOBAL_KEY,
+    MAX_OPEN_FORECASTS,
+    MIN_RUNTIME_S,
+    P90_LEVEL,
+    PRIOR_LOG_S,
+    PRIOR_P90_OFFSET,
+    BurstSiblings,
+    CalibrationConfig,
+    ConformalP90,
+    HistoryConfig,
+    HistoryMedianForecaster,
+    Issued,
+    Key,
+    KeyedHistory,
+    KumikiConfig,
+    KumikiForecaster,
+    QuantileRegression,
+    QuantRegConfig,
+    QuantRegForecaster,
+    RollingWindow,
+    SpreadConfig,
+    job_keys,
+    job_vector,
+    log_runtime,
+    median,
+    regression_row,
+    remember,
+)
+from kumiki.forecast.models.selection import (
+    SelectionConfig,
+    WeightedSelection,
+    build_default_forecaster,
+    expert_factories,
+    model_factories,
+    weighted_median,
+)
+from kumiki.forecast.models.trust import ForecastTrust, TrustConfig
+
+__all__ = [
+    "DEFAULT_EXPERTS",
+    "EXPERTS",
+    "EXPERT_FEATURES",
+    "FEATURE_NAMES",
+    "GLOBAL_KEY",
+    "MAX_OPEN_FORECASTS",
+    "MIN_RUNTIME_S",
+    "P90_LEVEL",
+    "PRIOR_LOG_S",
+    "PRIOR_P90_OFFSET",
+    "BurstSiblings",
+    "CalibrationConfig",
+    "ConformalP90",
+    "ForecastTrust",
+    "HistoryConfig",
+    "HistoryMedianForecaster",
+    "Issued",
+    "Key",
+    "KeyedHistory",
+    "KumikiConfig",
+    "KumikiForecaster",
+    "QuantRegConfig",
+    "QuantRegForecaster",
+    "QuantileRegression",
+    "RollingWindow",
+    "SelectionConfig",
+    "SpreadConfig",
+    "TrustConfig",
+    "WeightedSelection",
+    "build_default_forecaster",
+    "expert_factories",
+    "job_keys",
+    "job_vector",
+    "log_runtime",
+    "median",
+    "model_factories",
+    "regression_row",
+    "remember",
+    "weighted_median",
+]

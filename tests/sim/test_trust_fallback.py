@@ -1,0 +1,58 @@
+"""The `kumiki-trust` order degrades gracefully: noise forecasts cost little, true ones gain."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+
+from kumiki.forecast.models import ForecastTrust
+from kumiki.sched.cluster import uniform_cluster
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
+from kumiki.sched.policies import POLICIES
+from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
+from kumiki.sim.trace import load_jobs
+from kumiki.sim.workload import sim_jobs
+
+TINY = Path(__file__).resolve().parent / "data" / "philly-tiny.csv"
+
+
+class MeasuredForecaster:
+    """Issues p50s from `guess` with a tight claimed spread, and measures its trust like the real one."""
+
+    def __init__(self, guess: dict[str, float]) -> None:
+        self.guess = guess
+        self.trust = ForecastTrust()
+        self.issued: dict[str, float] = {}
+
+    def predict(self, job: JobFeatures) -> RuntimeForecast:
+        p50 = self.guess[job.job_id]
+        self.issued[job.job_id] = p50
+        return RuntimeForecast(p50, p50 * 1.5, "test", 0, log_sigma=0.3, trust=self.trust.trust(job))
+
+    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        self.trust.update(job, math.log(max(runtime_s, 1.0)), math.log(max(self.issued[job.job_id], 1.0)))
+
+
+def average_jct(policy: str, jobs: list[SimJobSpec], forecaster: MeasuredForecaster | None) -> float:
+    result = Simulator(uniform_cluster(4, 8), jobs, SimConfig(POLICIES[policy]), forecaster=forecaster).run()
+    return float(np.mean([job.jct_s for job in result.jobs]))
+
+
+def test_noise_forecasts_cost_nothing_and_true_ones_gain() -> None:
+    jobs = sim_jobs(load_jobs(TINY), max_gpus=32)
+    rng = random.Random(0)
+    noise = {job.job_id: 1800.0 * math.exp(rng.gauss(0.0, 2.5)) for job in jobs}
+    truth = {job.job_id: job.duration_s for job in jobs}
+    blind = average_jct("kumiki-noforecast", jobs, None)
+    with_noise = average_jct("kumiki-trust", jobs, MeasuredForecaster(noise))
+    with_truth = average_jct("kumiki-trust", jobs, MeasuredForecaster(truth))
+    trusting_noise = average_jct("kumiki", jobs, MeasuredForecaster(noise))
+    # The same noise fully trusted costs ~38% on this trace; measured trust takes back all but a few percent
+    # of it (measured: 94,151 s blind, 98,211 s noise with trust, 129,907 s noise trusted; not zero, because
+    # every key's first runs and thin keys are ordered before their record exists).
+    assert trusting_noise > 1.2 * blind
+    assert with_noise - blind < 0.2 * (trusting_noise - blind)
+    assert with_truth < 0.8 * blind
