@@ -10,7 +10,8 @@ of unsaved work; the first loses a minute, the second hours, so the first yields
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from kumiki.sched.jobs import CheckpointModel
@@ -43,6 +44,23 @@ def lost_work(
     else:
         since = max(0.0, now - max(started_s, acknowledged.get(job_id, started_s)))
     return LostWork(since, since + model.restore_cost_s)
+
+
+class OnDemand(Mapping[str, float]):
+    """`acknowledged` for the simulator's on-demand model: every job can write a checkpoint the moment it is asked
+    (it answers within the deadline), so no work since its "last checkpoint" is at risk, only the restore."""
+
+    def __getitem__(self, job_id: str) -> float:
+        return math.inf
+
+    def get(self, job_id: str, default: object = None) -> float:  # type: ignore[override]
+        return math.inf
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def may_yield(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import ClusterState, Placement
@@ -105,7 +105,7 @@ class Scheduler:
         checkpoint: CheckpointModel | None = None,
         queue_shares: dict[str, float] | None = None,
         min_run_s: float = MIN_RUN_BEFORE_PREEMPT_S,
-        acknowledged: dict[str, float] | None = None,
+        acknowledged: Mapping[str, float] | None = None,
     ) -> None:
         """`min_run_s`: a job is not preempted again within this long of (re)starting. `acknowledged`: when given,
         lost work is measured from each job's newest acknowledged checkpoint (wall time, job id -> s; live and

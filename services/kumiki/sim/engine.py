@@ -17,6 +17,7 @@ from kumiki.sched.cluster import ClusterSpec, ClusterState
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
+from kumiki.sched.preemption import OnDemand
 from kumiki.sched.scheduler import Decisions, Scheduler
 
 ARRIVAL, FINISH, RECHECK = 0, 1, 2
@@ -103,10 +104,35 @@ class _SimJob:
 
 
 @dataclass(frozen=True, slots=True)
+class OnDemandCheckpoint:
+    """The live protocol (docs/preemption.md): no periodic checkpoints; a victim is asked to checkpoint when it is
+    preempted. It acknowledges after `ack_s` (writing, not training; the beneficiary's start waits that long);
+    if that is past `deadline_s` it is evicted at the deadline and loses everything since it (re)started."""
+
+    deadline_s: float = 300.0
+    ack_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.deadline_s < 0 or self.ack_s < 0:
+            raise ValueError("on-demand checkpoint deadline and acknowledgement time must be >= 0 s")
+
+    @property
+    def answers(self) -> bool:
+        return self.ack_s <= self.deadline_s
+
+    @property
+    def held_s(self) -> float:
+        """How long the victim keeps its GPUs after the decision."""
+        return self.ack_s if self.answers else self.deadline_s
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     policy: QueuePolicy
     placement: str = "best-fit"
     checkpoint: CheckpointModel = field(default_factory=CheckpointModel)
+    # None: today's periodic model (checkpoint every interval, lose progress since the last one)
+    on_demand: OnDemandCheckpoint | None = None
     queue_shares: dict[str, float] | None = None
     sample_every_s: float = 600.0
     audit: bool = False
@@ -134,6 +160,8 @@ class Simulator:
             config.placement,
             checkpoint=config.checkpoint,
             queue_shares=config.queue_shares,
+            # on demand a victim checkpoints when asked: the same victim-choice code sees no unsaved work at risk
+            acknowledged=OnDemand() if config.on_demand is not None else None,
         )
         self.forecaster = forecaster if config.policy.uses_forecast else None
         self.progress = progress
@@ -258,15 +286,24 @@ class Simulator:
         return self.config.checkpoint.checkpointed(progress_s)
 
     def _apply(self, decisions: Decisions, now: float) -> None:
+        on_demand = self.config.on_demand
+        delayed: dict[str, float] = {}  # beneficiaries wait while their victims write checkpoints on demand
         for preemption in decisions.preemptions:
             self._preempted(self.jobs[preemption.job_id], now)
+            if on_demand is not None:
+                delayed[preemption.for_job] = on_demand.held_s
         for start in decisions.starts:
             job = self.jobs[start.job_id]
             job.running = True
             job.generation += 1
             job.run_start_s = now
             job.run_start_progress_s = job.progress_s
-            job.checkpoint_until_s = self.scheduler.checkpoint_until(job.request, self.view(job))
+            if start.job_id in delayed:
+                job.overhead_s += delayed[start.job_id]
+            if on_demand is not None:
+                job.checkpoint_until_s = 0.0  # no periodic checkpoints: it writes one when asked
+            else:
+                job.checkpoint_until_s = self.scheduler.checkpoint_until(job.request, self.view(job))
             job.checkpointing = job.checkpoint_until_s > job.progress_s
             if job.first_start_s < 0:
                 job.first_start_s = now
@@ -354,10 +391,23 @@ class Simulator:
     def _preempted(self, job: _SimJob, now: float) -> None:
         was_checkpointing = job.checkpointing
         reached = self._stop(job, now)
+        on_demand = self.config.on_demand
+        restore = self.config.checkpoint.restore_cost_s
+        if on_demand is not None:
+            # asked at `now`: it saves what it reached (held for the acknowledgement), or past the deadline
+            # loses its whole run (held until the deadline); the held time is GPU time lost either way
+            kept = reached if on_demand.answers else job.run_start_progress_s
+            job.lost_gpu_s += ((reached - kept) + on_demand.held_s + restore) * job.spec.gpus
+            self.busy_gpu_s += on_demand.held_s * job.spec.gpus
+            job.progress_s = kept
+            job.overhead_s = restore
+            job.preemptions += 1
+            job.generation += 1
+            self.scheduler.submit(self.view(job), job.request, now=now)
+            return
         # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
         kept = self._last_checkpoint(reached, job.checkpoint_until_s) if was_checkpointing else job.run_start_progress_s
         kept = max(kept, job.run_start_progress_s)
-        restore = self.config.checkpoint.restore_cost_s
         job.lost_gpu_s += ((reached - kept) + restore) * job.spec.gpus
         job.progress_s = kept
         job.overhead_s = restore
