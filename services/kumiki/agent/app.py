@@ -41,6 +41,7 @@ from kumiki.agent.core import (
     group_by_timestamp,
     node_name_error,
 )
+from kumiki.common.bus.admin import BrokerUnavailable
 
 log = logging.getLogger("kumiki.agent")
 
@@ -563,3 +564,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except FileExistsError as error:
         parser.exit(2, f"{parser.prog}: error: --record: {error}\n")
+    except BrokerUnavailable as error:  # one line naming the variable (address, SASL password, CA), exit 3
+        parser.exit(3, f"{parser.prog}: {error}\n")

@@ -171,3 +171,111 @@ def start_broker(kind: str, data_dir: Path, port: int, log_path: Path) -> Broker
     if kind == "noida":
         return start_noida(data_dir, port, log_path)
     raise StackError(f"--broker: expected one of {', '.join(BROKER_KINDS)}, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class SecureListener:
+    """What makes Apache Kafka's client listener SASL_SSL with SCRAM-SHA-512 (KIP-900: users at format time).
+
+    `bundle`: the broker's PEM keystore (key then certificate, kumiki.devstack.tls.CertificateFiles.bundle);
+    `cafile`: the PEM truststore; `users`: name -> password, created by kafka-storage when the storage is
+    formatted; `admin`: the one the broker itself authenticates as between its own listeners.
+    """
+
+    bundle: Path
+    cafile: Path
+    admin: str
+    users: dict[str, str]
+
+
+def _secure_properties(data_dir: Path, port: int, controller_port: int, secure: SecureListener) -> str:
+    plain = _kafka_properties(data_dir, port, controller_port)
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required"
+        f' username="{secure.admin}" password="{secure.users[secure.admin]}";'
+    )
+    replaced = plain.replace(f"PLAINTEXT://127.0.0.1:{port}", f"SASL_SSL://127.0.0.1:{port}").replace(
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,", "listener.security.protocol.map=SASL_SSL:SASL_SSL,"
+    )
+    return replaced + "\n".join(
+        [
+            "inter.broker.listener.name=SASL_SSL",
+            "sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+            f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={jaas}",
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={secure.bundle}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={secure.cafile}",
+            "ssl.client.auth=none",
+            "",
+        ]
+    )
+
+
+def kafka_tool(main_class: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One of Apache Kafka's own command-line tools (kafka.tools.StorageTool, kafka.admin.ConfigCommand) from
+    the cached jars, as kafka-storage.sh / kafka-configs.sh run them."""
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("Apache Kafka needs a Java runtime (17+): apt-get install default-jre-headless")
+    log4j = REPO_ROOT / "infra" / "kafka" / "log4j2.yaml"
+    return subprocess.run(
+        [java, "-Xmx256m", f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{fetch_kafka_jars()}/*", main_class, *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def start_kafka_secure(data_dir: Path, port: int, log_path: Path, secure: SecureListener) -> BrokerProcess:
+    """Apache Kafka whose only client listener is SASL_SSL + SCRAM-SHA-512, users created by kafka-storage
+    format (`--add-scram`); add more later with `add_scram_user` (kafka-configs)."""
+    lib = fetch_kafka_jars()
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("Apache Kafka needs a Java runtime (17+): apt-get install default-jre-headless")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    properties = data_dir / "server.properties"
+    properties.write_text(_secure_properties(data_dir, port, port + 1, secure))
+    properties.chmod(0o600)  # it holds the broker's own SCRAM password
+    if not (data_dir / "logs" / "meta.properties").exists():
+        cluster_id = kafka_tool("kafka.tools.StorageTool", "random-uuid").stdout.strip().splitlines()[-1]
+        scram = [
+            arg
+            for name, password in secure.users.items()
+            for arg in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")
+        ]
+        formatted = kafka_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), *scram)
+        if formatted.returncode != 0:
+            raise StackError(f"formatting Kafka storage failed: {formatted.stdout}{formatted.stderr}")
+    jvm = ["-Xms256m", "-Xmx768m", f"-Dlog4j2.configurationFile={REPO_ROOT / 'infra' / 'kafka' / 'log4j2.yaml'}"]
+    pid = spawn([java, *jvm, "-cp", f"{lib}/*", "kafka.Kafka", str(properties)], log_path)
+    wait_for_port("127.0.0.1", port, 90, pid, "Apache Kafka (SASL_SSL)", log_path)
+    return BrokerProcess(
+        "kafka", pid, f"127.0.0.1:{port}", str(data_dir), str(log_path), f"Apache Kafka {KAFKA_VERSION} (SASL_SSL)"
+    )
+
+
+def add_scram_user(bootstrap: str, secure: SecureListener, name: str, password: str, folder: Path) -> None:
+    """Create or update a SCRAM-SHA-512 user on a running broker with kafka-configs, as its admin."""
+    admin = folder / "admin-client.properties"
+    admin.write_text(
+        "\n".join(
+            [
+                "security.protocol=SASL_SSL",
+                "sasl.mechanism=SCRAM-SHA-512",
+                "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required"
+                f' username="{secure.admin}" password="{secure.users[secure.admin]}";',
+                "ssl.truststore.type=PEM",
+                f"ssl.truststore.location={secure.cafile}",
+                "",
+            ]
+        )
+    )
+    admin.chmod(0o600)
+    result = kafka_tool(
+        "kafka.admin.ConfigCommand", "--bootstrap-server", bootstrap, "--command-config", str(admin), "--alter",
+        "--add-config", f"SCRAM-SHA-512=[password={password}]", "--entity-type", "users", "--entity-name", name,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise StackError(f"kafka-configs could not add user {name}: {result.stdout}{result.stderr}")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterable
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed, TopicAlreadyExistsError
 
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
@@ -19,14 +20,58 @@ class BrokerUnavailable(RuntimeError):
     """The broker cannot be reached; the message names the bootstrap address."""
 
 
+class _BootstrapErrors(logging.Filter):
+    """aiokafka's 'Unable connect to' records during one start, kept (not logged): the reason of the one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[object] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg.startswith("Unable connect to") and record.args:
+            self.errors.append(record.args[-1] if isinstance(record.args, tuple) else record.args)
+            return False
+        return True
+
+
+def _why(settings: KafkaSettings, errors: list[object]) -> str | None:
+    """The configuration to blame for a failed bootstrap, as one line naming the variable; None if unclear."""
+    for error in errors:
+        text = str(error)
+        if isinstance(error, SaslAuthenticationFailed) or "SaslAuthenticationFailed" in text:
+            return (
+                f"KUMIKI_KAFKA_SASL_PASSWORD: the broker at {settings.bootstrap} refused user"
+                f" {settings.sasl_username!r} ({settings.sasl_mechanism}): wrong password or unknown user"
+            )
+        if isinstance(error, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
+            trusted = f"the CA in {str(settings.ssl_cafile)!r}" if settings.ssl_cafile else "the system's CAs"
+            reason = getattr(error, "verify_message", None) or text.rpartition("certificate verify failed: ")[2]
+            return (
+                f"KUMIKI_KAFKA_SSL_CAFILE: the broker at {settings.bootstrap} presented a certificate that"
+                f" {trusted} did not sign ({reason.split(' (_ssl')[0]})"
+            )
+        if isinstance(error, ssl.SSLError):
+            return f"KUMIKI_KAFKA_SECURITY_PROTOCOL: TLS with the broker at {settings.bootstrap} failed ({error})"
+    return None
+
+
 async def start_client(client: Any, settings: KafkaSettings) -> None:
-    """Start an aiokafka client, or raise BrokerUnavailable naming the variable and the address."""
+    """Start an aiokafka client, or raise BrokerUnavailable: one line naming the variable to fix (the address,
+    the SASL password, the CA) instead of aiokafka's error per attempt and a bootstrap failure."""
+    seen = _BootstrapErrors()
+    loggers = [logging.getLogger(name) for name in ("aiokafka", "aiokafka.client")]  # it logs on the first
+    for logger in loggers:
+        logger.addFilter(seen)
     try:
         await client.start()
     except KafkaConnectionError as error:
         raise BrokerUnavailable(
-            f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {settings.bootstrap} ({error})"
+            _why(settings, seen.errors)
+            or f"KUMIKI_KAFKA_BOOTSTRAP: cannot reach a Kafka broker at {settings.bootstrap} ({error})"
         ) from None
+    finally:
+        for logger in loggers:
+            logger.removeFilter(seen)
 
 
 async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
