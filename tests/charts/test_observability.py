@@ -212,6 +212,19 @@ def test_every_metric_family_of_the_services_is_on_the_dashboard(code_metrics: d
     assert not uncharted, f"no panel shows {sorted(uncharted)}"
 
 
+def test_every_metric_family_is_listed_in_the_docs_with_its_panel(code_metrics: dict[str, str]) -> None:
+    """docs/observability.md's "Every metric and its panel" names each family (counters with _total) in a row
+    that names a dashboard row: a metric added or renamed in the code fails here until the docs say so."""
+    docs = (REPO_ROOT / "docs" / "observability.md").read_text()
+    section = docs[docs.index("## Every metric and its panel") :]
+    rows = {line.split("`")[1]: line for line in section.splitlines() if line.startswith("| `kumiki_")}
+    rows_titles = {panel["title"] for panel in _dashboard()["panels"] if panel["type"] == "row"}
+    for family in sorted({f for f in code_metrics.values() if f.startswith("kumiki_")} - set(NOT_CHARTED)):
+        shown = f"{family}_total" if f"{family}_total" in code_metrics else family
+        assert shown in rows, f"docs/observability.md does not list {shown}"
+        assert any(f"{title}: " in rows[shown] for title in rows_titles), f"{shown}: no panel named in the docs"
+
+
 # -- the dashboard -------------------------------------------------------------------------------------------
 
 
@@ -392,6 +405,9 @@ def test_every_alert_has_a_severity_a_summary_and_a_description() -> None:
         ("KumikiTelemetrySampleLagHigh", "sample_lag_seconds) > 10", "sample_lag_seconds) > 1"),
         ("KumikiTelemetryStalled", "and on () sum(kumiki_node_healthy) > 0", ""),
         ("KumikiQueueIdleGpus", "rate10m > 4", "rate10m > 2"),
+        ("KumikiGpusStranded", "sum >= 8", "sum >= 16"),
+        ("KumikiForecastUnderCovering", "< 0.8", "< 0.5"),
+        ("KumikiForecastUnderCovering", ">= 50", ">= 1"),
     ],
 )
 def test_the_unit_tests_catch_a_changed_threshold_or_duration(

@@ -13,12 +13,13 @@ import grpc
 import pytest
 from opentelemetry import trace
 
+from kumiki.cli.trace import find_traces
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
 from kumiki.common.tracing import ClientTracingInterceptor, shutdown_tracing
 from kumiki.devstack.observability import JaegerProcess
 from tests.conftest import wait_until
-from tests.observability.support import get_json, jaeger_trace, live_stack
+from tests.observability.support import jaeger_trace, live_stack
 from tests.placement.support import bind_request, default_nodes, emulate, whole
 
 
@@ -219,8 +220,4 @@ async def test_sampling_is_configurable_and_keeps_traces_whole(
             reply = await stub.Bind(bind_request(f"sampled-{argument}", [whole(1)]))
             assert reply.outcome == placement_pb2.BindResponse.OUTCOME_BOUND
     # stopping the service flushed its batch processor: what Jaeger has now is all there will be
-    found = get_json(
-        f"{jaeger.query_url}/api/traces",
-        {"service": "kumiki-placement", "tags": f'{{"kumiki.job.id":"sampled-{argument}"}}', "lookback": "1h"},
-    )
-    assert bool(found.get("data")) is kept
+    assert bool(find_traces(jaeger.query_url, f"sampled-{argument}", 600, 5)) is kept

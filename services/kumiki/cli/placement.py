@@ -88,10 +88,19 @@ def _emulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stack_jaeger() -> str | None:
+    """The local stack's Jaeger (`kumiki up --observability`), when it runs."""
+    from kumiki.devstack.observability import observability_state
+    from kumiki.devstack.stack import stack_home
+
+    running = observability_state(stack_home() / "observability")
+    return f"http://127.0.0.1:{running['jaeger']['otlp_grpc_port']}" if running else None
+
+
 async def _call(address: str, method: str, request: object) -> object:
-    """With OTEL_EXPORTER_OTLP_ENDPOINT set the call is traced: the CLI's span is the root of the decision's
-    trace (`kumiki trace JOB` shows it), sampled by OTEL_TRACES_SAMPLER like the services."""
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    """Traced when OTEL_EXPORTER_OTLP_ENDPOINT is set or the local stack's Jaeger runs: the CLI's span is the
+    root of the decision's trace (`kumiki trace JOB` shows it), sampled by OTEL_TRACES_SAMPLER like the services."""
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or _stack_jaeger()
     if not endpoint:
         async with grpc.aio.insecure_channel(address) as channel:
             return await getattr(placement_pb2_grpc.PlacementStub(channel), method)(request, timeout=10)

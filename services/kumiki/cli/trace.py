@@ -133,6 +133,20 @@ def tree(data: dict[str, Any]) -> list[Span]:
     return sorted(roots, key=lambda root: root.start_us)
 
 
+def _value(value: Any) -> Any:
+    """A tag's value: Jaeger stores an attribute array as its JSON text."""
+    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _ms(us: int) -> str:
     return f"{us / 1000:.1f} ms" if us < 10_000_000 else f"{us / 1e6:.1f} s"
 
@@ -142,8 +156,9 @@ def _attributes(span: Span) -> str:
     for key in SHOWN:
         if key not in span.tags or (key == "rpc.grpc.status_code" and span.tags[key] == 0):
             continue
-        value = span.tags[key]
-        value = ",".join(map(str, value)) if isinstance(value, list) else value
+        value = _value(span.tags[key])
+        if value in ("", None) or (key == "messaging.destination.name" and str(value) in span.name):
+            continue  # nothing to say, or the span's name says it already
         shown.append(f"{key.removeprefix('kumiki.').removeprefix('messaging.')}={value}")
     return "  " + " ".join(shown) if shown else ""
 
@@ -156,8 +171,7 @@ def summary(roots: Sequence[Span]) -> str:
         if span.name == "schedule" and "kumiki.outcome" in span.tags:
             tags = span.tags
             if tags["kumiki.outcome"] in ("bound", "replayed"):
-                nodes = tags.get("kumiki.nodes", [])
-                return f"{tags['kumiki.outcome']} on {','.join(nodes) if isinstance(nodes, list) else nodes}"
+                return f"{tags['kumiki.outcome']} on {_value(tags.get('kumiki.nodes', '?'))}"
             if tags["kumiki.outcome"] == "pending":
                 return f"pending: {tags.get('kumiki.pending.reason', '?')}"
             return str(tags["kumiki.outcome"])
@@ -172,7 +186,7 @@ def render(data: dict[str, Any]) -> list[str]:
     if not roots:
         return []
     start = min(root.start_us for root in roots)
-    end = max(root.start_us + root.duration_us for root in roots)
+    end = max(int(span["startTime"]) + int(span["duration"]) for span in data["spans"])  # consumers outlast the root
     began = datetime.fromtimestamp(start / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     lines = [f"trace {data['traceID']}  {began} UTC  {_ms(end - start)}  {summary(roots)}"]
 
