@@ -56,15 +56,18 @@ def test_idle_jobs_follow_the_seed_and_fraction() -> None:
 
 
 def test_static_tree_caps_each_queue_at_its_guarantee_but_never_below_its_largest_job() -> None:
-    jobs = plan_jobs([trace_job("a1", 0, 8, 10, "big"), trace_job("b1", 0, 16, 10, "small")], gpus_per_node=8, nodes=4)
+    trace = [trace_job("a1", 0, 8, 10, "big"), trace_job("b1", 0, 11, 10, "small")]
+    jobs = plan_jobs(trace, gpus_per_node=8, nodes=8)
     weights = {"big": 3.0, "small": 1.0}
-    assert guarantees(jobs, 32, weights) == {"big": 24, "small": 8}
-    static = queue_tree(jobs, 32, weights, static=True)
-    assert static.queues["big"].limit_gpus == 24
-    assert static.queues["small"].limit_gpus == 16  # its 16-GPU job could never run under 8
-    shared = queue_tree(jobs, 32, weights, static=False)
+    assert guarantees(jobs, 42, weights) == {"big": 31, "small": 10}
+    static = queue_tree(jobs, 42, weights, static=True)
+    assert static.queues["big"].limit_gpus == static.queues["big"].guaranteed_gpus == 31
+    assert static.queues["small"].limit_gpus == 11  # its 11-GPU job could never run under 10
+    with pytest.raises(ReplayError, match="--nodes: static quotas that hold each queue's largest job need 41 GPUs"):
+        queue_tree(jobs, 40, weights, static=True)
+    shared = queue_tree(jobs, 42, weights, static=False)
     assert all(queue.limit_gpus is None for queue in shared.queues.values())
-    assert shared.queues["small"].guarantees == {ANY_MODEL: 8.0}
+    assert shared.queues["small"].guarantees == {ANY_MODEL: 10.0}
 
 
 def test_summary_counts_allocation_only_while_jobs_wait() -> None:

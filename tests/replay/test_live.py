@@ -22,11 +22,11 @@ from kumiki.sim.trace import TRACE_COLUMNS, load_jobs
 from tests.conftest import read_records, wait_until
 from tests.devstack.test_stack import kumiki, stack_home  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def small_trace(path: Path) -> int:
-    """60 short jobs of the bundled excerpt, arrivals ten times denser so that one 8-GPU node queues."""
+    """60 short jobs of the bundled excerpt, arrivals ten times denser so that two 8-GPU nodes queue."""
     jobs = [job for job in load_jobs("philly-replay") if job.duration_s is not None and job.duration_s <= 3600][:60]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -51,7 +51,7 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
         "--replay-trace",
         str(trace),
         "--replay-nodes",
-        "1",
+        "2",
         "--replay-speed",
         "500",
         "--replay-out",

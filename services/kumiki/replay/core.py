@@ -94,15 +94,22 @@ def queue_tree(
 ) -> QuotaConfig:
     """The baseline's static quotas (each queue capped at its guarantee: today's clusters) or Kumiki's tree
     (the same guarantees; idle GPUs lent to whoever waits). A static quota is never below the queue's largest
-    job, which would otherwise never run."""
+    job, which would otherwise never run; a cluster too small for that is an error, not a replay that hangs."""
     guaranteed = guarantees(jobs, capacity_gpus, weights)
     largest: dict[str, int] = {}
     for job in jobs:
         largest[job.queue] = max(largest.get(job.queue, 0), job.gpus)
-    queues = []
-    for name, gpus in sorted(guaranteed.items()):
-        limit = float(max(gpus, largest[name])) if static else None
-        queues.append(Queue(name, None, {ANY_MODEL: float(gpus)}, limit_gpus=limit))
+    if static:
+        guaranteed = {name: max(gpus, largest[name]) for name, gpus in guaranteed.items()}
+        if sum(guaranteed.values()) > capacity_gpus:
+            raise ReplayError(
+                f"--nodes: static quotas that hold each queue's largest job need {sum(guaranteed.values())} GPUs,"
+                f" more than the cluster's {capacity_gpus}; replay on more nodes or without the baseline phase"
+            )
+    queues = [
+        Queue(name, None, {ANY_MODEL: float(gpus)}, limit_gpus=float(gpus) if static else None)
+        for name, gpus in sorted(guaranteed.items())
+    ]
     return build_config(queues, {ANY_MODEL: float(capacity_gpus)})
 
 

@@ -147,6 +147,7 @@ async def run_session(
     )
     capacity = settings.nodes * GPUS_PER_NODE
     weights = vc_weights()
+    trees = {phase: queue_tree(jobs, capacity, weights, static=phase == "baseline") for phase in settings.phases}
     await publish_cluster(endpoints.kafka, settings.nodes)
     previous_tree = await swap_queue_tree(endpoints.database, None, "replay")
     run_id = time.strftime("r%H%M%S")
@@ -154,8 +155,7 @@ async def run_session(
     try:
         for phase in settings.phases:
             baseline = phase == "baseline"
-            tree = queue_tree(jobs, capacity, weights, static=baseline)
-            await swap_queue_tree(endpoints.database, tree, f"replay {phase}")
+            await swap_queue_tree(endpoints.database, trees[phase], f"replay {phase}")
             policy = endpoints.placement_policy
             overrides = PHASE_OVERRIDES.get(phase, {})
             restarted = bool(overrides) and endpoints.restart_placement is not None
@@ -199,9 +199,8 @@ async def run_session(
                 )
             )
     finally:
-        await swap_queue_tree(
-            endpoints.database, previous_tree or queue_tree(jobs, capacity, weights, static=False), "replay done"
-        )
+        # what was there before, else the local stack's development tree (research, product, batch)
+        await swap_queue_tree(endpoints.database, previous_tree or development_tree(capacity), "replay done")
     simulated: dict[str, float] = {}
     if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
         simulated = simulate_counterpart(jobs, settings.nodes, endpoints.placement_policy, endpoints.placement_strategy)
