@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from kumiki.common.contracts.v1 import common_pb2, placement_pb2
-from kumiki.common.grpcutil import RequestGuard, Undecodable, _LogBudget, guarded_deserializer, undecodable_reason
+from kumiki.common.grpcutil import LogBudget, RequestGuard, Undecodable, guarded_deserializer, undecodable_reason
 
 BIND = placement_pb2.BindRequest.DESCRIPTOR
 
@@ -52,7 +52,7 @@ def test_a_guarded_deserializer_returns_the_message_or_undecodable_never_raises(
 
 
 def test_the_log_budget_allows_a_burst_then_counts_what_it_leaves_out() -> None:
-    budget = _LogBudget(rate=0.0001, burst=3)
+    budget = LogBudget(rate=0.0001, burst=3)
     assert [budget.take() for _ in range(3)] == [0, 0, 0]
     assert budget.take() is None and budget.take() is None
     budget.tokens = 1.0

@@ -195,7 +195,7 @@ def guarded_deserializer(deserializer: Callable[[bytes], Any]) -> Callable[[byte
     return deserialize
 
 
-class _LogBudget:
+class LogBudget:
     """At most `rate` lines a second (burst `burst`) per process: past it, lines are counted, not written, and the
     next line written says how many were left out. Rejections are still counted in REJECTED either way."""
 
@@ -222,9 +222,9 @@ class _LogBudget:
 class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Every method's request deserializer guarded: undecodable bytes end the call with INVALID_ARGUMENT."""
 
-    def __init__(self, service: str, budget: _LogBudget | None = None) -> None:
+    def __init__(self, service: str, budget: LogBudget | None = None) -> None:
         self.service = service
-        self.budget = budget or _LogBudget()
+        self.budget = budget or LogBudget()
 
     async def _reject(self, method: str, context: grpc.aio.ServicerContext, reason: str) -> None:
         labelled(REJECTED, method).inc()

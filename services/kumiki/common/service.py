@@ -252,6 +252,9 @@ def run_service(spec: ServiceSpec, argv: Sequence[str] | None = None) -> int:
         configure_tracing(spec.name, settings.otlp_endpoint, sampler=sampler)
     try:
         asyncio.run(_serve(spec, settings))
+    except ConfigError as error:  # found while wiring (a service's own variables): the same one line
+        print(f"kumiki-{spec.name}: configuration error: {error}", file=sys.stderr)
+        return 2
     except (BrokerUnavailable, DatabaseUnavailable, MigrationError) as error:
         print(f"kumiki-{spec.name}: {error}", file=sys.stderr)
         return 3

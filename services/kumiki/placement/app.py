@@ -18,6 +18,7 @@ from kumiki.placement.adapters.admission import Admission, AllowAllAdmission, Qu
 from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, follow_tables, rebuild
 from kumiki.placement.adapters.grpc import PlacementServicer
 from kumiki.placement.core import LIVE_POLICIES, PlacementBook
+from kumiki.quota.adapters.auth import QueueAuthorizer
 from kumiki.sched.placement import STRATEGIES
 from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S
 
@@ -59,7 +60,10 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     )
     book = PlacementBook(strategy=strategy, policy=policy, min_run_s=min_run_s)
     publisher = DecisionPublisher(runtime.producer, policy=f"{policy}/{strategy}")
-    servicer = PlacementServicer(book, publisher, admission_from_env())
+    authorizer = QueueAuthorizer.from_env(os.environ, "KUMIKI_PLACEMENT")  # queue owners, as quota checks them
+    if authorizer is None:
+        log.warning("KUMIKI_PLACEMENT_QUEUES_FILE is not set: any caller may bind into any queue (development only)")
+    servicer = PlacementServicer(book, publisher, admission_from_env(), authorizer)
     tables = await follow_tables(runtime.settings.kafka, book)  # checkpoints and forecasts, before the rebuild
     nodes, _ = await rebuild(runtime.settings.kafka, book, servicer.wake)
     # The rebuilt book is long-lived: moving it out of the collector's sight keeps full collections, and the

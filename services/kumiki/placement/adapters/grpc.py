@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Gauge, Histogram
 
 from kumiki.common.contracts.v1 import events_pb2, placement_pb2, placement_pb2_grpc
-from kumiki.common.grpcutil import InvalidRequest, abort_invalid
+from kumiki.common.grpcutil import InvalidRequest, LogBudget, abort_invalid
 from kumiki.common.metrics import labelled
 from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
@@ -29,6 +29,7 @@ from kumiki.placement.adapters.events import DecisionPublisher
 from kumiki.placement.adapters.preempting import publish_preemptions, release_preempted
 from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook
 from kumiki.placement.observe import book_stranded_gpus, pending_by_reason
+from kumiki.quota.adapters.auth import QueueAuthorizer, Unauthenticated
 from kumiki.sched.placement import PendingReason
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ JOB_COMPLETION = Histogram(
     buckets=(60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600, 7 * 24 * 3600, 30 * 24 * 3600),
 )
 ALLOCATED = Gauge("kumiki_placement_allocated_gpus", "GPU capacity allocated (fractions and MIG counted)")
+REFUSED = Counter(
+    "kumiki_placement_refused_total", "Bind/Release calls refused: the caller is unknown or not an owner of the queue"
+)
 CYCLE_BINDS = Counter("kumiki_placement_cycle_binds_total", "Pending jobs bound by the scheduling cycle")
 STRANDED = Gauge(
     "kumiki_placement_stranded_gpus",
@@ -112,10 +116,18 @@ class BindRefused(Exception):
 
 
 class PlacementServicer(placement_pb2_grpc.PlacementServicer):
-    def __init__(self, book: PlacementBook, publisher: DecisionPublisher, admission: Admission) -> None:
+    def __init__(
+        self,
+        book: PlacementBook,
+        publisher: DecisionPublisher,
+        admission: Admission,
+        authorizer: QueueAuthorizer | None = None,
+    ) -> None:
         self.book = book
         self.publisher = publisher
         self.admission = admission
+        self.authorizer = authorizer  # None: any caller may bind into any queue (no KUMIKI_PLACEMENT_QUEUES_FILE)
+        self._refusals = LogBudget()
         self.wake = asyncio.Event()
         self._inflight: dict[tuple[str, int], asyncio.Future[placement_pb2.BindResponse]] = {}
 
@@ -129,11 +141,37 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             decision_id="" if decision is None else decision.decision_id,
         )
 
+    def _caller(self, context: grpc.aio.ServicerContext, method: str) -> str | None:
+        """The caller's identity when queue owners are checked (None when they are not), or BindRefused."""
+        if self.authorizer is None:
+            return None
+        try:
+            return self.authorizer.identity(context)
+        except Unauthenticated as error:
+            self._refused(method, None, "", "", str(error))
+            raise BindRefused(grpc.StatusCode.UNAUTHENTICATED, str(error)) from None
+
+    def _authorize(self, method: str, caller: str | None, queue: str, job_id: str) -> None:
+        """BindRefused(PERMISSION_DENIED) unless `caller` owns `queue` (or an ancestor); logged when refused."""
+        if self.authorizer is None:
+            return
+        refusal = "no caller identity" if caller is None else self.authorizer.refusal(caller, queue)
+        if refusal is not None:
+            self._refused(method, caller, queue, job_id, refusal)
+            raise BindRefused(grpc.StatusCode.PERMISSION_DENIED, refusal)
+
+    def _refused(self, method: str, caller: str | None, queue: str, job_id: str, reason: str) -> None:
+        REFUSED.inc()
+        left_out = self._refusals.take()
+        if left_out is not None:  # one WARNING a refusal, within the budget: a caller cannot flood the log
+            extra = {"method": method, "identity": caller, "queue": queue, "job": job_id, "reason": reason}
+            log.warning("request refused", extra={**extra, "not_logged_since_last": left_out})
+
     async def Bind(
         self, request: placement_pb2.BindRequest, context: grpc.aio.ServicerContext
     ) -> placement_pb2.BindResponse:
         try:
-            return await self.decide(request)
+            return await self.decide(request, self._caller(context, "Bind"))
         except BindRefused as refused:
             await context.abort(refused.code, refused.message)
             raise
@@ -151,6 +189,10 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             context=otel_context.Context(),
         )
         traced = recording() or trace.get_current_span(parent).get_span_context().is_valid
+        try:
+            caller = self._caller(context, "BindStream")
+        except BindRefused as refused:
+            await context.abort(refused.code, refused.message)
         answers: asyncio.Queue[asyncio.Task[placement_pb2.BindStreamResponse] | None] = asyncio.Queue(
             maxsize=STREAM_WINDOW
         )
@@ -158,7 +200,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         async def read() -> None:
             try:
                 async for request in requests:
-                    await answers.put(asyncio.create_task(self._stream_answer(request, parent if traced else None)))
+                    answer = self._stream_answer(request, parent if traced else None, caller)
+                    await answers.put(asyncio.create_task(answer))
             finally:
                 await answers.put(None)
 
@@ -175,31 +218,33 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                     unread.add_done_callback(_nobody_reads)
 
     async def _stream_answer(
-        self, request: placement_pb2.BindRequest, parent: otel_context.Context | None
+        self, request: placement_pb2.BindRequest, parent: otel_context.Context | None, caller: str | None = None
     ) -> placement_pb2.BindStreamResponse:
         """`parent` None: tracing is off and the caller sent no trace context, so no span at all."""
         try:
             if parent is None:
-                response = await self.decide(request)
+                response = await self.decide(request, caller)
             else:
                 with tracer.start_as_current_span(
                     "kumiki.v1.Placement/BindStream", context=parent, kind=SpanKind.SERVER
                 ):
-                    response = await self.decide(request)
+                    response = await self.decide(request, caller)
         except BindRefused as refused:
             return placement_pb2.BindStreamResponse(
                 job=request.job, status_code=refused.code.value[0], error=refused.message
             )
         return placement_pb2.BindStreamResponse(job=request.job, response=response)
 
-    async def decide(self, request: placement_pb2.BindRequest) -> placement_pb2.BindResponse:
-        """Bind's answer, or BindRefused with the status a unary call ends with."""
+    async def decide(self, request: placement_pb2.BindRequest, caller: str | None = None) -> placement_pb2.BindResponse:
+        """Bind's answer, or BindRefused with the status a unary call ends with. `caller`: the identity checked
+        against the queue's owners when they are checked (an invalid request is named first, then the owner)."""
         started = time.perf_counter()
         try:
             command = bind_command(request)
         except InvalidRequest as error:
             BINDS_INVALID.inc()
             raise BindRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+        self._authorize("Bind", caller, command.queue, command.job_id)
         attempt = (command.job_id, command.generation)
         running = self._inflight.get(attempt)
         if running is not None:  # the same job and generation is being bound right now: share its answer
@@ -319,6 +364,14 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         except InvalidRequest as error:
             await abort_invalid(context, error)
             raise
+        if self.authorizer is not None:  # only an owner of the job's queue (or an ancestor) may release it
+            held = self.book.bound.get(request.job.job_id) or self.book.pending.get(request.job.job_id)
+            try:
+                caller = self._caller(context, "Release")
+                if held is not None:
+                    self._authorize("Release", caller, held.command.queue, request.job.job_id)
+            except BindRefused as refused:
+                await context.abort(refused.code, refused.message)
         if state == events_pb2.JOB_STATE_PREEMPTED:  # the coordinator evicted it: free, requeue next generation
             response = await release_preempted(self.book, self.publisher, request)
             self.wake.set()

@@ -18,6 +18,7 @@ import grpc
 import yaml
 
 from kumiki.common.config import ConfigError, Environ, env_bool, env_file, env_float
+from kumiki.quota.core import QuotaConfig, may_submit, parse_config
 
 TOKENS_FILE = "KUMIKI_QUOTA_TOKENS_FILE"
 ALLOW_ANONYMOUS = "KUMIKI_QUOTA_ALLOW_ANONYMOUS"
@@ -25,20 +26,20 @@ ANONYMOUS = None  # the identity of a caller in anonymous (development) mode: ow
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def load_tokens(path: Path) -> dict[str, str]:
-    """token SHA-256 (hex) -> identity, validated; errors name the variable and the entry."""
+def load_tokens(path: Path, variable: str = TOKENS_FILE) -> dict[str, str]:
+    """token SHA-256 (hex) -> identity, validated; errors name the variable (`variable`) and the entry."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError) as error:  # PyYAML raises ValueError for a bad \U escape
-        raise ConfigError(f"{TOKENS_FILE}: cannot read {str(path)!r}: {error}") from None
+        raise ConfigError(f"{variable}: cannot read {str(path)!r}: {error}") from None
     if not isinstance(data, dict) or not data:
-        raise ConfigError(f"{TOKENS_FILE}: expected a YAML mapping of token sha256 (hex) to identity in {path}")
+        raise ConfigError(f"{variable}: expected a YAML mapping of token sha256 (hex) to identity in {path}")
     tokens = {}
     for digest, identity in data.items():
         if not isinstance(digest, str) or not _SHA256.match(digest):
-            raise ConfigError(f"{TOKENS_FILE}: key {str(digest)[:12]!r}...: expected 64 lower-case hex digits")
+            raise ConfigError(f"{variable}: key {str(digest)[:12]!r}...: expected 64 lower-case hex digits")
         if not isinstance(identity, str) or not identity:
-            raise ConfigError(f"{TOKENS_FILE}: identity of {digest[:12]}...: expected a non-empty string")
+            raise ConfigError(f"{variable}: identity of {digest[:12]}...: expected a non-empty string")
         tokens[digest] = identity
     return tokens
 
@@ -107,3 +108,50 @@ class Authenticator:
         if self.allow_anonymous:
             return ANONYMOUS
         raise Unauthenticated("no client certificate or bearer token")
+
+
+class QueueAuthorizer:
+    """Who may name which queue, for a service other than quota (placement's Bind and Release): the caller's
+    identity (the same Authenticator: mTLS CN or bearer token) against the same queue file's owners
+    (quota.core.may_submit: an owner of a queue or of an ancestor). One model, two services."""
+
+    def __init__(self, authenticator: Authenticator, config: QuotaConfig) -> None:
+        self.authenticator = authenticator
+        self.config = config
+
+    @classmethod
+    def from_env(cls, env: Environ, prefix: str) -> QueueAuthorizer | None:
+        """None unless `{prefix}_QUEUES_FILE` names a queue file; then callers must authenticate with a token
+        from `{prefix}_TOKENS_FILE` or a client certificate (KUMIKI_TLS_CLIENT_CAFILE)."""
+        queues_variable, tokens_variable = f"{prefix}_QUEUES_FILE", f"{prefix}_TOKENS_FILE"
+        queues = env_file(env, queues_variable)
+        if queues is None:
+            return None
+        try:
+            config = parse_config(yaml.safe_load(queues.read_text()))
+        except (OSError, ValueError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
+            raise ConfigError(f"{queues_variable}: {error}") from None
+        tokens_path = env_file(env, tokens_variable)
+        tokens = load_tokens(tokens_path, tokens_variable) if tokens_path else {}
+        mtls = bool(env.get("KUMIKI_TLS_CLIENT_CAFILE"))
+        if not tokens and not mtls:
+            raise ConfigError(
+                f"{tokens_variable}: {queues_variable} checks callers against queue owners, but no caller"
+                f" authentication is configured; set {tokens_variable} (bearer tokens) or KUMIKI_TLS_CLIENT_CAFILE"
+            )
+        return cls(Authenticator(QuotaSettings(tokens=tokens, mtls=mtls)), config)
+
+    def identity(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller; raises Unauthenticated (never anonymous: this authorizer exists to check owners)."""
+        identity = self.authenticator.identity(context)
+        if identity is None:
+            raise Unauthenticated("no client certificate or bearer token")
+        return identity
+
+    def refusal(self, identity: str, queue: str) -> str | None:
+        """None when `identity` may bind into `queue`; otherwise why not (the queue named first)."""
+        if queue not in self.config.queues:
+            return f"queue {queue}: unknown queue (not in the queue file)"
+        if not may_submit(self.config, identity, queue):
+            return f"queue {queue}: {identity!r} is not one of its owners"
+        return None
