@@ -127,3 +127,22 @@ async def test_quota_over_mtls_takes_the_certificates_common_name_as_the_identit
         assert "'bob' is not one of its owners" in (refused.value.details() or "")
     finally:
         await host.stop()
+
+
+async def test_client_channel_calls_a_service_over_mtls_with_the_variables_tls_sets(
+    placement_over_mtls: tuple[ServiceHost, DevelopmentCA],
+) -> None:
+    """kumiki.common.grpcutil.client_channel: what every Kumiki client should open (KUMIKI_GRPC_* from
+    kumiki.devstack.tls.client_tls_env); without the variables it is plaintext, and refused here."""
+    from kumiki.common.grpcutil import client_channel
+    from kumiki.devstack.tls import client_tls_env
+
+    host, ca = placement_over_mtls
+    address = f"127.0.0.1:{host.grpc_port}"
+    async with client_channel(address, client_tls_env(ca, "kumiki-cli")) as channel:
+        answer = await placement_pb2_grpc.PlacementStub(channel).Explain(placement_pb2.ExplainRequest(job_id="j"))
+    assert answer.status
+    async with client_channel(address, {}) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await placement_pb2_grpc.PlacementStub(channel).Explain(placement_pb2.ExplainRequest(job_id="j"), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

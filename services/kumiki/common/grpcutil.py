@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -284,3 +284,38 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 yield response
 
         return grpc.stream_stream_rpc_method_handler(guarded_stream_stream, deserializer, serializer)
+
+
+# ---- calling another Kumiki service ----------------------------------------------------------------------
+def client_credentials(env: Mapping[str, str]) -> grpc.ChannelCredentials | None:
+    """How this process calls other Kumiki services: KUMIKI_GRPC_CAFILE (the CA that signed their certificates)
+    and, for mTLS, KUMIKI_GRPC_CERTFILE and KUMIKI_GRPC_KEYFILE (this process's identity: the certificate's CN).
+    None when KUMIKI_GRPC_CAFILE is unset: plaintext, as a development stack without --tls runs."""
+    from kumiki.common.config import ConfigError, env_file
+
+    cafile = env_file(env, "KUMIKI_GRPC_CAFILE")
+    certfile = env_file(env, "KUMIKI_GRPC_CERTFILE")
+    keyfile = env_file(env, "KUMIKI_GRPC_KEYFILE")
+    if (certfile is None) != (keyfile is None):
+        raise ConfigError("KUMIKI_GRPC_KEYFILE: KUMIKI_GRPC_CERTFILE and KUMIKI_GRPC_KEYFILE must be set together")
+    if cafile is None:
+        if certfile is not None:
+            raise ConfigError("KUMIKI_GRPC_CAFILE: required with KUMIKI_GRPC_CERTFILE (the servers' CA)")
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=cafile.read_bytes(),
+        private_key=keyfile.read_bytes() if keyfile else None,
+        certificate_chain=certfile.read_bytes() if certfile else None,
+    )
+
+
+def client_channel(
+    address: str, env: Mapping[str, str] | None = None, interceptors: Sequence[Any] = ()
+) -> grpc.aio.Channel:
+    """An asyncio channel to another Kumiki service: TLS/mTLS per `client_credentials`, plaintext otherwise."""
+    import os
+
+    credentials = client_credentials(os.environ if env is None else env)
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, interceptors=interceptors)

@@ -8,7 +8,8 @@ Secrets (charts/kumiki values `tls.*`); the variables a service reads are the sa
 
     pki = DevelopmentCA.create(folder)            # or DevelopmentCA.load_or_create(folder)
     placement = pki.issue("placement")            # CertificateFiles(certfile, keyfile, bundle, cafile)
-    env = service_tls_env(pki, "placement")       # KUMIKI_TLS_* (+ placement's KUMIKI_QUOTA_* for mTLS to quota)
+    env = service_tls_env(pki, "placement")       # KUMIKI_TLS_*, KUMIKI_GRPC_* (+ KUMIKI_QUOTA_* for placement)
+    env = client_tls_env(pki, "kumiki-cli")       # KUMIKI_GRPC_*: what grpcutil.client_channel reads
     credentials = pki.channel_credentials("kumiki-cli")   # a gRPC client with a certificate
 """
 
@@ -189,14 +190,27 @@ class DevelopmentCA:
         )  # fmt: skip
 
 
+def client_tls_env(ca: DevelopmentCA, identity: str) -> dict[str, str]:
+    """The variables that make a process call Kumiki services over mTLS as `identity`
+    (kumiki.common.grpcutil.client_channel reads them): the CLI, the replay, the binder, the SDK."""
+    files = ca.files(identity) if (ca.folder / f"{identity}.pem").exists() else ca.issue(identity)
+    return {
+        "KUMIKI_GRPC_CAFILE": str(ca.cafile),
+        "KUMIKI_GRPC_CERTFILE": str(files.certfile),
+        "KUMIKI_GRPC_KEYFILE": str(files.keyfile),
+    }
+
+
 def service_tls_env(ca: DevelopmentCA, service: str) -> dict[str, str]:
-    """The variables that make `service` serve gRPC with mTLS (clients need a certificate from `ca`); for
-    placement also its mTLS client identity towards quota (KUMIKI_QUOTA_CAFILE/CERTFILE/KEYFILE)."""
+    """The variables that make `service` serve gRPC with mTLS (clients need a certificate from `ca`) and call
+    other services with its own certificate (KUMIKI_GRPC_*); for placement also its mTLS client identity towards
+    quota (KUMIKI_QUOTA_CAFILE/CERTFILE/KEYFILE, which its admission client reads)."""
     files = ca.files(service) if (ca.folder / f"{service}.pem").exists() else ca.issue(service)
     env = {
         "KUMIKI_TLS_CERTFILE": str(files.certfile),
         "KUMIKI_TLS_KEYFILE": str(files.keyfile),
         "KUMIKI_TLS_CLIENT_CAFILE": str(ca.cafile),
+        **client_tls_env(ca, service),
     }
     if service == "placement":
         env.update(
