@@ -51,7 +51,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument("--ack-s", type=float, default=60.0)
+    parser.add_argument("--policies", default="kumiki,tiresias", help="comma-separated")
     args = parser.parse_args()
+    policies = [name for name in args.policies.split(",") if name]
+    unknown = [name for name in policies if name not in POLICIES]
+    if unknown or not policies:
+        parser.error(f"--policies: unknown {unknown} (known: {', '.join(POLICIES)})")
     if args.nodes < 1 or args.deadline_s < 0 or args.ack_s < 0:
         parser.error("--nodes must be >= 1, --deadline-s and --ack-s >= 0")
     models = {
@@ -63,10 +68,10 @@ def main() -> None:
             args.deadline_s, args.deadline_s + 1.0
         ),
     }
-    print(f"Philly slice, {args.nodes} x 8 GPUs, seed {args.seed}")
+    print(f"Philly slice, {args.nodes} x 8 GPUs, seed {args.seed}", flush=True)
     print("| policy | checkpointing | lost GPU-h | checkpoint GPU-h | avg JCT s | preemptions | x periodic JCT |")
     print("|---|---|---|---|---|---|---|")
-    for policy in ("kumiki", "tiresias"):
+    for policy in policies:
         baseline: dict[str, float] | None = None
         for name, model in models.items():
             row = run(policy, args.nodes, args.seed, model)

@@ -134,6 +134,7 @@ class PlacementBook:
     preemptions: list[Victim] = field(default_factory=list)  # decided, not yet published (the adapter drains it)
     acknowledged: dict[str, float] = field(default_factory=dict)  # job -> newest acknowledged checkpoint (unix s)
     forecasts: dict[str, RuntimeForecast] = field(default_factory=dict)  # job -> run-time forecast
+    favoured: list[BoundJob] = field(default_factory=list)  # beneficiaries started on release, published next cycle
     _scheduler: Scheduler | None = None  # over the current ClusterState; rebuilt when the node list changes
     _stale: bool = True  # nodes were added since the scheduler was built: rebuild on next use
 
@@ -289,7 +290,8 @@ class PlacementBook:
         until evicted, and a job the pass placed on their GPUs is nominated, not started, until they leave."""
         if not self.nodes:
             return []
-        started = self._ready_nominated()
+        started = self._ready_nominated() + self.favoured
+        self.favoured = []
         scheduler = self.scheduler
         decisions = scheduler.schedule(now, consider_preemption=scheduler.policy.preemptive)
         for preemption in decisions.preemptions:
@@ -353,7 +355,9 @@ class PlacementBook:
             return None
         return job
 
-    def release_preempted(self, job_id: str, generation: int, now: float) -> tuple[BoundJob, BindCommand] | None:
+    def release_preempted(
+        self, job_id: str, generation: int, now: float, beneficiary: str = ""
+    ) -> tuple[BoundJob, BindCommand] | None:
         """The coordinator evicted this attempt: free it and queue the job again as the next generation (keeping
         its arrival time). None when that attempt holds nothing (released already: idempotent)."""
         victim = self.draining.get(job_id)
@@ -368,6 +372,12 @@ class PlacementBook:
         self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
         again = replace(job.command, generation=job.command.generation + 1)
         self._queue(again, _queued(again), job.bound_s - job.waited_s)
+        waiting = self.pending.get(beneficiary)
+        if waiting is not None and not waiting.held and self.nodes:  # the GPUs go to whom they were freed for
+            placed = self.scheduler.start_waiting(beneficiary, now)
+            if placed is not None:
+                del self.pending[beneficiary]
+                self.favoured.append(self._bound(waiting.command, placed, now, now - waiting.submitted_s))
         return job, again
 
     def checkpointed(self, job_id: str, completed_s: float) -> None:

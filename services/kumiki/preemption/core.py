@@ -27,13 +27,18 @@ class CheckpointRecord:
     completed_unix_s: float
 
 
-def validate_report(job_id: str, generation: int, uri: str, completed_unix_s: float) -> list[tuple[str, str]]:
+def validate_report(
+    job_id: str, generation: int, uri: str, completed_unix_s: float, step: int = 0
+) -> list[tuple[str, str]]:
     """Problems as (field, problem) pairs; empty when the report is acceptable."""
     problems = []
     if not job_id:
         problems.append(("job.job_id", "required"))
     if generation < 1:
         problems.append(("job.generation", "must be >= 1"))
+    for name, value in (("job.generation", generation), ("step", step)):  # Postgres bigint (found by tests/fuzz)
+        if value > 2**63 - 1:
+            problems.append((name, f"must be <= {2**63 - 1}, got {value}"))
     if not uri:
         problems.append(("uri", "required"))
     if completed_unix_s <= 0:

@@ -53,7 +53,7 @@ class OnDemand(Mapping[str, float]):
     def __getitem__(self, job_id: str) -> float:
         return math.inf
 
-    def get(self, job_id: str, default: object = None) -> float:  # type: ignore[override]
+    def get(self, job_id: str, default: object = None) -> float:
         return math.inf
 
     def __iter__(self) -> Iterator[str]:

@@ -569,6 +569,20 @@ class Scheduler:
             raise ValueError(f"job {view.job_id} is already queued or running")
         self._run(view, request, placement, now, "")
 
+    def start_waiting(self, job_id: str, now: float) -> Placement | None:
+        """Start one waiting job now if it fits, ahead of the queue order: the job capacity was freed for (a
+        reclaim's beneficiary). None if it is not waiting or does not fit."""
+        entry = self.waiting.get(job_id)
+        if entry is None:
+            return None
+        placed = place_gang(self.state, entry.request, self.strategy, explain=False)
+        if isinstance(placed, PendingReason):
+            return None
+        self._start(entry, placed, now, Decisions(), "")
+        if self.reservation is not None and self.reservation.job_id == job_id:
+            self.reservation = None
+        return placed
+
     def withdraw(self, job_id: str) -> bool:
         """Take a waiting job out of the queue (cancelled before it started); False if it was not waiting."""
         if job_id not in self.waiting:

@@ -58,5 +58,5 @@ async def release_preempted(
     again = replace(job.command, generation=job.command.generation + 1)
     submitted_s = job.bound_s - job.waited_s
     await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), submitted_s)
-    book.release_preempted(request.job.job_id, request.job.generation, now)
+    book.release_preempted(request.job.job_id, request.job.generation, now, request.beneficiary.job_id)
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)

@@ -86,7 +86,8 @@ def request_from_decision(decision: events_pb2.SchedulingDecision) -> core.Preem
         generation=decision.job.generation,
         queue=decision.queue,
         gpus=assignment_gpus(list(decision.assignments)),
-        reason=decision.preemption_reason or (decision.reasons[0].code if decision.reasons else "other"),
+        reason=decision.preemption_reason
+        or ("quota-reclaim" if decision.kind == events_pb2.DECISION_KIND_RECLAIM else "other"),
         decision_id=decision.decision_id,
         bound_unix_s=at_s - max(0.0, decision.since_checkpoint_s),
         beneficiary=decision.beneficiary.job_id,
@@ -145,6 +146,21 @@ class Coordinator:
         assert isinstance(decision, events_pb2.SchedulingDecision) and connection is not None
         if decision.kind not in PREEMPTING_KINDS:
             return
+        if not decision.assignments:  # quota's RECLAIM names the job only: the bound attempt supplies the rest
+            row = await connection.fetchrow(
+                "SELECT gpus, bound_unix_s, assignments FROM preemption.attempts WHERE job_id = $1 AND generation = $2",
+                decision.job.job_id,
+                decision.job.generation,
+            )
+            if row is None:
+                log.warning("preemption of an attempt never bound; ignored", extra={"job": decision.job.job_id})
+                return
+            decision = events_pb2.SchedulingDecision.FromString(decision.SerializeToString())
+            decision.assignments.extend(events_pb2.PreemptionCommand.FromString(bytes(row["assignments"])).assignments)
+            at_s = _at(decision.at) if decision.HasField("at") else self.clock()
+            decision.since_checkpoint_s = max(0.0, at_s - row["bound_unix_s"])
+            if decision.kind == events_pb2.DECISION_KIND_RECLAIM and not decision.preemption_reason:
+                decision.preemption_reason = "quota-reclaim"
         request = request_from_decision(decision)
         existing = await store.load(connection, request.job_id, request.generation, lock=True)
         transition = core.begin(existing.protocol if existing else None, request, self.clock(), self.deadline_s)
@@ -159,6 +175,22 @@ class Coordinator:
         change = event.payload
         assert isinstance(change, events_pb2.JobLifecycle) and connection is not None
         state = change.state
+        if state == events_pb2.JOB_STATE_BOUND:
+            await connection.execute(
+                "INSERT INTO preemption.attempts (job_id, generation, gpus, bound_unix_s, assignments)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id, generation) DO NOTHING",
+                change.job.job_id,
+                change.job.generation,
+                assignment_gpus(list(change.assignments)),
+                _at(change.at) if change.HasField("at") else self.clock(),
+                events_pb2.PreemptionCommand(assignments=list(change.assignments)).SerializeToString(),
+            )
+        elif state in ENDING_STATES or state == events_pb2.JOB_STATE_PREEMPTED:
+            await connection.execute(
+                "DELETE FROM preemption.attempts WHERE job_id = $1 AND generation = $2",
+                change.job.job_id,
+                change.job.generation,
+            )
         if state not in ENDING_STATES and state not in (events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_PREEMPTED):
             return
         for stored in await store.open_for_job(connection, change.job.job_id, lock=True):
@@ -254,12 +286,19 @@ class Coordinator:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(self.placement_address)
         stub = placement_pb2_grpc.PlacementStub(self._channel)
+        victim = await store.load(self.pool, item.job_id, item.generation)
+        beneficiary = (
+            common_pb2.JobRef(job_id=victim.protocol.beneficiary, generation=victim.protocol.beneficiary_generation)
+            if victim is not None and victim.protocol.beneficiary
+            else None
+        )
         await stub.Release(
             placement_pb2.ReleaseRequest(
                 job=common_pb2.JobRef(job_id=item.job_id, generation=item.generation),
                 reason="preempted",
                 final_state=events_pb2.JOB_STATE_PREEMPTED,
                 lost_gpu_seconds=item.lost_gpu_seconds,
+                beneficiary=beneficiary,
             ),
             timeout=10.0,
         )

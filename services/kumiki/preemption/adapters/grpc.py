@@ -24,7 +24,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         self, request: checkpoints_pb2.CheckpointReport, context: grpc.aio.ServicerContext
     ) -> checkpoints_pb2.CheckpointAck:
         completed = request.completed_at.seconds + request.completed_at.nanos / 1e9
-        problems = validate_report(request.job.job_id, request.job.generation, request.uri, completed)
+        problems = validate_report(request.job.job_id, request.job.generation, request.uri, completed, request.step)
         if problems:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(f"{f}: {p}" for f, p in problems))
         report = CheckpointRecord(request.job.job_id, request.job.generation, request.uri, request.step, completed)

@@ -182,6 +182,7 @@ class ReleaseRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     FINAL_STATE_FIELD_NUMBER: _builtins.int
     LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    BENEFICIARY_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why: "completed", "failed", "cancelled", "preempted"."""
     final_state: _events_pb2.JobState.ValueType
@@ -196,6 +197,10 @@ class ReleaseRequest(_message.Message):
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt whose allocation is freed."""
 
+    @_builtins.property
+    def beneficiary(self) -> _common_pb2.JobRef:
+        """With JOB_STATE_PREEMPTED: the job the GPUs were freed for; if it waits and now fits, it starts first."""
+
     def __init__(
         self,
         *,
@@ -203,10 +208,11 @@ class ReleaseRequest(_message.Message):
         reason: _builtins.str = ...,
         final_state: _events_pb2.JobState.ValueType = ...,
         lost_gpu_seconds: _builtins.float = ...,
+        beneficiary: _common_pb2.JobRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_state", b"final_state", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "final_state", b"final_state", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
