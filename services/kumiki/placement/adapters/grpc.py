@@ -37,6 +37,7 @@ tracer = trace.get_tracer("kumiki.placement")
 # Requests of one BindStream decided ahead of the answer being written: enough to keep the event log's
 # round trip busy, bounded so a caller that stops reading answers stops being read.
 STREAM_WINDOW = 256
+STREAM_SPAN = {"rpc.system": "grpc", "rpc.service": "kumiki.v1.Placement", "rpc.method": "BindStream"}
 
 BINDS = Counter("kumiki_placement_binds_total", "Bind calls by outcome", ["outcome"])
 BIND_SECONDS = Histogram(
@@ -226,7 +227,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 response = await self.decide(request, caller)
             else:
                 with tracer.start_as_current_span(
-                    "kumiki.v1.Placement/BindStream", context=parent, kind=SpanKind.SERVER
+                    "kumiki.v1.Placement/BindStream", context=parent, kind=SpanKind.SERVER, attributes=STREAM_SPAN
                 ):
                     response = await self.decide(request, caller)
         except BindRefused as refused:
