@@ -28,12 +28,17 @@ class InvalidRequest(ValueError):
         self.field = field
 
 
+MAX_INT64 = 2**63 - 1  # the largest count Postgres (bigint) and Kafka keep: a uint64 past it is refused
+
+
 def require_job(job: Any, *, generation: bool = True) -> None:
     """A request's JobRef: an id, and (unless `generation` is False) a generation from 1 on."""
     if not job.job_id:
         raise InvalidRequest("job.job_id", "required")
     if generation and job.generation < 1:
         raise InvalidRequest("job.generation", "must be >= 1")
+    if job.generation > MAX_INT64:
+        raise InvalidRequest("job.generation", f"must be <= {MAX_INT64}, got {job.generation}")
 
 
 async def abort_invalid(context: grpc.aio.ServicerContext, error: InvalidRequest) -> None:
