@@ -4,7 +4,9 @@ checkpoints."""
 
 from __future__ import annotations
 
-from kumiki.placement.core import PlacementBook
+import pytest
+
+from kumiki.placement.core import IdlePolicy, PlacementBook, parse_idle_reclaim
 from tests.placement.test_core import gang, node
 
 
@@ -38,3 +40,52 @@ def test_victim_keeps_running_until_released_then_the_next_generation_queues() -
     assert started[0].node_names == train.node_names  # the victim's node
     assert book.pending["train"].command.generation == 2  # waits: nothing free, nothing it may preempt
     assert not book.audit()
+
+
+def test_idle_reclaim_rules_parse_and_name_the_bad_entry() -> None:
+    rules = parse_idle_reclaim("team=waiting:600, batch=after:1800, *=never")
+    assert rules == {"team": IdlePolicy("waiting", 600.0), "batch": IdlePolicy("after", 1800.0), "*": IdlePolicy()}
+    for bad in ("team=sometimes", "team=after:soon", "=after:1", "team=after:-5"):
+        with pytest.raises(ValueError, match=bad.split(",")[0].replace("*", r"\*")):
+            parse_idle_reclaim(bad)
+
+
+def idle_book(rule: str) -> PlacementBook:
+    book = preemptive_book()
+    book.idle_policies = parse_idle_reclaim(rule)
+    assert book.bind(gang("filler", 8), 0.0).job is not None
+    assert book.bind(gang("idle", 4, preemptible=True), 0.0).job is not None
+    return book
+
+
+def test_a_job_idle_past_its_queues_threshold_yields_to_a_waiting_job() -> None:
+    book = idle_book("q=waiting:600")
+    book.gpu_idle("idle", 1, 100.0, 400.0)
+    book.gpu_idle("idle", 1, 400.0, 750.0)  # consecutive windows join: idle from 100 s to 750 s
+    assert book.cycle(760.0) == [] and not book.preemptions  # nobody waits: it keeps its GPUs
+    outcome = book.bind(gang("next", 8), 760.0)
+    assert not outcome.bound and outcome.reason is not None and outcome.reason.resource == "preemption"
+    (victim,) = book.preemptions
+    assert victim.preemption.reason == "idle-reclaim" and victim.preemption.for_job == "next"
+    assert victim.preemption.since_checkpoint_s == 760.0  # never checkpointed: everything since its bind
+    assert book.release_preempted("idle", 1, 770.0) is not None
+    assert [job.command.job_id for job in book.cycle(771.0)] == ["next"]
+
+
+def test_idle_reclaim_respects_never_after_and_non_preemptible_jobs() -> None:
+    never = idle_book("*=never")
+    never.gpu_idle("idle", 1, 0.0, 5000.0)
+    never.bind(gang("next", 8), 5000.0)
+    assert not never.preemptions
+    after = idle_book("q=after:600")
+    after.gpu_idle("idle", 1, 0.0, 500.0)
+    after.cycle(600.0)
+    assert not after.preemptions  # 500 s idle is under the threshold
+    after.gpu_idle("idle", 1, 500.0, 700.0)
+    after.cycle(700.0)
+    assert [victim.preemption.reason for victim in after.preemptions] == ["idle-reclaim"]  # nobody needs to wait
+    stale = idle_book("q=after:10")
+    stale.gpu_idle("idle", 2, 0.0, 500.0)  # another attempt's report
+    stale.gpu_idle("filler", 1, 0.0, 500.0)  # not preemptible
+    stale.cycle(600.0)
+    assert not stale.preemptions

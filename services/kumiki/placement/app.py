@@ -17,7 +17,7 @@ from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.placement.adapters.admission import Admission, AllowAllAdmission, QuotaServiceAdmission
 from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, follow_tables, rebuild
 from kumiki.placement.adapters.grpc import PlacementServicer
-from kumiki.placement.core import LIVE_POLICIES, PlacementBook
+from kumiki.placement.core import LIVE_POLICIES, PlacementBook, parse_idle_reclaim
 from kumiki.quota.adapters.auth import QueueAuthorizer
 from kumiki.sched.placement import STRATEGIES
 from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S
@@ -58,7 +58,11 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     min_run_s = env_float(
         os.environ, "KUMIKI_PLACEMENT_MIN_RUN_S", MIN_RUN_BEFORE_PREEMPT_S, minimum=0.0, maximum=7 * 86400.0
     )
-    book = PlacementBook(strategy=strategy, policy=policy, min_run_s=min_run_s)
+    try:
+        idle = parse_idle_reclaim(os.environ.get("KUMIKI_PLACEMENT_IDLE_RECLAIM", ""))
+    except ValueError as error:
+        raise ConfigError(f"KUMIKI_PLACEMENT_IDLE_RECLAIM: {error}") from None
+    book = PlacementBook(strategy=strategy, policy=policy, min_run_s=min_run_s, idle_policies=idle)
     publisher = DecisionPublisher(runtime.producer, policy=f"{policy}/{strategy}")
     authorizer = QueueAuthorizer.from_env(os.environ, "KUMIKI_PLACEMENT")  # queue owners, as quota checks them
     if authorizer is None:

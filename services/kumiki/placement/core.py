@@ -106,6 +106,41 @@ def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast
 
 
 @dataclass(frozen=True, slots=True)
+class IdlePolicy:
+    """What a queue does with a job whose GPUs telemetry reports idle (kumiki.gpu.idle): `never` reclaim it,
+    reclaim it `after` `idle_s` seconds idle, or only when someone `waiting` could use the GPUs."""
+
+    mode: str = "never"
+    idle_s: float = 0.0
+
+
+IDLE_MODES = ("never", "after", "waiting")
+
+
+def parse_idle_reclaim(text: str) -> dict[str, IdlePolicy]:
+    """`queue=never|after:SECONDS|waiting:SECONDS,...` (`*` for every other queue); ValueError names the entry."""
+    policies: dict[str, IdlePolicy] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        queue, _, rule = entry.partition("=")
+        mode, _, seconds = rule.partition(":")
+        if not queue or mode not in IDLE_MODES:
+            raise ValueError(f"{entry!r}: expected queue=never|after:SECONDS|waiting:SECONDS")
+        if mode == "never":
+            policies[queue] = IdlePolicy()
+            continue
+        try:
+            idle_s = float(seconds)
+        except ValueError:
+            raise ValueError(f"{entry!r}: expected a number of seconds after {mode}:") from None
+        if not idle_s >= 0:
+            raise ValueError(f"{entry!r}: seconds must be >= 0")
+        policies[queue] = IdlePolicy(mode, idle_s)
+    return policies
+
+
+@dataclass(frozen=True, slots=True)
 class Victim:
     """A job the scheduling pass preempted: its GPUs are the beneficiary's in the book, but it still runs until
     the coordinator has it checkpoint and evicts it, and releases it here (`release_preempted`)."""
@@ -135,6 +170,8 @@ class PlacementBook:
     acknowledged: dict[str, float] = field(default_factory=dict)  # job -> newest acknowledged checkpoint (unix s)
     forecasts: dict[str, RuntimeForecast] = field(default_factory=dict)  # job -> run-time forecast
     favoured: list[BoundJob] = field(default_factory=list)  # beneficiaries started on release, published next cycle
+    idle_policies: dict[str, IdlePolicy] = field(default_factory=dict)  # queue (or "*") -> idle reclaim rule
+    idle: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # job -> (generation, since, until)
     _scheduler: Scheduler | None = None  # over the current ClusterState; rebuilt when the node list changes
     _stale: bool = True  # nodes were added since the scheduler was built: rebuild on next use
 
@@ -293,6 +330,7 @@ class PlacementBook:
         started = self._ready_nominated() + self.favoured
         self.favoured = []
         scheduler = self.scheduler
+        self._reclaim_idle(now)
         decisions = scheduler.schedule(now, consider_preemption=scheduler.policy.preemptive)
         for preemption in decisions.preemptions:
             victim = self.bound.pop(preemption.job_id, None)
@@ -379,6 +417,36 @@ class PlacementBook:
                 del self.pending[beneficiary]
                 self.favoured.append(self._bound(waiting.command, placed, now, now - waiting.submitted_s))
         return job, again
+
+    def gpu_idle(self, job_id: str, generation: int, since_s: float, until_s: float) -> None:
+        """Telemetry reports a job's GPUs idle from `since_s` to `until_s`; consecutive windows join up."""
+        known = self.idle.get(job_id)
+        if known is not None and known[0] == generation and since_s <= known[2] + 1.0:
+            since_s = min(since_s, known[1])
+        if known is None or generation >= known[0]:
+            self.idle[job_id] = (generation, since_s, max(until_s, known[2] if known and known[0] == generation else 0))
+
+    def _reclaim_idle(self, now: float) -> None:
+        """Preempt jobs idle past their queue's threshold (`waiting`: only while some job waits)."""
+        if not self.idle or not self.idle_policies:
+            return
+        scheduler = self.scheduler
+        fallback = self.idle_policies.get("*", IdlePolicy())
+        for job_id, (generation, since_s, until_s) in list(self.idle.items()):
+            job = self.bound.get(job_id)
+            if job is None or job.command.generation != generation or job_id in self.nominated:
+                continue
+            rule = self.idle_policies.get(job.command.queue, fallback)
+            if rule.mode == "never" or not job.command.preemptible or until_s - since_s < rule.idle_s:
+                continue
+            waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
+            if rule.mode == "waiting" and not waiting:
+                continue
+            del self.idle[job_id]
+            preemption = scheduler.preempt(job_id, waiting[0] if waiting else "", "idle-reclaim", now)
+            victim = Victim(self.bound.pop(job_id), preemption, now)
+            self.draining[job_id] = victim
+            self.preemptions.append(victim)
 
     def checkpointed(self, job_id: str, completed_s: float) -> None:
         """A job's newest acknowledged checkpoint (from kumiki.checkpoints): victim choice counts work since it."""

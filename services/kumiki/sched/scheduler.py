@@ -569,6 +569,13 @@ class Scheduler:
             raise ValueError(f"job {view.job_id} is already queued or running")
         self._run(view, request, placement, now, "")
 
+    def preempt(self, job_id: str, for_job: str, reason: str, now: float) -> Preemption:
+        """Evict one running job for a reason decided outside the pass (idle reclaim), measuring its lost work."""
+        since, lost_gpu_s = self.lost_work(job_id, now)
+        decisions = Decisions()
+        self._evict(job_id, for_job, reason, decisions, lost_gpu_s, since)
+        return decisions.preemptions[0]
+
     def start_waiting(self, job_id: str, now: float) -> Placement | None:
         """Start one waiting job now if it fits, ahead of the queue order: the job capacity was freed for (a
         reclaim's beneficiary). None if it is not waiting or does not fit."""

@@ -9,7 +9,14 @@ import uuid
 from kumiki.common.bus import Event, EventProducer
 from kumiki.common.bus.producer import OutgoingEvent
 from kumiki.common.bus.replay import TopicReader
-from kumiki.common.bus.topics import CHECKPOINTS, CLUSTER_STATE, JOB_FORECAST, JOB_LIFECYCLE, SCHEDULING_DECISIONS
+from kumiki.common.bus.topics import (
+    CHECKPOINTS,
+    CLUSTER_STATE,
+    GPU_IDLE,
+    JOB_FORECAST,
+    JOB_LIFECYCLE,
+    SCHEDULING_DECISIONS,
+)
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2
 from kumiki.common.grpcutil import InvalidRequest, timestamp
@@ -269,11 +276,29 @@ class ForecastTable:
         self.book.forecast(message.job.job_id, forecast)
 
 
+class IdleTable:
+    """kumiki.gpu.idle → the book's idle windows per job (idle reclaim, by the job's queue's rule)."""
+
+    def __init__(self, book: PlacementBook) -> None:
+        self.book = book
+
+    async def __call__(self, key: str, event: Event | None) -> None:
+        if event is None:
+            return
+        idle = event.payload
+        assert isinstance(idle, events_pb2.GpuIdle)
+        since = idle.since.seconds + idle.since.nanos / 1e9
+        until = idle.until.seconds + idle.until.nanos / 1e9
+        if until >= since > 0:
+            self.book.gpu_idle(idle.job.job_id, idle.job.generation, since, until)
+
+
 async def follow_tables(settings: KafkaSettings, book: PlacementBook) -> list[TopicReader]:
-    """Checkpoints and forecasts read to their end (before serving), then followed by the caller."""
+    """Checkpoints, forecasts and idle reports read to their end (before serving), then followed by the caller."""
     readers = [
         TopicReader(settings, CHECKPOINTS, CheckpointTable(book)),
         TopicReader(settings, JOB_FORECAST, ForecastTable(book)),
+        TopicReader(settings, GPU_IDLE, IdleTable(book)),
     ]
     for reader in readers:
         await reader.start()
