@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     up.add_argument("--infra-only", action="store_true", help="start only the broker and Postgres; print their env")
     up.add_argument(
+        "--observability",
+        action="store_true",
+        help="also run Jaeger v2 (traces; built once by infra/observability/build-jaeger.sh) and Prometheus (scraping"
+        " every service, with the chart's rules)",
+    )
+    up.add_argument(
         "--kubernetes",
         action="store_true",
         help="also run a real kube-apiserver + etcd + KWOK (built by infra/kube/build.sh) and the binder",
@@ -110,6 +116,7 @@ def _up(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout_s,
                 progress=lambda message: spinner.update(message),
                 kubernetes=args.kubernetes,
+                observability=args.observability,
             )
     except StackError as error:
         console.print(f"kumiki up: {error}", style="red", markup=False)
@@ -135,6 +142,16 @@ def _up(args: argparse.Namespace) -> int:
         print(f"export KUMIKI_DATABASE_URL={state.database['url']}")
         return 0
     healthy = _print_status(state, as_json=False)
+    if args.observability:
+        from kumiki.devstack.observability import observability_state
+
+        running = observability_state(stack_home() / "observability")
+        if running is not None:
+            console.print(
+                f"traces: Jaeger query API http://127.0.0.1:{running['jaeger']['query_port']} (`kumiki trace JOB`);"
+                f" metrics: Prometheus http://127.0.0.1:{running['prometheus']['port']}",
+                markup=False,
+            )
     if args.kubernetes:
         from kumiki.devstack.kube import kube_running
 

@@ -92,6 +92,11 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
         env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
     if not state.broker.get("idempotent", True):
         env["KUMIKI_KAFKA_IDEMPOTENT"] = "false"
+    from kumiki.devstack.observability import observability_state
+
+    running = observability_state(state.home / "observability")  # `kumiki up --observability`: spans to Jaeger
+    if running is not None:
+        env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{running['jaeger']['otlp_grpc_port']}")
     return env
 
 
@@ -116,6 +121,7 @@ def bring_up(
     timeout_s: float = 120.0,
     progress: Any = None,
     kubernetes: bool = False,
+    observability: bool = False,
 ) -> StackState:
     home = stack_home()
     state = StackState.load(home)
@@ -177,6 +183,11 @@ def bring_up(
             step("starting Kubernetes: etcd, kube-apiserver, KWOK (the first run builds them, ~12 min)")
             start_kube(home / "kube", build=True)
         services["binder"] = "kumiki.binder"
+    if observability:  # Jaeger and Prometheus first, so services export spans from their first call
+        from kumiki.devstack.observability import start_observability
+
+        step("starting Jaeger and Prometheus")
+        start_observability(home / "observability", logs, progress=step)
     for name, module in services.items():
         current = state.services.get(name)
         if current and alive(current.get("pid")):
@@ -195,6 +206,11 @@ def bring_up(
         }
         state.save()
 
+    from kumiki.devstack.observability import set_targets
+
+    set_targets(
+        home / "observability", {name: [f"127.0.0.1:{info['http_port']}"] for name, info in state.services.items()}
+    )
     deadline = time.monotonic() + timeout_s
     pending = set(state.services)
     while pending and time.monotonic() < deadline:
@@ -281,6 +297,9 @@ def status_rows(state: StackState) -> list[dict[str, Any]]:
                 "health": "ready" if up else "down",
             }
         )
+    from kumiki.devstack.observability import observability_rows
+
+    rows.extend(observability_rows(state.home / "observability"))
     for name, info in state.services.items():
         health = readiness(info["http_port"])[0] if alive(info.get("pid")) else "down"
         rows.append(
@@ -315,6 +334,10 @@ def bring_down(purge: bool = False, progress: Any = None) -> list[str]:
 
     if stop_kube_folder(home / "kube"):
         stopped.append("kubernetes")
+    from kumiki.devstack.observability import stop_observability
+
+    if stop_observability(home / "observability"):
+        stopped.append("jaeger and prometheus")
     if state.database and state.database.get("pid"):
         if alive(state.database["pid"]):
             stop_postgres(
