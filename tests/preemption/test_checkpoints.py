@@ -67,3 +67,32 @@ async def test_invalid_report_names_the_field(stub: checkpoints_pb2_grpc.Checkpo
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stub.Report(report(1, "s3://x", 1_700_000_000, generation=0))
     assert error.value.details() == "job.generation: must be >= 1"
+
+
+async def test_resume_point_is_the_newest_checkpoint_of_an_earlier_or_same_attempt(
+    stub: checkpoints_pb2_grpc.CheckpointsStub,
+) -> None:
+    def ask(generation: int) -> checkpoints_pb2.ResumePointRequest:
+        return checkpoints_pb2.ResumePointRequest(job=common_pb2.JobRef(job_id="team/job", generation=generation))
+
+    assert not (await stub.ResumePoint(ask(1))).found  # nothing saved yet: start from scratch
+    await stub.Report(report(300, "s3://ckpt/300", 1_700_000_300, generation=2))
+    point = await stub.ResumePoint(ask(3))
+    assert (point.found, point.uri, point.step, point.generation) == (True, "s3://ckpt/300", 300, 2)
+    assert not (await stub.ResumePoint(ask(1))).found  # a later attempt's checkpoint is not an earlier one's
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.ResumePoint(ask(0))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "job.generation: must be >= 1"
+
+
+async def test_watch_validates_the_job_and_needs_a_coordinator(stub: checkpoints_pb2_grpc.CheckpointsStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        async for _ in stub.Watch(checkpoints_pb2.WatchRequest(job=common_pb2.JobRef(generation=1))):
+            pass
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "job.job_id: required"
+    with pytest.raises(grpc.aio.AioRpcError) as error:  # this servicer is a registry only
+        async for _ in stub.Watch(checkpoints_pb2.WatchRequest(job=common_pb2.JobRef(job_id="j", generation=1))):
+            pass
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
