@@ -142,3 +142,52 @@ async def test_only_an_owner_releases_a_job_and_bind_stream_checks_every_request
     assert [a.status_code for a in answers] == [0, grpc.StatusCode.PERMISSION_DENIED.value[0]]
     assert answers[1].error == "queue org/team-a: 'bob' is not one of its owners"
     assert [(r.method, r.job) for r in _refusals(caplog)] == [("Release", "a-3"), ("Bind", "b-3")]  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("service", "variable", "content", "expected"),
+    [
+        ("placement", "KUMIKI_PLACEMENT_QUEUES_FILE", "queues: [", "KUMIKI_PLACEMENT_QUEUES_FILE: "),
+        ("quota", "KUMIKI_QUOTA_CONFIG_FILE", "queues: [", "KUMIKI_QUOTA_CONFIG_FILE: "),
+        ("quota", "KUMIKI_QUOTA_CONFIG_FILE", "queues: [{name: a, colour: red}]", "KUMIKI_QUOTA_CONFIG_FILE: "),
+    ],
+)
+def test_a_broken_queue_file_stops_the_service_with_one_line(
+    kafka: KafkaSettings,
+    postgres_admin_url: str,
+    tmp_path: Path,
+    service: str,
+    variable: str,
+    content: str,
+    expected: str,
+) -> None:
+    """Found while fuzzing the queue file: a YAML error or an invalid queue at start was a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from kumiki.devstack.processes import free_port
+    from tests.conftest import REPO_ROOT
+
+    (tmp_path / "queues.yaml").write_text(content)
+    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({token_digest(t): who for who, t in TOKENS.items()}))
+    prefix = "KUMIKI_" + service.upper()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")},
+        "PYTHONPATH": f"{REPO_ROOT / 'services'}:{REPO_ROOT}",
+        "KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
+        "KUMIKI_DATABASE_URL": postgres_admin_url,
+        f"{prefix}_GRPC_PORT": str(free_port()),
+        f"{prefix}_HTTP_PORT": str(free_port()),
+        variable: str(tmp_path / "queues.yaml"),
+        f"{prefix}_TOKENS_FILE": str(tmp_path / "tokens.yaml"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", f"kumiki.{service}"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert line.startswith(f"kumiki-{service}: configuration error: {expected}"), line

@@ -21,6 +21,11 @@ class ConfigError(ValueError):
 Environ = Mapping[str, str]
 
 
+def one_line(error: BaseException) -> str:
+    """An error's message on one line (PyYAML's span several, with the offending text marked)."""
+    return " ".join(str(error).split())
+
+
 def env_str(env: Environ, name: str, default: str | None = None) -> str:
     value = env.get(name)
     if value is None or value == "":

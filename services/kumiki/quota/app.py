@@ -18,6 +18,7 @@ import grpc
 import yaml
 
 from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.config import ConfigError, one_line
 from kumiki.common.contracts.v1 import quota_pb2_grpc
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.quota.adapters.auth import ALLOW_ANONYMOUS, Authenticator, QuotaSettings
@@ -41,7 +42,10 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
             " (development only)"
         )
     if settings.config_file is not None:
-        config = parse_config(yaml.safe_load(settings.config_file.read_text()))
+        try:  # a broken queue file stops the service with one line naming the variable (exit 2), no traceback
+            config = parse_config(yaml.safe_load(settings.config_file.read_text()))
+        except (OSError, ValueError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
+            raise ConfigError(f"KUMIKI_QUOTA_CONFIG_FILE: {one_line(error)}") from None
         version = await write_config(runtime.pool, config, str(settings.config_file))
         log.info("queue file applied", extra={"file": str(settings.config_file), "version": version})
     store = QuotaStore(runtime.pool)

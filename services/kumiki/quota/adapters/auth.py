@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import yaml
 
-from kumiki.common.config import ConfigError, Environ, env_bool, env_file, env_float
+from kumiki.common.config import ConfigError, Environ, env_bool, env_file, env_float, one_line
 from kumiki.quota.core import QuotaConfig, may_submit, parse_config
 
 TOKENS_FILE = "KUMIKI_QUOTA_TOKENS_FILE"
@@ -31,7 +31,7 @@ def load_tokens(path: Path, variable: str = TOKENS_FILE) -> dict[str, str]:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError) as error:  # PyYAML raises ValueError for a bad \U escape
-        raise ConfigError(f"{variable}: cannot read {str(path)!r}: {error}") from None
+        raise ConfigError(f"{variable}: cannot read {str(path)!r}: {one_line(error)}") from None
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"{variable}: expected a YAML mapping of token sha256 (hex) to identity in {path}")
     tokens = {}
@@ -130,7 +130,7 @@ class QueueAuthorizer:
         try:
             config = parse_config(yaml.safe_load(queues.read_text()))
         except (OSError, ValueError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
-            raise ConfigError(f"{queues_variable}: {error}") from None
+            raise ConfigError(f"{queues_variable}: {one_line(error)}") from None
         tokens_path = env_file(env, tokens_variable)
         tokens = load_tokens(tokens_path, tokens_variable) if tokens_path else {}
         mtls = bool(env.get("KUMIKI_TLS_CLIENT_CAFILE"))
