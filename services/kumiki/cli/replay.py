@@ -48,6 +48,9 @@ def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     )
     parser.add_argument(f"--{prefix}seed", type=int, default=0, help="which jobs are idle")
     parser.add_argument(f"--{prefix}out", type=Path, default=Path("out/replay"), help="where the report goes")
+    parser.add_argument(
+        f"--{prefix}policy", default=None, help="the kumiki phase's placement policy (default: the stack's own)"
+    )
 
 
 def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
@@ -61,6 +64,7 @@ def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
         idle_fraction=float(get("idle_fraction")),  # type: ignore[arg-type]
         seed=int(get("seed")),  # type: ignore[call-overload]
         out=Path(str(get("out"))),
+        policy=None if get("policy") is None else str(get("policy")),
     )
     try:
         settings.validate()
@@ -102,6 +106,7 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
         restart_placement=restart,
         placement_policy=env.get("KUMIKI_PLACEMENT_POLICY", "fifo-backfill"),
         placement_strategy=env.get("KUMIKI_PLACEMENT_STRATEGY", "kumiki"),
+        checkpoints=env.get("KUMIKI_CHECKPOINTS_ADDRESS") or service_address("preemption"),
     )
 
 

@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     from kumiki.cli.replay import add_replay_options
 
-    add_replay_options(up.add_argument_group("replay (see `kumiki replay --help`)"), prefix="replay-")  # type: ignore[arg-type]
+    add_replay_options(up.add_argument_group("replay (see `kumiki replay --help`)"), prefix="replay-")
     up.set_defaults(handler=_up)
     status = subparsers.add_parser("status", help="health, address and backing broker/database of each component")
     status.add_argument("--json", action="store_true", help="machine-readable output")

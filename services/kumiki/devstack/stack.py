@@ -15,7 +15,7 @@ from typing import Any
 
 from kumiki.devstack.broker import start_broker
 from kumiki.devstack.postgres import start_postgres, stop_postgres
-from kumiki.devstack.processes import StackError, alive, free_port, port_open, spawn, terminate
+from kumiki.devstack.processes import StackError, alive, can_bind, free_port, port_open, spawn, terminate
 
 # service name -> python module that runs it, in start order (quota before placement, which admits through it)
 SERVICES: dict[str, str] = {
@@ -87,6 +87,8 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
         env.setdefault("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{state.services['quota']['grpc_port']}")
     if name == "placement":  # jobs quota held back are asked again every 0.1 s: the replay runs at 1000x and more
         env.setdefault("KUMIKI_PLACEMENT_CYCLE_S", "0.1")
+    if name == "preemption" and "placement" in state.services:  # the coordinator releases the jobs it evicts
+        env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
     if name == "binder":  # the stack's API server (kumiki.devstack.kube) and placement
         env["KUMIKI_KUBECONFIG"] = str(state.home / "kube" / "kubeconfig")
         env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
@@ -192,7 +194,7 @@ def bring_up(
         current = state.services.get(name)
         if current and alive(current.get("pid")):
             continue
-        grpc_port, http_port = (free_port() if port_open("127.0.0.1", port) else port for port in DEFAULT_PORTS[name])
+        grpc_port, http_port = (port if can_bind(port) else free_port() for port in DEFAULT_PORTS[name])
         step(f"starting {name}")
         pid = spawn(
             [sys.executable, "-m", module], logs / f"{name}.log", env=_service_env(state, name, grpc_port, http_port)

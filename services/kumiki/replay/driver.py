@@ -22,9 +22,16 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.codec import Event
 from kumiki.common.bus.replay import TopicReader
-from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, JOB_LIFECYCLE
+from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
 from kumiki.common.config import DatabaseSettings, KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.contracts.v1 import (
+    checkpoints_pb2,
+    checkpoints_pb2_grpc,
+    common_pb2,
+    events_pb2,
+    placement_pb2,
+    placement_pb2_grpc,
+)
 from kumiki.common.db import apply_migrations, create_pool
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.quota.adapters.store import NoConfig, read_config, write_config
@@ -73,6 +80,7 @@ class _Track:
     executed_s: float = 0.0  # trace seconds of progress kept across preemptions
     runs: int = 0
     started_wall: float = 0.0  # when the current generation was bound
+    lost_gpu_s: float = 0.0  # trace GPU-seconds of work lost to preemptions
     release: asyncio.TimerHandle | None = None
     ended_wall: float | None = None
 
@@ -158,6 +166,7 @@ class Replay:
         preemptible: bool,
         run_id: str | None = None,
         counts: LiveCounts | None = None,
+        checkpoints_address: str | None = None,
         channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
     ) -> None:
         if speed <= 0:
@@ -171,6 +180,11 @@ class Replay:
         self.prefix = f"{run_id or uuid.uuid4().hex[:8]}-{phase}-"
         self.counts = counts or LiveCounts()
         self.channel_factory = channel_factory
+        # where the jobs report checkpoints: the replay answers the coordinator's CHECKPOINT commands at once, as
+        # a job using the SDK does (None: victims wait for the coordinator's deadline and are evicted forced)
+        self.checkpoints_address = checkpoints_address
+        self._checkpoints: checkpoints_pb2_grpc.CheckpointsStub | None = None
+        self.checkpoints_reported = 0
         self.tracks = {self.prefix + job.job_id: _Track(job) for job in self.jobs}
         self.log: list[LogEntry] = []
         self.errors: list[str] = []
@@ -203,7 +217,7 @@ class Replay:
             self._bound(key, track, generation, at)
         elif message.state == events_pb2.JOB_STATE_PREEMPTED:
             self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
-            self._preempted(track, generation, at)
+            self._preempted(track, generation, at, message.lost_gpu_seconds)
         elif message.state in ENDINGS:
             self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
 
@@ -222,13 +236,17 @@ class Replay:
         loop = asyncio.get_running_loop()
         track.release = loop.call_later(delay, self._release_soon, key, track, track_started)
 
-    def _preempted(self, track: _Track, generation: int, at_wall: float) -> None:
+    def _preempted(self, track: _Track, generation: int, at_wall: float, lost_gpu_seconds: float) -> None:
         if track.release is None or track.generation != generation:
             return
         track.release.cancel()
         track.release = None
-        # progress kept: the coordinator checkpointed it at preemption (its loss is the ledger's to record)
-        track.executed_s = min(track.job.duration_s, track.executed_s + (at_wall - track.started_wall) * self.speed)
+        # progress kept: what ran since the bind, less what the coordinator says was lost (wall GPU-seconds, from
+        # its newest acknowledged checkpoint to the eviction)
+        lost_s = lost_gpu_seconds * self.speed / max(1, track.job.gpus)
+        ran_s = (at_wall - track.started_wall) * self.speed
+        track.executed_s = min(track.job.duration_s, track.executed_s + max(0.0, ran_s - lost_s))
+        track.lost_gpu_s += lost_gpu_seconds * self.speed
         self.counts.preempted += 1
         self._unhold(track)
         self.counts.waiting += 1
@@ -262,6 +280,37 @@ class Replay:
         self.counts.done += 1
         if self.counts.done >= len(self.tracks):
             self._done.set()
+
+    async def _on_command(self, key: str, event: Event | None) -> None:
+        """CHECKPOINT for one of this run's jobs: report a checkpoint at once, answering the command."""
+        if event is None or not key.startswith(self.prefix) or self._checkpoints is None:
+            return
+        command = event.payload
+        assert isinstance(command, events_pb2.PreemptionCommand)
+        track = self.tracks.get(key)
+        if command.action != events_pb2.PREEMPTION_ACTION_CHECKPOINT or track is None:
+            return
+        if command.job.generation != track.generation or track.release is None:
+            return  # an attempt that has ended already
+        progress = track.executed_s + (time.time() - track.started_wall) * self.speed
+        report = checkpoints_pb2.CheckpointReport(
+            job=command.job,
+            uri=f"replay://{key}/{command.job.generation}/{int(progress)}",
+            step=int(progress),
+            command_id=command.command_id,
+        )
+        report.completed_at.GetCurrentTime()
+        task = asyncio.get_running_loop().create_task(self._report(key, report))
+        self._pending_calls.add(task)
+        task.add_done_callback(self._pending_calls.discard)
+
+    async def _report(self, key: str, report: checkpoints_pb2.CheckpointReport) -> None:
+        assert self._checkpoints is not None
+        try:
+            await self._call(self._checkpoints.Report, report)
+            self.checkpoints_reported += 1
+        except grpc.aio.AioRpcError as error:
+            self.errors.append(f"{key}: Checkpoints.Report: {error.code().name}: {error.details()}")
 
     async def _call(self, method: Callable[..., Awaitable[object]], request: object) -> object:
         """A call retried while the service is briefly unavailable (a restart), with a bounded number of tries."""
@@ -313,6 +362,16 @@ class Replay:
         follower = asyncio.create_task(reader.follow(stopping), name="replay-lifecycle")
         channel = self.channel_factory(self.address)
         self._stub = placement_pb2_grpc.PlacementStub(channel)
+        commands: TopicReader | None = None
+        commands_task: asyncio.Task[None] | None = None
+        checkpoints_channel = None
+        if self.checkpoints_address is not None:
+            checkpoints_channel = self.channel_factory(self.checkpoints_address)
+            self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(checkpoints_channel)
+            commands = TopicReader(self.kafka, PREEMPTION_COMMANDS, self._on_command)
+            await commands.start()
+            await commands.catch_up()  # older runs' commands: not ours (the prefix differs), skipped
+            commands_task = asyncio.create_task(commands.follow(stopping), name="replay-commands")
         self._t0 = time.time()
         self.counts.started_wall = time.monotonic()
         try:
@@ -337,10 +396,16 @@ class Replay:
             for track in self.tracks.values():
                 if track.release is not None:
                     track.release.cancel()
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            for background in (follower, commands_task):
+                if background is not None:
+                    background.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await background
             await reader.stop()
+            if commands is not None:
+                await commands.stop()
+            if checkpoints_channel is not None:
+                await checkpoints_channel.close()
             await channel.close()
         return self.outcomes()
 
@@ -359,6 +424,7 @@ class Replay:
                     self.trace_s(track.ended_wall),
                     track.job.idle,
                     runs=track.runs,
+                    lost_gpu_s=track.lost_gpu_s,
                 )
             )
         return result

@@ -68,8 +68,10 @@ def markdown(results: dict[str, Any]) -> str:
             row += f" {_ratio(phases['baseline']['summary'][key], phases['kumiki']['summary'][key], key)} |"
         lines.append(row)
     simulated = results.get("simulated_kumiki") or {}
+    if "error" in simulated:
+        lines += ["", f"Live against simulated: {simulated['error']}"]
     for name in ("open", "kumiki"):
-        if not simulated or name not in phases:
+        if not simulated or "avg_jct_s" not in simulated or name not in phases:
             continue
         live = phases[name]["summary"]["avg_jct_s"]
         lines += [

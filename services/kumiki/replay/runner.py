@@ -15,6 +15,7 @@ from typing import Any
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.data import bundled_trace
 from kumiki.devstack.queues import development_tree
+from kumiki.placement.core import LIVE_POLICIES
 from kumiki.replay.core import (
     DEFAULT_PHASES,
     PHASES,
@@ -49,6 +50,7 @@ class ReplaySettings:
     out: Path = Path("out/replay")
     timeout_s: float = 900.0
     simulate: bool = True
+    policy: str | None = None  # the kumiki phase's placement policy (None: the stack's own)
 
     def validate(self) -> None:
         if not 1 <= self.nodes <= 10_000:
@@ -60,6 +62,8 @@ class ReplaySettings:
             raise ReplayError(
                 f"--phases: expected some of {', '.join(PHASES)}, got {','.join(self.phases) or '(none)'}"
             )
+        if self.policy is not None and self.policy not in LIVE_POLICIES:
+            raise ReplayError(f"--policy: expected one of {', '.join(LIVE_POLICIES)}, got {self.policy!r}")
         if self.timeout_s <= 0:
             raise ReplayError(f"--timeout-s: must be > 0, got {self.timeout_s:g}")
 
@@ -73,6 +77,7 @@ class Endpoints:
     restart_placement: Callable[[dict[str, str]], None] | None = None
     placement_policy: str = "fifo-backfill"
     placement_strategy: str = "kumiki"
+    checkpoints: str | None = None  # the preemption service (Checkpoints), where the replay's jobs report
 
 
 @dataclass
@@ -112,7 +117,7 @@ def check_phase(jobs: Sequence[ReplayJob], outcomes: Sequence[Outcome], log: Seq
     return problems
 
 
-def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, strategy: str) -> dict[str, float]:
+def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, strategy: str) -> dict[str, Any]:
     """The same jobs, cluster and policy in the simulator (no quota service: the work-conserving case)."""
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sched.policies import POLICIES
@@ -120,7 +125,12 @@ def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, str
 
     specs = [SimJobSpec(job.job_id, job.submit_s, job.gpus, job.duration_s, job.queue) for job in jobs]
     spec = uniform_cluster(nodes, GPUS_PER_NODE, island_size=GPUS_PER_NODE)
-    result = Simulator(spec, specs, SimConfig(POLICIES[policy], placement=strategy)).run()
+    forecaster = None
+    if POLICIES[policy].uses_forecast:  # a fresh one, learning online as the live forecast service does
+        from kumiki.forecast.models import build_default_forecaster
+
+        forecaster = build_default_forecaster()
+    result = Simulator(spec, specs, SimConfig(POLICIES[policy], placement=strategy), forecaster=forecaster).run()
     jcts = [job.jct_s for job in result.jobs]
     return {
         "avg_jct_s": sum(jcts) / len(jcts),
@@ -157,7 +167,9 @@ async def run_session(
             baseline = phase == "baseline"
             await swap_queue_tree(endpoints.database, trees[phase], f"replay {phase}")
             policy = endpoints.placement_policy
-            overrides = PHASE_OVERRIDES.get(phase, {})
+            overrides = dict(PHASE_OVERRIDES.get(phase, {}))
+            if phase != "baseline" and settings.policy not in (None, endpoints.placement_policy):
+                overrides["KUMIKI_PLACEMENT_POLICY"] = str(settings.policy)
             restarted = bool(overrides) and endpoints.restart_placement is not None
             if overrides and not restarted:
                 raise ReplayError(f"--phases: {phase} restarts placement, which only a local stack (`kumiki up`) can")
@@ -178,6 +190,7 @@ async def run_session(
                 preemptible=not baseline,
                 run_id=run_id,
                 counts=live,
+                checkpoints_address=endpoints.checkpoints,
             )
             try:
                 outcomes = await replay.run(timeout_s=settings.timeout_s)
@@ -201,9 +214,13 @@ async def run_session(
     finally:
         # what was there before, else the local stack's development tree (research, product, batch)
         await swap_queue_tree(endpoints.database, previous_tree or development_tree(capacity), "replay done")
-    simulated: dict[str, float] = {}
+    simulated: dict[str, Any] = {}
     if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
-        simulated = simulate_counterpart(jobs, settings.nodes, endpoints.placement_policy, endpoints.placement_strategy)
+        policy = settings.policy or endpoints.placement_policy
+        try:
+            simulated = simulate_counterpart(jobs, settings.nodes, policy, endpoints.placement_strategy)
+        except (ArithmeticError, ValueError) as error:  # the live run stands; the report says what failed
+            simulated = {"error": f"simulation failed: {error!r}"}
     payload = {
         "trace": settings.trace,
         "jobs": len(jobs),
