@@ -35,7 +35,7 @@ QUEUES = {
     "cluster": {"gpus": {"A100-80GB": 16, "H100-80GB": 8, "V100-32GB": 8}},
     "rates": {"A100-80GB": 2.0},
     "queues": [
-        {"name": "team-a", "guarantee": 16},
+        {"name": "team-a", "guarantee": 24},
         {"name": "team-b", "guarantee": 0, "limit": 4},
     ],
 }

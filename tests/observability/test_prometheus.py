@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 
 from kumiki.common.bus.topics import JOB_LIFECYCLE
 from kumiki.common.config import DatabaseSettings, KafkaSettings
-from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.devstack.observability import start_prometheus
 from kumiki.devstack.processes import free_port, terminate
 from tests.agent.fake_nvml.build import FakeNvmlConfig, build_library
@@ -132,11 +132,49 @@ async def test_prometheus_scrapes_the_stack_and_the_rules_fire_on_live_series(
                 stub = placement_pb2_grpc.PlacementStub(channel)
                 reply = await stub.Bind(bind_request("scraped-job", [whole(2)]))
                 assert reply.outcome == placement_pb2.BindResponse.OUTCOME_BOUND
+                # fragmentation: the one H100 node is full, so a second 8-GPU H100 pod waits for capacity and
+                # every other node's free GPUs are stranded for it; quota holds a job of team-b's back
+                for job in ("h100-first", "h100-waits"):
+                    await stub.Bind(bind_request(job, [whole(8, "H100-80GB")]))
+                held = await stub.Bind(bind_request("held-job", [whole(8)], queue="team-b"))
+                assert held.outcome == placement_pb2.BindResponse.OUTCOME_PENDING
+                # forecast accuracy: a job that ran is scored against the forecast it was given
+                released = await stub.Release(
+                    placement_pb2.ReleaseRequest(
+                        job=common_pb2.JobRef(job_id="scraped-job", generation=1),
+                        reason="done",
+                        final_state=events_pb2.JOB_STATE_COMPLETED,
+                    )
+                )
+                assert released.released
             await wait_until(
                 lambda: prometheus_query(url, 'kumiki:placement_binds:rate5m{outcome="bound"} > 0'),
                 timeout_s=30,
                 what="the recorded bind rate",
             )
+            await wait_until(
+                lambda: prometheus_query(url, 'kumiki_placement_stranded_gpus{shape="8x A100-80GB"} > 0'),
+                timeout_s=30,
+                what="stranded A100 GPUs while an H100 pod waits",
+            )
+            await wait_until(  # the recording rule, a rule evaluation after the scrape
+                lambda: prometheus_query(url, "kumiki:placement_stranded_gpus:sum >= 8"),
+                timeout_s=30,
+                what="the recorded stranded-GPU sum",
+            )
+            await wait_until(
+                lambda: prometheus_query(url, 'kumiki_placement_pending_jobs_by_reason{reason="quota"} == 1'),
+                timeout_s=30,
+                what="the held job counted under reason quota",
+            )
+            await wait_until(
+                lambda: prometheus_query(url, "kumiki_forecast_scored_total > 0"),
+                timeout_s=30,
+                what="forecast scoring the completed job",
+            )
+            (coverage,) = prometheus_query(url, "kumiki_forecast_p90_coverage_ratio")
+            assert float(coverage["value"][1]) in (0.0, 1.0), "one ending: covered or not"
+            assert prometheus_query(url, "kumiki_forecast_abs_log_error >= 0")
             await wait_until(
                 lambda: prometheus_query(url, f'kumiki_agent_samples_total{{node="{NODE}"}} > 0'),
                 timeout_s=30,
