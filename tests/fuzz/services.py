@@ -1,8 +1,10 @@
 """Every gRPC service of Kumiki started in-process by the shared shell (ServiceHost, the same server setup as
 production: the request guard, tracing, health), on loopback, over the real Apache Kafka and Postgres.
 
-The services run on an event loop in a background thread so that a plain (synchronous) hypothesis test or the
-benchmark can call them with a blocking gRPC channel, as any outside client would.
+Each service runs on its own event loop in its own background thread, as each runs in its own process in a
+stack: a plain (synchronous) hypothesis test or the benchmark calls them with a blocking gRPC channel, as any
+outside client would, and one service's CPU-bound work (forecast refitting on the lifecycle events the fuzzed
+binds publish) does not stall another's loop.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class Endpoint:
 
 @dataclass
 class RunningServices:
-    loop: asyncio.AbstractEventLoop
+    loops: dict[str, asyncio.AbstractEventLoop]
     hosts: dict[str, ServiceHost]
     endpoints: list[Endpoint] = field(default_factory=list)
 
@@ -137,12 +139,15 @@ def running_services(
     (folder / "queues.yaml").write_text(yaml.safe_dump(QUEUES))
     env = {"KUMIKI_QUOTA_ALLOW_ANONYMOUS": "true", "KUMIKI_QUOTA_CONFIG_FILE": str(folder / "queues.yaml")}
     kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=f"fuzz-{uuid.uuid4().hex[:10]}.")
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="fuzz-services", daemon=True)
-    thread.start()
+    loops = {name: asyncio.new_event_loop() for name in (*services, "admin")}
+    threads = [
+        threading.Thread(target=loop.run_forever, name=f"fuzz-{name}", daemon=True) for name, loop in loops.items()
+    ]
+    for thread in threads:
+        thread.start()
 
-    def run(coro: Any, timeout: float = 120.0) -> Any:
-        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, loop)
+    def run(coro: Any, timeout: float = 120.0, on: str = "admin") -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, loops[on])
         return future.result(timeout)
 
     specs = service_specs()
@@ -166,20 +171,23 @@ def running_services(
                 )
                 host = ServiceHost(spec, settings)
                 hosts[name] = host
-                run(host.start())
-        running = RunningServices(loop, hosts)
+                run(host.start(), on=name)
+        running = RunningServices(loops, hosts)
         for name in services:
             for method in GRPC_SERVICES[name].methods:
                 running.endpoints.append(Endpoint(name, method, running.address(name)))
         yield running
     finally:
-        for host in hosts.values():
+        for name, host in hosts.items():
             try:
-                run(host.stop())
+                run(host.stop(), on=name)
             except Exception as error:  # stop the others anyway
                 logging.getLogger(__name__).warning("stopping a fuzzed service failed: %r", error)
         for url in databases:
             run(_drop_database(admin_url, url))
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+        for loop in loops.values():
+            loop.call_soon_threadsafe(loop.stop)
+        for thread in threads:
+            thread.join(timeout=10)
+        for loop in loops.values():
+            loop.close()
