@@ -36,7 +36,7 @@ console = message_console()
 def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, prefix: str = "") -> None:
     """The replay's options; `kumiki up` takes the same ones as --replay-* (prefix 'replay-')."""
     parser.add_argument(f"--{prefix}trace", default=DEFAULT_TRACE, help="trace: CSV path or bundled name")
-    parser.add_argument(f"--{prefix}speed", type=float, default=2000.0, help="trace seconds per wall second")
+    parser.add_argument(f"--{prefix}speed", type=float, default=1000.0, help="trace seconds per wall second")
     parser.add_argument(f"--{prefix}nodes", type=int, default=16, help="emulated nodes of 8 GPUs")
     parser.add_argument(
         f"--{prefix}phases",
@@ -111,18 +111,9 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
 
 
 def _view(counts: LiveCounts) -> Table:
-    table = Table(title=f"replay: {counts.phase}", show_header=True)
-    for column in (
-        "submitted",
-        "waiting",
-        "running",
-        "done",
-        "GPUs allocated",
-        "GPUs computing",
-        "idle GPUs",
-        "binds/s",
-    ):
-        table.add_column(column, justify="right")
+    table = Table(title=f"replay: {counts.phase} (GPUs: held / computing / held idle)", show_header=True)
+    for column in ("submitted", "waiting", "running", "done", "held", "computing", "idle", "binds/s"):
+        table.add_column(column, justify="right", no_wrap=True)
     table.add_row(
         f"{counts.submitted}/{counts.planned}",
         str(counts.waiting),

@@ -226,6 +226,7 @@ class Replay:
         track.generation = generation
         track.runs += 1
         track.started_wall = track_started = at_wall
+        self.counts.binds += 1  # at arrival or by a scheduling pass: every BOUND counts
         self.counts.waiting -= 1
         self.counts.running += 1
         self.counts.gpus_allocated += track.job.gpus
@@ -348,8 +349,6 @@ class Replay:
                 self._done.set()
             return
         assert isinstance(reply, placement_pb2.BindResponse)
-        if reply.outcome == placement_pb2.BindResponse.OUTCOME_BOUND:
-            self.counts.binds += 1
 
     async def run(self, timeout_s: float | None = None) -> list[Outcome]:
         """Replay every job; returns one outcome per job that ended (in trace seconds from the start)."""
