@@ -64,6 +64,13 @@ def test_evaluate_writes_the_report_and_predictions_contract(
     assert len(pairs) == window_jobs * 6  # one row per job and model
     assert all(float(row[3]) >= float(row[2]) > 0 for row in rows[1:])
     assert "| kumiki |" in (out / "report.md").read_text()
+    # rolling origin: every day scored per model, and kumiki against that day's better baseline
+    assert set(report["per_day"]) == {"day 0"}  # 240 jobs, 300 s apart: all on the first day
+    assert set(report["per_day"]["day 0"]) == set(report["models"])
+    (day,) = report["versus_better_baseline"]["kumiki"]["days"]
+    assert day["test_day"] is False and day["better_baseline"] in ("global-median", "last-two")
+    assert day["jobs"] == window_jobs
+    assert set(report["per_queue"]) and "Rolling origin" in (out / "report.md").read_text()
     assert (out / "forecast_errors.png").read_bytes().startswith(b"\x89PNG")
     # The keys differ by 30x: Kumiki's per-key history must beat the global median.
     assert (

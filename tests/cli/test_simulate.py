@@ -175,3 +175,32 @@ def test_pack_reports_unallocated_share(tmp_path):
         for run in row["runs"]:
             assert run["arrivals"] >= 1 and (run["failed"] == 0) == (run["first_failure_arrival"] == 0)
     assert (out / "unallocated.png").exists()
+
+
+def test_day_windows_and_the_share_of_the_oracles_gain_the_forecasts_recover(tmp_path):
+    trace = tmp_path / "two-days.csv"
+    lines = ["job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\n"]
+    for index in range(160):  # two days; queue "long" runs 50x longer than "short"
+        queue = "long" if index % 4 == 0 else "short"
+        duration = (5_000 if queue == "long" else 100) + 7 * (index % 5)
+        lines.append(f"j{index},{index * 1_080},1,,,{duration},,{queue},,\n")
+    trace.write_text("".join(lines))
+    out = tmp_path / "out"
+    policies = "kumiki,kumiki-noforecast,kumiki-oracle"
+    args = ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "2", "--policy", policies]
+    assert main([*args, "--out", str(out), "--day-windows", "--no-plots"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = report["policies"]
+    value = report["forecast_value"]
+    base, own, best = (rows[name]["avg_jct_s"] for name in ("kumiki-noforecast", "kumiki", "kumiki-oracle"))
+    assert value["noforecast_avg_jct_s"] == base and value["oracle_avg_jct_s"] == best
+    if value["recovered_share"] is not None:
+        assert value["recovered_share"] == pytest.approx((base - own) / (base - best))
+    windows = report["windows"]
+    assert list(windows) == ["day 0", "day 1"]
+    assert sum(window["jobs"] for window in windows.values()) == 160
+    for window in windows.values():
+        assert set(window["policies"]) == set(policies.split(","))
+        assert set(window["forecast_value"]) >= {"recovered_share", "noforecast_avg_jct_s"}
+    assert report["windows_spread"]["kumiki_over_kumiki-noforecast"]["windows"] == 2
+    assert "## Day windows" in (out / "report.md").read_text()

@@ -196,10 +196,12 @@ def _windows_report(evaluation: Evaluation, names: Sequence[str]) -> dict[str, A
         if model in baseline_factories():
             continue
         days = verdicts(by_day, model)
-        ratios = [v.ratio for v in days if math.isfinite(v.ratio)]
-        coverage = [v.p90_coverage for v in days]
+        # the first day has no earlier day to learn from: it is reported, not a rolling-origin test day
+        tested = days[1:]
+        ratios = [v.ratio for v in tested if math.isfinite(v.ratio)]
+        coverage = [v.p90_coverage for v in tested]
         comparisons[model] = {
-            "days": [v.as_dict() for v in days],
+            "days": [{**v.as_dict(), "test_day": index > 0} for index, v in enumerate(days)],
             "queues": [v.as_dict() for v in verdicts(by_queue, model)],
             "ratio_spread": {"min": min(ratios), "mean": sum(ratios) / len(ratios), "max": max(ratios)}
             if ratios

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -300,11 +301,14 @@ def _day_windows(
         if not jobs:
             continue
         rows: dict[str, Any] = {}
+        warmed = None
         for name in policies:
             forecaster = None
             if POLICIES[name].uses_forecast:
-                forecaster = default_forecaster()
-                warm_up(forecaster, full_trace, start)
+                if warmed is None:
+                    warmed = default_forecaster()
+                    warm_up(warmed, full_trace, start)
+                forecaster = copy.deepcopy(warmed)  # each run learns on its own from the same history
             config = SimConfig(POLICIES[name], placement=placement, checkpoint=checkpoint, queue_shares=shares)
             result = Simulator(spec, jobs, config, forecaster=forecaster).run()
             summary = summarize(result, large_gpus=gpus_per_node)

@@ -82,6 +82,8 @@ class QueuePolicy:
     # `gittins` order: weigh the forecast by its `trust` (the forecaster's measured record on the job's key),
     # falling back to the forecast-free rank as trust falls; False: every forecast fully trusted
     use_trust: bool = True
+    # with trust: update the forecast's weight by the job's survival so far (Bayes); False: fixed weight
+    trust_update: bool = True
 
 
 # Kumiki: Gittins-index order on the forecast distribution, per GPU-second; preemption with a 4x hysteresis
@@ -198,7 +200,7 @@ def gittins_key(policy: QueuePolicy, view: JobView, executed_s: float) -> float:
         if policy.use_trust and forecast.trust is not None:
             trust = min(1.0, max(0.0, forecast.trust))
     tail = {"tail_weight": policy.tail_weight, "tail_sigma": policy.tail_sigma}
-    if trust > 0.0:
+    if trust > 0.0 and policy.trust_update:
         trust = posterior_trust(trust, p50, p90, executed_s)
     if trust >= 1.0 - 1e-6:
         rank = gittins_rank(p50, p90, executed_s, **tail)
