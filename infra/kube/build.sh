@@ -71,7 +71,8 @@ if [ ! -x "$BIN/etcd" ]; then
   W="$HOME_DIR/src/etcd"
   mkdir -p "$W"
   printf 'module kumiki.local/etcd-build\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$W/go.mod"
-  printf 'package main\n\nimport _ "go.etcd.io/etcd/server/v3/embed"\n\nfunc main() {}\n' >"$W/main.go"
+  # a stand-in main importing what etcd's own main does, so `go mod tidy` records every module it needs
+  printf 'package main\n\nimport _ "go.etcd.io/etcd/server/v3/etcdmain"\n\nfunc main() {}\n' >"$W/main.go"
   log "building etcd $ETCD_VERSION"
   (cd "$W" && "$GO" mod tidy >&2 && "$GO" build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3)
 fi

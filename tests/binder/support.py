@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.codecs import load_all_yaml
 from lightkube.generic_resource import create_namespaced_resource
@@ -45,7 +46,7 @@ async def install_crd(client: AsyncClient) -> None:
             async for _ in client.list(PodGroup, namespace="*"):
                 break
             return True
-        except ApiError:
+        except (ApiError, httpx2.HTTPStatusError):  # 404 until the CRD is established
             return False
 
     await wait_until(served, timeout_s=30, what="the PodGroup CRD to serve")

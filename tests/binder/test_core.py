@@ -124,3 +124,22 @@ def test_gang_outcomes_and_readiness() -> None:
     gang.pods[third.key] = third
     assert gang.ready_to_submit()
     assert core.bind_request_fields(gang, gang.waiting())["min_members"] == 3
+
+
+def test_gpu_feature_discovery_product_labels_become_kumiki_model_names() -> None:
+    assert core.gpu_model_name("NVIDIA-A100-SXM4-80GB") == "A100-80GB"
+    assert core.gpu_model_name("NVIDIA-H100-80GB-HBM3") == "H100-80GB"
+    assert core.gpu_model_name("Tesla-V100-SXM2-32GB") == "V100-32GB"
+    assert core.gpu_model_name("NVIDIA-L4", 23034) == "L4-22GB"
+    node = core.parse_node(node_object("n1", 8, mig=True))
+    assert node.gpu_model == "A100-80GB"  # a model placement knows the MIG profiles of
+    pod = core.parse_pod(
+        {
+            **pod_object("ns", "p", gpus=1),
+            "spec": {
+                **pod_object("ns", "p", gpus=1)["spec"],
+                "nodeSelector": {core.GPU_MODEL_SELECTOR: "NVIDIA-A100-SXM4-80GB"},
+            },
+        }
+    )
+    assert pod.resources is not None and pod.resources.gpu_model == "A100-80GB"

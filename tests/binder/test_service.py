@@ -35,6 +35,11 @@ from tests.conftest import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 
+async def until(predicate: Any, timeout_s: float, what: str) -> Any:
+    """wait_until at a pace the API server can take while it schedules (listing hundreds of pods)."""
+    return await wait_until(predicate, timeout_s=timeout_s, interval_s=0.3, what=what)
+
+
 def condition(pod: dict[str, Any], kind: str = "PodScheduled") -> dict[str, Any] | None:
     for item in (pod.get("status") or {}).get("conditions") or []:
         if item.get("type") == kind:
@@ -74,7 +79,7 @@ async def start(processes: Processes, client: AsyncClient, nodes: list[dict[str,
         listed = [node.to_dict() async for node in client.list(Node)]
         return len(listed) == len(nodes) and all(core.parse_node(node).schedulable for node in listed)
 
-    await wait_until(ready, timeout_s=60, what="KWOK to make every node Ready")
+    await until(ready, timeout_s=60, what="KWOK to make every node Ready")
     await processes.start_placement()
     await processes.start_binder()
 
@@ -109,12 +114,12 @@ async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_com
     assert pod_count == 100
     await create_all(kube, objects)
 
-    await wait_until(lambda: all_bound(kube, ns, 100), timeout_s=120, what="all 100 pods bound")
+    await until(lambda: all_bound(kube, ns, 100), timeout_s=120, what="all 100 pods bound")
     pods = await pods_in(kube, ns)
     assert over_commits(pods) == []
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     for group, size in gangs.items():
-        members = [pod for pod in pods if pod["metadata"]["labels"].get(core.POD_GROUP_LABEL) == group]
+        members = [pod for pod in pods if pod["metadata"].get("labels", {}).get(core.POD_GROUP_LABEL) == group]
         assert len(members) == size and all(pod["spec"]["nodeName"] for pod in members)
         assert {pod["metadata"]["annotations"][core.GENERATION_ANNOTATION] for pod in members} == {"1"}
     for name, pod in by_name.items():
@@ -127,8 +132,8 @@ async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_com
             indices = annotations[core.GPU_INDICES_ANNOTATION].split(",")
             assert annotations[core.GPU_UUIDS_ANNOTATION].split(",") == [f"GPU-{node}-{index}" for index in indices]
     # KWOK runs them: the phases the binder follows
-    await wait_until(lambda: _all_phase(kube, ns, "Running", 100), timeout_s=60, what="KWOK to run every bound pod")
-    await wait_until(
+    await until(lambda: _all_phase(kube, ns, "Running", 100), timeout_s=60, what="KWOK to run every bound pod")
+    await until(
         lambda: _running_jobs(processes.kafka, f"{ns}/gang-16"), timeout_s=30, what="RUNNING for the 16-pod gang"
     )
 
@@ -163,7 +168,7 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
         told = [pod for pod in waiting if (condition(pod) or {}).get("status") == "False"]
         return len(bound(pods)) == 2 and len(told) == 2
 
-    await wait_until(one_gang_bound_one_told, timeout_s=60, what="one gang bound and the other pending with a reason")
+    await until(one_gang_bound_one_told, timeout_s=60, what="one gang bound and the other pending with a reason")
     pods = await pods_in(kube, ns)
     groups = {pod["metadata"]["labels"][core.POD_GROUP_LABEL] for pod in bound(pods)}
     assert len(groups) == 1, f"a gang was split: {groups}"
@@ -186,7 +191,7 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
         pods = await pods_in(kube, ns2)
         return len(pods) == 4 and all((condition(pod) or {}).get("status") == "False" for pod in pods)
 
-    await wait_until(all_told, timeout_s=60, what="every pod of the unfit gang and the never-fitting pod told why")
+    await until(all_told, timeout_s=60, what="every pod of the unfit gang and the never-fitting pod told why")
     pods = {pod["metadata"]["name"]: pod for pod in await pods_in(kube, ns2)}
     assert not bound(list(pods.values()))
     never = condition(pods["sixteen"]) or {}
@@ -203,7 +208,7 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
     # when the bound gang ends, the waiting one of #3373 gets the GPUs
     for pod in bound(await pods_in(kube, ns)):
         await kube.delete(Pod, pod["metadata"]["name"], namespace=ns, grace_period=0)
-    await wait_until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the waiting gang bound once the other left")
+    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the waiting gang bound once the other left")
 
 
 async def test_a_node_cordoned_mid_stream_gets_no_new_pod(kube: AsyncClient, processes: Processes) -> None:
@@ -213,7 +218,7 @@ async def test_a_node_cordoned_mid_stream_gets_no_new_pod(kube: AsyncClient, pro
     await kube.patch(Node, "gpu-0", {"spec": {"unschedulable": True}})
     later = [pod_object(ns, f"late-{i:02d}", gpus=1) for i in range(14)]
     await create_all(kube, later)
-    await wait_until(lambda: all_bound(kube, ns, 24), timeout_s=60, what="all 24 pods bound")
+    await until(lambda: all_bound(kube, ns, 24), timeout_s=60, what="all 24 pods bound")
     pods = await pods_in(kube, ns)
     on_cordoned = [
         pod["metadata"]["name"]
@@ -241,19 +246,25 @@ async def test_phases_become_lifecycle_events_and_releases(kube: AsyncClient, pr
         finals = [r for r in records if r.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED)]
         return finals if len(finals) >= 2 else []
 
-    finals = await wait_until(ended, timeout_s=60, what="COMPLETED and FAILED on job.lifecycle")
+    finals = await until(ended, timeout_s=60, what="COMPLETED and FAILED on job.lifecycle")
     by_job = {record.job.job_id: record for record in finals}
     assert by_job[f"{ns}/train"].state == events_pb2.JOB_STATE_COMPLETED
     assert by_job[f"{ns}/train"].runtime_s >= 1.5
     assert by_job[f"{ns}/pod/crash"].state == events_pb2.JOB_STATE_FAILED
     records = await lifecycle(processes.kafka)
     assert any(r.job.job_id == f"{ns}/train" and r.state == events_pb2.JOB_STATE_RUNNING for r in records)
+
+    async def group_succeeded() -> bool:
+        group = await kube.get(PodGroup, "train", namespace=ns)
+        return (group.status or {}).get("phase") == "Succeeded"  # type: ignore[union-attr]
+
+    await until(group_succeeded, timeout_s=30, what="the PodGroup's phase Succeeded")
     # released in placement: the GPUs are free again for a full-node gang
     await create_all(
         kube,
         [podgroup_object(ns, "after", 2), *(pod_object(ns, f"after-{i}", gpus=8, group="after") for i in range(2))],
     )
-    await wait_until(
+    await until(
         lambda: _bound_names(kube, ns, "after-"), timeout_s=60, what="the GPUs freed by the ended jobs to be used again"
     )
 
@@ -275,7 +286,7 @@ async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
             *(pod_object(ns, f"victim-{i}", gpus=2, group="victim", labels={"app": "victim"}) for i in range(2)),
         ],
     )
-    await wait_until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
+    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
     # a budget with nothing allowed (no disruption controller runs: status.disruptionsAllowed stays 0)
     await kube.create(
         PodDisruptionBudget.from_dict(
@@ -302,14 +313,14 @@ async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
         events = [event async for event in kube.list(Event, namespace=ns)]
         return any(event.reason == "EvictionRefused" for event in events)
 
-    await wait_until(refused_and_reported, timeout_s=60, what="a refused eviction reported on the pod")
+    await until(refused_and_reported, timeout_s=60, what="a refused eviction reported on the pod")
     assert len(await pods_in(kube, ns)) == 2  # never deleted behind the budget's back
     await kube.delete(PodDisruptionBudget, "keep", namespace=ns)
 
     async def evicted() -> bool:
         return not await pods_in(kube, ns)
 
-    await wait_until(evicted, timeout_s=90, what="the pods evicted once the budget allows it")
+    await until(evicted, timeout_s=90, what="the pods evicted once the budget allows it")
 
 
 async def test_binder_sigkilled_mid_500_binds_resumes_without_double_binding(
@@ -336,13 +347,13 @@ async def test_binder_sigkilled_mid_500_binds_resumes_without_double_binding(
     async def some_bound() -> bool:
         return len(bound(await pods_in(kube, ns))) >= 100
 
-    await wait_until(some_bound, timeout_s=120, what="100 pods bound before the kill")
+    await until(some_bound, timeout_s=120, what="100 pods bound before the kill")
     processes.kill_binder()
     await creating
     before = len(bound(await pods_in(kube, ns)))
     assert before < 500, "the kill came too late to be mid-stream"
     await processes.start_binder()
-    await wait_until(lambda: all_bound(kube, ns, 500), timeout_s=180, what="all 500 pods bound after the restart")
+    await until(lambda: all_bound(kube, ns, 500), timeout_s=180, what="all 500 pods bound after the restart")
     pods = await pods_in(kube, ns)
     assert over_commits(pods) == []
     # one live bind per job: every pod's generation is its job's last BOUND in Placement's log, on that node
@@ -368,7 +379,7 @@ async def test_two_replicas_one_leader_and_the_standby_takes_over(kube: AsyncCli
     assert lease.spec.holderIdentity.startswith("binder-0-")  # the first binder leads
     ns = await namespace(kube)
     await create_all(kube, [pod_object(ns, f"before-{i}", gpus=1) for i in range(4)])
-    await wait_until(lambda: all_bound(kube, ns, 4), timeout_s=60, what="pods bound by the leader")
+    await until(lambda: all_bound(kube, ns, 4), timeout_s=60, what="pods bound by the leader")
     processes.kill_binder(0)
     await create_all(kube, [pod_object(ns, f"after-{i}", gpus=1) for i in range(4)])
 
@@ -376,7 +387,7 @@ async def test_two_replicas_one_leader_and_the_standby_takes_over(kube: AsyncCli
         current = await kube.get(Lease, processes.lease, namespace="kube-system")
         return bool(current.spec and (current.spec.holderIdentity or "").startswith("binder-1-"))
 
-    await wait_until(standby_leads, timeout_s=60, what="the standby to take the Lease")
-    await wait_until(lambda: all_bound(kube, ns, 8), timeout_s=60, what="pods bound by the new leader")
+    await until(standby_leads, timeout_s=60, what="the standby to take the Lease")
+    await until(lambda: all_bound(kube, ns, 8), timeout_s=60, what="pods bound by the new leader")
     assert standby.poll() is None
     assert over_commits(await pods_in(kube, ns)) == []

@@ -116,7 +116,7 @@ async def _lead(runtime: Runtime, kube: KubeApi, binder: Binder, lease: tuple[st
     async def give_up_lease() -> None:
         await kube.release_lease(namespace, name)
 
-    runtime.closers.append(give_up_lease)
+    runtime.closers.insert(0, give_up_lease)  # before the API client closes
     stopping = runtime.stopping
     background = runtime.background
     background.append(asyncio.create_task(_hold_lease(kube, namespace, name, duration_s, stopping), name="lease"))

@@ -205,8 +205,24 @@ def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> commo
         raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {resources.gpus}")
     model = annotations.get(GPU_MODEL_ANNOTATION) or (spec.get("nodeSelector") or {}).get(GPU_MODEL_SELECTOR)
     if model:
-        resources.gpu_model = str(model)
+        resources.gpu_model = gpu_model_name(str(model))
     return resources
+
+
+_MODEL = re.compile(r"\b([A-Z]+[0-9]+[A-Z]?)\b")
+_MEMORY = re.compile(r"([0-9]+)GB")
+
+
+def gpu_model_name(product: str, memory_mib: int = 0) -> str:
+    """gpu-feature-discovery's product label ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3") as Kumiki's
+    model names ("A100-80GB", "H100-80GB": what MIG profiles and the simulator know); unknown forms unchanged."""
+    text = product.upper().removeprefix("NVIDIA-").replace("_", "-")
+    family = _MODEL.search(text.replace("-", " "))
+    if family is None:
+        return product
+    memory = _MEMORY.search(text)
+    gb = int(memory.group(1)) if memory else round(memory_mib / 1024) if memory_mib else 0
+    return f"{family.group(1)}-{gb}GB" if gb else family.group(1)
 
 
 def topology_of(annotations: Mapping[str, str]) -> common_pb2.TopologyConstraint:
@@ -322,7 +338,9 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
     return Node(
         name=name,
         gpus=gpus,
-        gpu_model=labels.get(GPU_MODEL_SELECTOR, "gpu" if gpus else ""),
+        gpu_model=gpu_model_name(labels[GPU_MODEL_SELECTOR], int(memory_label) if memory_label.isdigit() else 0)
+        if labels.get(GPU_MODEL_SELECTOR)
+        else ("gpu" if gpus else ""),
         gpu_memory_mib=int(memory_label) if memory_label.isdigit() else 0,
         mig=mig,
         shareable=labels.get(NODE_SHARING_LABEL, "") in ("time-slicing", "mps")

@@ -263,6 +263,9 @@ class Binder:
             reason = "pods succeeded" if outcome == events_pb2.JOB_STATE_COMPLETED else "a pod failed"
         gang.released = gang.generation
         self._spawn(self._release(gang.job_id, gang.generation, reason, state))
+        if gang.group and state != events_pb2.JOB_STATE_RELEASED:
+            phase = "Succeeded" if state == events_pb2.JOB_STATE_COMPLETED else "Failed"
+            self._spawn(self.kube.set_podgroup_phase(gang.namespace, gang.group, phase, len(members), 0))
 
     async def _release(self, job_id: str, generation: int, reason: str, state: int) -> None:
         for attempt in range(20):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import msgspec
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.coordination_v1 import LeaseSpec
@@ -26,7 +27,7 @@ from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 from kumiki.binder.core import POD_GROUP_API, SCHEDULER_NAME
 
 log = logging.getLogger(__name__)
-
+logging.getLogger("httpx2").setLevel(logging.WARNING)  # one INFO line per API request otherwise
 PodGroup = create_namespaced_resource(POD_GROUP_API[0], POD_GROUP_API[1], "PodGroup", POD_GROUP_API[2], verbs=None)
 PodGroupStatus = PodGroup.Status
 FIELD_MANAGER = "kumiki-binder"
@@ -106,6 +107,10 @@ class KubeApi:
             if error.status.code == 404:
                 return False
             raise
+        except httpx2.HTTPStatusError as error:  # a 404 without a Status body (the group is not served)
+            if error.response.status_code == 404:
+                return False
+            raise
 
     # ---- writing -------------------------------------------------------------------------------------
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> bool:
@@ -119,6 +124,8 @@ class KubeApi:
         )
         try:
             await self.client.create(binding, name=name, namespace=namespace)
+            return True
+        except msgspec.ValidationError:  # the API answers 201 with a Status, which lightkube reads as a Binding
             return True
         except ApiError as error:
             if error.status.code in (404, 409):
@@ -196,6 +203,8 @@ class KubeApi:
         eviction = PodEviction(metadata=ObjectMeta(name=name, namespace=namespace), deleteOptions=options)
         try:
             await self.client.create(eviction, name=name, namespace=namespace)
+            return True, ""
+        except msgspec.ValidationError:  # 201 with a Status body: accepted
             return True, ""
         except ApiError as error:
             if error.status.code == 404:
