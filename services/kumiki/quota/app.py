@@ -44,7 +44,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     if settings.config_file is not None:
         try:  # a broken queue file stops the service with one line naming the variable (exit 2), no traceback
             config = parse_config(yaml.safe_load(settings.config_file.read_text()))
-        except (OSError, ValueError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
+        except (OSError, ValueError, OverflowError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
             raise ConfigError(f"KUMIKI_QUOTA_CONFIG_FILE: {one_line(error)}") from None
         version = await write_config(runtime.pool, config, str(settings.config_file))
         log.info("queue file applied", extra={"file": str(settings.config_file), "version": version})

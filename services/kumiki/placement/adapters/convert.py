@@ -41,6 +41,9 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
         raise InvalidRequest(f"{where}.gpu_fraction", f"must be within (0, 1), got {pod.gpu_fraction}")
     if pod.gpus > 64:
         raise InvalidRequest(f"{where}.gpus", f"must be <= 64 per pod, got {pod.gpus}")
+    for name in ("gpu_memory_mib", "cpu_milli", "memory_mib"):  # held as doubles: past 2**53 they are not exact,
+        if getattr(pod, name) > 2**53:  # and 2**64 - 1 MiB rounded back did not fit its uint64 (found by fuzzing)
+            raise InvalidRequest(f"{where}.{name}", f"must be <= 2**53, got {getattr(pod, name)}")
     if pod.gpu_fraction and pod.gpu_memory_mib == 0:
         raise InvalidRequest(f"{where}.gpu_memory_mib", "required with gpu_fraction (the per-card memory cap)")
     if pod.mig_profile and "g." not in pod.mig_profile:

@@ -30,7 +30,12 @@ def load_tokens(path: Path, variable: str = TOKENS_FILE) -> dict[str, str]:
     """token SHA-256 (hex) -> identity, validated; errors name the variable (`variable`) and the entry."""
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError) as error:  # PyYAML raises ValueError for a bad \U escape
+    except (
+        OSError,
+        ValueError,
+        OverflowError,
+        yaml.YAMLError,
+    ) as error:  # PyYAML: ValueError/OverflowError for a bad \U escape
         raise ConfigError(f"{variable}: cannot read {str(path)!r}: {one_line(error)}") from None
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"{variable}: expected a YAML mapping of token sha256 (hex) to identity in {path}")
@@ -129,7 +134,7 @@ class QueueAuthorizer:
             return None
         try:
             config = parse_config(yaml.safe_load(queues.read_text()))
-        except (OSError, ValueError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
+        except (OSError, ValueError, OverflowError, yaml.YAMLError) as error:  # QueueConfigError is a ValueError
             raise ConfigError(f"{queues_variable}: {one_line(error)}") from None
         tokens_path = env_file(env, tokens_variable)
         tokens = load_tokens(tokens_path, tokens_variable) if tokens_path else {}
