@@ -281,7 +281,9 @@ def start_kube(
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--endpoint-reconciler-type=none",  # else it exits: 127.0.0.1 cannot be a service endpoint
-                "--disable-admission-plugins=ServiceAccount",  # no controller-manager makes default accounts
+                # no controller-manager runs: nothing makes default service accounts, and nothing would lift
+                # the not-ready taint TaintNodesByCondition puts on every new node (kube-scheduler honours it)
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--allow-privileged=true",
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",

@@ -251,7 +251,7 @@ class Binder:
         if not deleted and present and all(pod.phase == "Running" for pod in present):
             if gang.running_published != gang.generation:
                 gang.running_published = gang.generation
-                await self._publish_running(gang, present)
+                self._spawn(self._publish_running(gang, present))  # never hold the pod watch on the broker
             return
         outcome = core.gang_outcome(present)
         if outcome == events_pb2.JOB_STATE_UNSPECIFIED and not (deleted and all(pod.ended for pod in present)):
