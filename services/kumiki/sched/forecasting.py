@@ -55,6 +55,9 @@ class RuntimeForecast:
     # runs of this job's key, from the forecaster's own record on that key (None: the model keeps none, and
     # consumers trust it fully). A policy mixes its ordering towards the forecast-free order as this falls.
     trust: float | None = None
+    # The honest spread of this key's errors (sigma of a zero-centred normal of log actual - log p50, bias
+    # included), when the model measures it; wider than `log_sigma` where forecasts are biased.
+    error_sigma: float | None = None
 
 
 def _log_normal_density(x: float, mean: float, sigma: float) -> float:

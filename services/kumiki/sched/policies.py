@@ -77,6 +77,9 @@ class QueuePolicy:
     # when it gives one (and `use_log_sigma`), else read off its p90
     forecast_sigma: float = 0.0
     use_log_sigma: bool = True
+    # `gittins` order: the belief's sigma is the forecast's `error_sigma` (its key's honest error spread,
+    # bias included) when given, so the order turns attained-service-like where the key's forecasts are wrong
+    use_error_sigma: bool = False
     # `gittins` order: rank x GPUs^gpu_exponent (0: per job, 1: GPU-seconds as in 2D-LAS)
     gpu_exponent: float = 0.0
     # `gittins` order: weigh the forecast by its `trust` (the forecaster's measured record on the job's key),
@@ -195,6 +198,8 @@ def gittins_key(policy: QueuePolicy, view: JobView, executed_s: float) -> float:
         p50, p90 = forecast.p50_s, forecast.p90_s
         if policy.forecast_sigma:
             p90 = p50 * math.exp(Z90 * policy.forecast_sigma)
+        elif policy.use_error_sigma and forecast.error_sigma is not None:
+            p90 = p50 * math.exp(Z90 * forecast.error_sigma)
         elif policy.use_log_sigma and forecast.log_sigma is not None:
             p90 = p50 * math.exp(Z90 * forecast.log_sigma)
         if policy.use_trust and forecast.trust is not None:

@@ -138,6 +138,7 @@ class WeightedSelection:
             self.version,
             log_sigma=spread,
             trust=self.trust.trust(job),
+            error_sigma=self.calibration.calibrated_sigma(job),
         )
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
