@@ -224,6 +224,28 @@ async def delete_pods(client: AsyncClient) -> None:
     await bounded([client.delete(Pod, n, namespace=ns, grace_period=0) for n, ns in names], 64)
 
 
+def binder_metrics(http_port: int) -> dict[str, float]:
+    """Where the binder's time went: mean Placement-answer-to-last-Binding per gang, pods bound, Events dropped."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in (
+            "kumiki_binder_gang_bind_seconds_sum",
+            "kumiki_binder_gang_bind_seconds_count",
+            "kumiki_binder_pods_bound_total",
+            "kumiki_binder_events_dropped_total",
+        ):
+            values[name] = float(value)
+    count = values.get("kumiki_binder_gang_bind_seconds_count", 0.0)
+    if count:
+        values["mean_gang_bind_ms"] = 1000 * values["kumiki_binder_gang_bind_seconds_sum"] / count
+    return values
+
+
 def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -310,6 +332,7 @@ async def main() -> None:
         await asyncio.sleep(3.0)  # the binder publishes the nodes; placement reads them
         kumiki = await run_phase(client, "kumiki", "kumiki", load, args.creators, args.settle, args.timeout)
         results.append(kumiki.report(load))
+        results[-1]["binder_metrics"] = binder_metrics(binder_http)
         print(json.dumps(results[-1]))
         for process in (binder, placement):
             process.terminate()
