@@ -10,10 +10,13 @@ from kumiki.devstack.processes import free_port
 async def test_migrations_apply_once_and_record_versions(database_settings: DatabaseSettings) -> None:
     pool = await create_pool(database_settings)
     try:
-        assert await apply_migrations(pool, "preemption", "kumiki.preemption.migrations") == [1]
+        shipped = load_migrations("kumiki.preemption.migrations")
+        assert [m.version for m in shipped][:1] == [1] and shipped[0].name == "checkpoints"
+        applied = await apply_migrations(pool, "preemption", "kumiki.preemption.migrations")
+        assert applied == [m.version for m in shipped]
         assert await apply_migrations(pool, "preemption", "kumiki.preemption.migrations") == []
-        versions = await pool.fetch("SELECT version, name FROM preemption.schema_migrations")
-        assert [(row["version"], row["name"]) for row in versions] == [(1, "checkpoints")]
+        versions = await pool.fetch("SELECT version, name FROM preemption.schema_migrations ORDER BY version")
+        assert [(row["version"], row["name"]) for row in versions] == [(m.version, m.name) for m in shipped]
         assert await pool.fetchval("SELECT to_regclass('preemption.checkpoints')::text") == "preemption.checkpoints"
     finally:
         await pool.close()
