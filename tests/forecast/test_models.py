@@ -270,3 +270,11 @@ def test_open_forecasts_are_bounded_and_a_requery_is_one_sibling(monkeypatch: py
     again = forecaster.predict(query)
     assert first.model == again.model == "kumiki/burst"
     assert again.p50_s == pytest.approx(first.p50_s)
+
+
+def test_quantreg_extrapolating_wildly_is_capped_at_a_year_not_an_overflow() -> None:
+    """A fit on few runs can extrapolate to exp(1000); the replay's excerpt hit it (OverflowError in predict)."""
+    forecaster = QuantRegForecaster()
+    forecaster.regression.predict = lambda row: (1000.0, 1001.0)  # type: ignore[method-assign]
+    forecast = forecaster.predict(features("j1"))
+    assert forecast.p50_s == forecast.p90_s == pytest.approx(365 * 86400.0)

@@ -36,6 +36,9 @@ P90_LEVEL = 0.9
 # Before any job has finished: half an hour, and a p90 e^2 (~7x) above it.
 PRIOR_LOG_S = math.log(1800.0)
 PRIOR_P90_OFFSET = 2.0
+# No forecast is longer than a year: a regression fitted on few runs can extrapolate to exp(1000) (an
+# OverflowError that would fail the forecast service's handler and the simulator); past this it is no forecast.
+MAX_LOG_S = math.log(365 * 86400.0)
 
 Key = tuple[str, ...]
 GLOBAL_KEY: Key = ("all",)
@@ -581,7 +584,9 @@ class QuantRegForecaster:
         base = features[1]
         fitted = self.regression.predict(regression_row(features))
         low, high = fitted if fitted is not None else (0.0, PRIOR_P90_OFFSET)
-        return RuntimeForecast(math.exp(base + low), math.exp(base + high), self.name, self.regression.version)
+        p50_log = min(MAX_LOG_S, base + low)
+        p90_log = min(MAX_LOG_S, max(p50_log, base + high))
+        return RuntimeForecast(math.exp(p50_log), math.exp(p90_log), self.name, self.regression.version)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         actual = log_runtime(runtime_s)
