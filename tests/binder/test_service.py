@@ -91,10 +91,14 @@ async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_com
     # gang back for the 2x8-GPU one here, so every pod must be bound
     nodes = [node_object(f"gpu-{index:02d}", 8, rack=f"rack-{index // 6}") for index in range(16)]
     nodes += [node_object(f"mig-{index}", 8, mig=True) for index in range(3)]
-    nodes += [node_object(f"share-{index}", 8, shareable=True) for index in range(3)]
+    nodes += [node_object(f"share-{index}", 8, shareable=True) for index in range(4)]
     await start(processes, kube, nodes)
     ns = await namespace(kube)
-    objects: list[dict[str, Any]] = []
+    # fractions first: placement may also put whole GPUs on shareable nodes, and would fill them otherwise
+    rng = random.Random(12)
+    objects: list[dict[str, Any]] = [
+        pod_object(ns, f"share-{i:02d}", fraction=rng.choice([0.25, 0.5]), gpu_memory="16Gi") for i in range(20)
+    ]
     gangs: dict[str, int] = {}
     for size in (2, 4, 8, 16):
         group = f"gang-{size}"
@@ -107,10 +111,6 @@ async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_com
     gangs["labelled"] = 3  # a gang by label only, no PodGroup object
     objects += [pod_object(ns, f"labelled-{i}", gpus=2, group="labelled") for i in range(3)]
     objects += [pod_object(ns, f"mig-{i:02d}", mig="1g.10gb") for i in range(20)]
-    rng = random.Random(12)
-    objects += [
-        pod_object(ns, f"share-{i:02d}", fraction=rng.choice([0.25, 0.5]), gpu_memory="16Gi") for i in range(20)
-    ]
     objects += [pod_object(ns, f"solo-{i:02d}", gpus=rng.choice([1, 2])) for i in range(25)]
     pod_count = sum(1 for obj in objects if obj["kind"] == "Pod")
     assert pod_count == 100
