@@ -122,6 +122,6 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
     bind = kumiki(stack_home, "placement", "bind", "demo-1", "--queue", "research", "--gpus", "8")
     assert bind.returncode == 0 and '"OUTCOME_BOUND"' in bind.stdout, bind.stdout + bind.stderr
     explain = kumiki(stack_home, "placement", "explain", "demo-1")
-    assert explain.returncode == 0 and "replay-00000" in explain.stdout, explain.stdout + explain.stderr
+    assert explain.returncode == 0 and '"node": "replay-0000' in explain.stdout, explain.stdout + explain.stderr
     released = kumiki(stack_home, "placement", "release", "demo-1", "--outcome", "completed")
     assert released.returncode == 0 and '"released": true' in released.stdout, released.stdout + released.stderr
