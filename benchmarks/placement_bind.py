@@ -339,17 +339,20 @@ def main() -> None:
 
 
 @contextmanager
-def start_kumiki(bootstrap: str, nodes: int) -> Iterator[int]:
+def start_kumiki(bootstrap: str, nodes: int, extra: dict[str, str] | None = None) -> Iterator[int]:
+    """Placement as a process on `nodes` emulated nodes, topics of its own; `extra`: environment it runs with
+    (OTEL_* comes only from there, so a run with tracing and one without differ in nothing else)."""
     kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.")
     asyncio.run(publish_nodes(kafka, emulated_nodes(nodes)))
     grpc_port, http_port = free_port(), free_port()
     env = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if not key.startswith("OTEL_")},
         "KUMIKI_KAFKA_BOOTSTRAP": bootstrap,
         "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
         "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port),
         "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port),
         "KUMIKI_LOG_LEVEL": "ERROR",
+        **(extra or {}),
     }
     service = subprocess.Popen([sys.executable, "-m", "kumiki.placement"], env=env, start_new_session=True)
     try:
@@ -357,7 +360,7 @@ def start_kumiki(bootstrap: str, nodes: int) -> Iterator[int]:
         SERVERS[grpc_port] = service.pid
         yield grpc_port
     finally:
-        terminate(service.pid)
+        terminate(service.pid)  # SIGTERM: a tracing batch processor flushes what it holds on the way out
 
 
 @contextmanager

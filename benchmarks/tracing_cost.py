@@ -21,24 +21,17 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import urllib.request
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from _support import broker, percentile
-from placement_bind import SERVERS, requests, through_grpc, wait_ready, warm_up_broker
+from placement_bind import requests, start_kumiki, through_grpc, warm_up_broker
 from rich.console import Console
 from rich.table import Table
 
-from kumiki.common.config import KafkaSettings
-from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.devstack.observability import BUILD_JAEGER, jaeger_binary, start_jaeger
-from kumiki.devstack.processes import free_port, terminate
+from kumiki.devstack.processes import terminate
 
 
 def accepted_spans(metrics_port: int) -> float:
@@ -50,29 +43,6 @@ def accepted_spans(metrics_port: int) -> float:
         for line in text.splitlines()
         if line.startswith("otelcol_receiver_accepted_spans") and not line.startswith("#")
     )
-
-
-@contextmanager
-def placement(bootstrap: str, nodes: int, extra: dict[str, str]) -> Iterator[int]:
-    kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"bench-trace-{uuid.uuid4().hex[:6]}.")
-    asyncio.run(publish_nodes(kafka, emulated_nodes(nodes)))
-    grpc_port, http_port = free_port(), free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "KUMIKI_KAFKA_BOOTSTRAP": bootstrap,
-        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
-        "KUMIKI_PLACEMENT_GRPC_PORT": str(grpc_port),
-        "KUMIKI_PLACEMENT_HTTP_PORT": str(http_port),
-        "KUMIKI_LOG_LEVEL": "ERROR",
-        **extra,
-    }
-    service = subprocess.Popen([sys.executable, "-m", "kumiki.placement"], env=env, start_new_session=True)
-    try:
-        wait_ready(http_port, service)
-        SERVERS[grpc_port] = service.pid
-        yield grpc_port
-    finally:
-        terminate(service.pid)  # SIGTERM: the batch processor flushes what it holds on the way out
 
 
 def main() -> None:
@@ -113,7 +83,7 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for name, extra in configs.items():
                     before = accepted_spans(jaeger.metrics_port)
-                    with placement(bootstrap, args.nodes, extra) as port:
+                    with start_kumiki(bootstrap, args.nodes, extra) as port:
                         run = asyncio.run(through_grpc(port, reqs, "unary", args.concurrency))
                     spans = accepted_spans(jaeger.metrics_port) - before
                     calls = len(reqs)
