@@ -10,8 +10,8 @@ PY="${PYTHON:-python3}"
 
 need=()
 # prometheus: its promtool checks and unit-tests the chart's alerting rules (tests/charts); its server scrapes the
-# live stack in tests/observability
-for pkg in postgresql maven default-jre-headless gcc prometheus; do
+# live stack in tests/observability; openssl: the Kubernetes test stack's service-account key pair
+for pkg in postgresql maven default-jre-headless gcc prometheus openssl; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
