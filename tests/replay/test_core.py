@@ -97,3 +97,15 @@ def test_bundled_excerpt_replays_on_the_default_cluster() -> None:
     jobs = plan_jobs(load_jobs("philly-replay"), gpus_per_node=8, nodes=16)
     assert len(jobs) == 523 and jobs[0].submit_s == 0
     assert max(job.duration_s for job in jobs) <= 6 * 3600
+
+
+def test_settings_name_the_option_at_fault_before_anything_starts() -> None:
+    from kumiki.replay.runner import ReplaySettings
+
+    with pytest.raises(ReplayError, match="--trace: nosuch: no such file, and no bundled trace"):
+        ReplaySettings(trace="nosuch").validate()
+    with pytest.raises(ReplayError, match="--phases: expected some of baseline, kumiki, open, got later"):
+        ReplaySettings(phases=("later",)).validate()
+    with pytest.raises(ReplayError, match="--policy: expected one of"):
+        ReplaySettings(policy="srtf-oracle").validate()
+    ReplaySettings().validate()  # the defaults run

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
-from kumiki.data import bundled_trace
+from kumiki.data import bundled_trace, resolve_trace
 from kumiki.devstack.queues import development_tree
 from kumiki.placement.core import LIVE_POLICIES
 from kumiki.replay.core import (
@@ -64,6 +64,10 @@ class ReplaySettings:
             )
         if self.policy is not None and self.policy not in LIVE_POLICIES:
             raise ReplayError(f"--policy: expected one of {', '.join(LIVE_POLICIES)}, got {self.policy!r}")
+        try:
+            resolve_trace(self.trace)
+        except FileNotFoundError as error:
+            raise ReplayError(f"--trace: {error}") from None
         if self.timeout_s <= 0:
             raise ReplayError(f"--timeout-s: must be > 0, got {self.timeout_s:g}")
 
