@@ -24,9 +24,9 @@ from rich.table import Table
 
 from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, DatabaseSettings
-from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
+from kumiki.common.db import DatabaseUnavailable, MigrationError, create_pool
 from kumiki.devstack.stack import local_database_url
-from kumiki.quota.adapters.store import QuotaStore, UsageRow, write_config
+from kumiki.quota.adapters.store import QuotaStore, UsageRow, replace_tree
 from kumiki.quota.core import QueueConfigError, QuotaConfig, parse_config, team_of
 
 console = message_console()
@@ -114,17 +114,11 @@ def _load(args: argparse.Namespace) -> int:
 
 async def _apply(config: QuotaConfig, database: DatabaseSettings, source: str) -> int:
     try:
-        pool = await create_pool(database)
-    except DatabaseUnavailable as error:
+        _, version = await replace_tree(database, config, source)
+        assert version is not None
+        return version
+    except (DatabaseUnavailable, MigrationError) as error:
         raise UsageError(f"--database-url: {error}") from None
-    try:
-        await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
-        await apply_migrations(pool, "quota", "kumiki.quota.migrations")
-        return await write_config(pool, config, source)
-    except MigrationError as error:
-        raise UsageError(f"--database-url: {error}") from None
-    finally:
-        await pool.close()
 
 
 def _print_tree(config: QuotaConfig) -> None:

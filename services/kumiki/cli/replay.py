@@ -17,12 +17,10 @@ from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
 from kumiki.devstack.processes import StackError
 from kumiki.devstack.stack import (
-    StackState,
     local_bootstrap,
     local_database_url,
     restart_service,
     service_address,
-    stack_home,
 )
 from kumiki.replay.core import DEFAULT_PHASES, ReplayError
 from kumiki.replay.driver import LiveCounts
@@ -175,7 +173,3 @@ def _report(args: argparse.Namespace) -> int:
     print(markdown(results))
     console.print(f"wrote {md} and {png}")
     return 0
-
-
-def stack_is_local() -> bool:
-    return bool(StackState.load(stack_home()).services)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from kumiki.common.config import DatabaseSettings
+from kumiki.quota.adapters.store import replace_tree
 from kumiki.quota.core import ANY_MODEL, Queue, QuotaConfig, build_config
 
 
@@ -21,10 +22,8 @@ def development_tree(capacity_gpus: int) -> QuotaConfig:
 
 async def ensure_tree(database: DatabaseSettings, capacity_gpus: int) -> bool:
     """Load the development tree unless a tree is loaded already; True when it loaded one."""
-    from kumiki.replay.driver import swap_queue_tree
-
-    previous = await swap_queue_tree(database, None, "kumiki up")
+    previous, _ = await replace_tree(database, None, "kumiki up")
     if previous is not None:
         return False
-    await swap_queue_tree(database, development_tree(capacity_gpus), "kumiki up (development tree)")
+    await replace_tree(database, development_tree(capacity_gpus), "kumiki up (development tree)")
     return True

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -23,7 +23,7 @@ from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.codec import Event
 from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
-from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import (
     checkpoints_pb2,
     checkpoints_pb2_grpc,
@@ -32,10 +32,7 @@ from kumiki.common.contracts.v1 import (
     placement_pb2,
     placement_pb2_grpc,
 )
-from kumiki.common.db import apply_migrations, create_pool
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
-from kumiki.quota.adapters.store import NoConfig, read_config, write_config
-from kumiki.quota.core import QuotaConfig
 from kumiki.replay.core import Outcome, ReplayJob
 
 log = logging.getLogger(__name__)
@@ -65,6 +62,12 @@ class LiveCounts:
     idle_gpus: int = 0
     binds: int = 0
     started_wall: float = field(default_factory=time.monotonic)
+
+    def start(self, phase: str, planned: int) -> None:
+        """Fresh counters for a phase (the live view keeps the same object across phases)."""
+        for item in fields(self):
+            setattr(self, item.name, item.default_factory() if item.default_factory is not MISSING else item.default)
+        self.phase, self.planned = phase, planned
 
     @property
     def binds_per_s(self) -> float:
@@ -132,24 +135,6 @@ async def publish_cluster(kafka: KafkaSettings, nodes: int, prefix: str = "repla
     async with EventProducer(kafka, "//kumiki/replay") as producer:
         await producer.publish_many(CLUSTER_STATE, [(node.node, node) for node in (*cordoned, *ours)])
     return sorted(names)
-
-
-async def swap_queue_tree(database: DatabaseSettings, config: QuotaConfig | None, source: str) -> QuotaConfig | None:
-    """Apply `config` (None: leave the tree) and return the tree that was there before (None: there was none)."""
-    pool = await create_pool(database)
-    try:
-        await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
-        await apply_migrations(pool, "quota", "kumiki.quota.migrations")
-        async with pool.acquire() as connection:
-            try:
-                _, previous = await read_config(connection)
-            except NoConfig:
-                previous = None
-        if config is not None:
-            await write_config(pool, config, source)
-        return previous
-    finally:
-        await pool.close()
 
 
 class Replay:
@@ -276,8 +261,11 @@ class Replay:
         except grpc.aio.AioRpcError as error:
             self.errors.append(f"{key}: Release: {error.code().name}: {error.details()}")
         track.executed_s = track.job.duration_s
-        track.ended_wall = time.time()
         self._unhold(track)
+        self._finished(track)
+
+    def _finished(self, track: _Track) -> None:
+        track.ended_wall = time.time()
         self.counts.done += 1
         if self.counts.done >= len(self.tracks):
             self._done.set()
@@ -343,17 +331,13 @@ class Replay:
         except grpc.aio.AioRpcError as error:
             self.errors.append(f"{key}: Bind: {error.code().name}: {error.details()}")
             self.counts.waiting -= 1
-            track.ended_wall = time.time()
-            self.counts.done += 1
-            if self.counts.done >= len(self.tracks):
-                self._done.set()
+            self._finished(track)
             return
         assert isinstance(reply, placement_pb2.BindResponse)
 
     async def run(self, timeout_s: float | None = None) -> list[Outcome]:
         """Replay every job; returns one outcome per job that ended (in trace seconds from the start)."""
-        self.counts.phase = self.phase
-        self.counts.planned = len(self.tracks)
+        self.counts.start(self.phase, len(self.tracks))
         reader = TopicReader(self.kafka, JOB_LIFECYCLE, self._on_lifecycle)
         await reader.start()
         await reader.catch_up()

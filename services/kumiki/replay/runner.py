@@ -16,6 +16,7 @@ from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.data import bundled_trace, resolve_trace
 from kumiki.devstack.queues import development_tree
 from kumiki.placement.core import LIVE_POLICIES
+from kumiki.quota.adapters.store import replace_tree
 from kumiki.replay.core import (
     DEFAULT_PHASES,
     PHASES,
@@ -27,7 +28,7 @@ from kumiki.replay.core import (
     queue_tree,
     summarise,
 )
-from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, swap_queue_tree
+from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster
 from kumiki.sim.trace import load_jobs
 
 GPUS_PER_NODE = 8
@@ -163,13 +164,13 @@ async def run_session(
     weights = vc_weights()
     trees = {phase: queue_tree(jobs, capacity, weights, static=phase == "baseline") for phase in settings.phases}
     await publish_cluster(endpoints.kafka, settings.nodes)
-    previous_tree = await swap_queue_tree(endpoints.database, None, "replay")
+    previous_tree, _ = await replace_tree(endpoints.database, None, "replay")
     run_id = time.strftime("r%H%M%S")
     results: list[PhaseResult] = []
     try:
         for phase in settings.phases:
             baseline = phase == "baseline"
-            await swap_queue_tree(endpoints.database, trees[phase], f"replay {phase}")
+            await replace_tree(endpoints.database, trees[phase], f"replay {phase}")
             policy = endpoints.placement_policy
             overrides = dict(PHASE_OVERRIDES.get(phase, {}))
             if phase != "baseline" and settings.policy not in (None, endpoints.placement_policy):
@@ -184,7 +185,6 @@ async def run_session(
             if on_phase is not None:
                 on_phase(phase)
             live = counts if counts is not None else LiveCounts()
-            live.__init__()  # type: ignore[misc]  # fresh counters for each phase
             replay = Replay(
                 jobs,
                 placement_address=endpoints.placement,
@@ -217,7 +217,7 @@ async def run_session(
             )
     finally:
         # what was there before, else the local stack's development tree (research, product, batch)
-        await swap_queue_tree(endpoints.database, previous_tree or development_tree(capacity), "replay done")
+        await replace_tree(endpoints.database, previous_tree or development_tree(capacity), "replay done")
     simulated: dict[str, Any] = {}
     if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
         policy = settings.policy or endpoints.placement_policy

@@ -16,6 +16,8 @@ from decimal import Decimal
 
 import asyncpg
 
+from kumiki.common.config import DatabaseSettings
+from kumiki.common.db import apply_migrations, create_pool
 from kumiki.quota.core import (
     ANY_MODEL,
     Admission,
@@ -362,3 +364,24 @@ async def unpublished_reclaims(connection: asyncpg.Connection, limit: int = 500)
             limit,
         )
     )
+
+
+async def replace_tree(
+    database: DatabaseSettings, config: QuotaConfig | None, source: str
+) -> tuple[QuotaConfig | None, int | None]:
+    """Apply `config` as a new version (None: only read); returns the tree that was there before (None: none was
+    loaded) and the new version. Serves `kumiki quota load`, the replay's phases and `kumiki up`'s development
+    tree. Raises DatabaseUnavailable or MigrationError, naming the database."""
+    pool = await create_pool(database)
+    try:
+        await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
+        await apply_migrations(pool, "quota", "kumiki.quota.migrations")
+        async with pool.acquire() as connection:
+            try:
+                _, previous = await read_config(connection)
+            except NoConfig:
+                previous = None
+        version = None if config is None else await write_config(pool, config, source)
+        return previous, version
+    finally:
+        await pool.close()
