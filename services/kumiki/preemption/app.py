@@ -14,6 +14,7 @@ from kumiki.common.contracts.v1 import checkpoints_pb2_grpc
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.preemption.adapters.coordinator import Coordinator
 from kumiki.preemption.adapters.grpc import CheckpointsServicer
+from kumiki.preemption.adapters.identity import JobIdentity
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 
 
@@ -35,7 +36,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     runtime.closers.append(coordinator.close)
     runtime.components.update(coordinator=coordinator)
     checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-        CheckpointsServicer(CheckpointRegistry(runtime.pool), coordinator), server
+        CheckpointsServicer(CheckpointRegistry(runtime.pool), coordinator, JobIdentity.from_env(os.environ)), server
     )
 
 

@@ -9,16 +9,29 @@ import grpc
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, events_pb2
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid, require_job
 from kumiki.preemption.adapters.coordinator import Coordinator
+from kumiki.preemption.adapters.identity import IdentityRefused, JobIdentity
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 from kumiki.preemption.core import CheckpointRecord, validate_report
 
 
 class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
-    """`coordinator` None: a registry only (reports are recorded; no protocol, no Watch commands)."""
+    """`coordinator` None: a registry only (reports are recorded; no protocol, no Watch commands). `identity`:
+    when set, every call about a job must come from that job's own identity (kumiki.preemption.adapters.identity)."""
 
-    def __init__(self, registry: CheckpointRegistry, coordinator: Coordinator | None = None) -> None:
+    def __init__(
+        self, registry: CheckpointRegistry, coordinator: Coordinator | None = None, identity: JobIdentity | None = None
+    ) -> None:
         self.registry = registry
         self.coordinator = coordinator
+        self.identity = identity
+
+    async def _only_the_job(self, context: grpc.aio.ServicerContext, method: str, job_id: str) -> None:
+        if self.identity is None:
+            return
+        try:
+            self.identity.check(context, method, job_id)
+        except IdentityRefused as refused:
+            await context.abort(refused.code, refused.reason)
 
     async def Report(
         self, request: checkpoints_pb2.CheckpointReport, context: grpc.aio.ServicerContext
@@ -27,6 +40,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         problems = validate_report(request.job.job_id, request.job.generation, request.uri, completed, request.step)
         if problems:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(f"{f}: {p}" for f, p in problems))
+        await self._only_the_job(context, "Report", request.job.job_id)
         report = CheckpointRecord(request.job.job_id, request.job.generation, request.uri, request.step, completed)
         if self.coordinator is None:
             latest = await self.registry.record(report)
@@ -42,6 +56,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         except InvalidRequest as error:
             await abort_invalid(context, error)
             return
+        await self._only_the_job(context, "Watch", request.job.job_id)
         if self.coordinator is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this preemption service runs no coordinator")
             return
@@ -56,6 +71,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         except InvalidRequest as error:
             await abort_invalid(context, error)
             raise
+        await self._only_the_job(context, "ResumePoint", request.job.job_id)
         latest = await self.registry.latest(request.job.job_id)
         if latest is None or latest.generation > request.job.generation:
             return checkpoints_pb2.ResumePointResponse(found=False)
