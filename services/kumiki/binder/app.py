@@ -12,7 +12,8 @@ from typing import Any
 import grpc
 
 from kumiki.binder.adapters.controller import Binder
-from kumiki.binder.adapters.kube import KubeApi, client_from, identity, kubeconfig_from_env
+from kumiki.binder.adapters.kube import KubeApi, client_from, config_from, identity, kubeconfig_from_env
+from kumiki.binder.adapters.lane import ApiLane
 from kumiki.binder.adapters.placement import PlacementClient
 from kumiki.common.bus import EventConsumer
 from kumiki.common.bus.replay import TopicReader
@@ -90,7 +91,11 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     if kubeconfig is not None and not kubeconfig.is_file():
         raise ConfigError(f"KUMIKI_KUBECONFIG: no such file {kubeconfig}")
     me = identity()
-    kube = KubeApi(client_from(kubeconfig), me)
+    config = config_from(kubeconfig)
+    lane = ApiLane.from_config(config) if env_bool(env, "KUMIKI_BINDER_FAST_LANE", True) else None
+    if lane is None:
+        log.info("no fast lane for this kubeconfig's authentication: lightkube serves every call")
+    kube = KubeApi(client_from(kubeconfig, config), me, lane)
     runtime.closers.append(kube.close)
     placement = PlacementClient(address, placement_credentials(env))
     runtime.closers.append(placement.close)

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import aiohttp
 import httpx2
 import msgspec
 from lightkube import ApiError, AsyncClient, KubeConfig
@@ -24,6 +26,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod, PodBinding, PodEviction, PodStatus
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
+from kumiki.binder.adapters.lane import MERGE_PATCH, STRATEGIC_PATCH, ApiLane, ApiStatusError, pod_path
 from kumiki.binder.core import POD_GROUP_API, SCHEDULER_NAME
 
 log = logging.getLogger(__name__)
@@ -33,9 +36,13 @@ PodGroupStatus = PodGroup.Status
 FIELD_MANAGER = "kumiki-binder"
 
 
-def client_from(kubeconfig: Path | None) -> AsyncClient:
+def config_from(kubeconfig: Path | None) -> KubeConfig:
     """From a kubeconfig file, else the pod's service account (in a cluster)."""
-    config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_service_account()
+    return KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_service_account()
+
+
+def client_from(kubeconfig: Path | None, config: KubeConfig | None = None) -> AsyncClient:
+    config = config or config_from(kubeconfig)
     limits = httpx2.Timeout(30.0, read=None)  # watches stream for minutes; each request has its own deadline
     return AsyncClient(config=config, timeout=limits, field_manager=FIELD_MANAGER)
 
@@ -48,12 +55,15 @@ def kubeconfig_from_env(env: Mapping[str, str]) -> Path | None:
 class KubeApi:
     """Thin, typed calls; errors other than the expected ones (409 already bound, 404 gone) propagate."""
 
-    def __init__(self, client: AsyncClient, identity: str) -> None:
+    def __init__(self, client: AsyncClient, identity: str, lane: ApiLane | None = None) -> None:
         self.client = client
         self.identity = identity
+        self.lane = lane  # the hot path (Bindings, patches, Events, watches); None: lightkube for everything
 
     async def close(self) -> None:
         await self.client.close()
+        if self.lane is not None:
+            await self.lane.close()
 
     # ---- reading -------------------------------------------------------------------------------------
     async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
@@ -67,6 +77,11 @@ class KubeApi:
 
         One server-side field selector on the scheduler name; lightkube re-opens the watch when the server
         closes it. The caller lists first, so nothing is missed between the list and the watch."""
+        if self.lane is not None:
+            selector = {"fieldSelector": f"spec.schedulerName={SCHEDULER_NAME}"}
+            async for kind, obj in self.lane.watch("/api/v1/pods", selector, resource_version):
+                yield kind, obj
+            return
         async for kind, pod in self.client.watch(
             Pod,
             namespace="*",
@@ -82,6 +97,10 @@ class KubeApi:
         return out, nodes.resourceVersion if out else ""
 
     async def watch_nodes(self, resource_version: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if self.lane is not None:
+            async for kind, obj in self.lane.watch("/api/v1/nodes", None, resource_version):
+                yield kind, obj
+            return
         async for kind, node in self.client.watch(
             Node, resource_version=resource_version or None, on_error=_retry_watch
         ):
@@ -93,6 +112,11 @@ class KubeApi:
         return out, groups.resourceVersion if out else ""
 
     async def watch_podgroups(self, resource_version: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if self.lane is not None:
+            path = f"/apis/{POD_GROUP_API[0]}/{POD_GROUP_API[1]}/{POD_GROUP_API[2]}"
+            async for kind, obj in self.lane.watch(path, None, resource_version):
+                yield kind, obj
+            return
         async for kind, group in self.client.watch(
             PodGroup, namespace="*", resource_version=resource_version or None, on_error=_retry_watch
         ):
@@ -118,6 +142,23 @@ class KubeApi:
 
         The Binding's annotations land on the pod in the same write as spec.nodeName (the API server's
         binding storage copies them), so a device plugin never sees a bound pod without its GPUs."""
+        if self.lane is not None:
+            metadata: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": dict(annotations)}
+            if uid:
+                metadata["uid"] = uid
+            body = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": metadata,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            try:
+                await self.lane.request("POST", pod_path(namespace, name, "binding"), body)
+                return True
+            except ApiStatusError as error:
+                if error.code in (404, 409):
+                    return False
+                raise
         binding = PodBinding(
             metadata=ObjectMeta(name=name, namespace=namespace, annotations=dict(annotations), uid=uid or None),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node),
@@ -150,7 +191,14 @@ class KubeApi:
             }
         }
         try:
-            await self.client.patch(PodStatus, name, patch, namespace=namespace, patch_type=PatchType.STRATEGIC)
+            if self.lane is not None:
+                path = pod_path(namespace, name, "status")
+                await self.lane.request("PATCH", path, patch, content_type=STRATEGIC_PATCH)
+            else:
+                await self.client.patch(PodStatus, name, patch, namespace=namespace, patch_type=PatchType.STRATEGIC)
+        except ApiStatusError as error:
+            if error.code != 404:
+                raise
         except ApiError as error:
             if error.status.code != 404:
                 raise
@@ -168,6 +216,31 @@ class KubeApi:
     ) -> None:
         """A core/v1 Event about an object (what `kubectl describe` shows)."""
         now = datetime.now(UTC)
+        if self.lane is not None:
+            stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            involved = {"kind": kind, "apiVersion": api_version, "namespace": namespace, "name": name}
+            if uid:
+                involved["uid"] = uid
+            body = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": namespace},
+                "involvedObject": involved,
+                "reason": reason,
+                "message": message[:1024],
+                "type": type_,
+                "source": {"component": SCHEDULER_NAME},
+                "reportingComponent": SCHEDULER_NAME,
+                "reportingInstance": self.identity,
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "count": 1,
+            }
+            try:
+                await self.lane.request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
+            except (ApiStatusError, aiohttp.ClientError, TimeoutError) as error:  # best effort, as below
+                log.warning("event not recorded", extra={"object": f"{namespace}/{name}", "reason": str(error)})
+            return
         event = Event(
             metadata=ObjectMeta(generateName=f"{name}.", namespace=namespace),
             involvedObject=ObjectReference(
@@ -191,7 +264,15 @@ class KubeApi:
     async def set_podgroup_phase(self, namespace: str, name: str, phase: str, scheduled: int, running: int) -> None:
         patch = {"status": {"phase": phase, "scheduled": scheduled, "running": running}}
         try:
-            await self.client.patch(PodGroupStatus, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
+            if self.lane is not None:
+                group, version, plural = POD_GROUP_API
+                path = f"/apis/{group}/{version}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+                await self.lane.request("PATCH", f"{path}/status", patch, content_type=MERGE_PATCH)
+            else:
+                await self.client.patch(PodGroupStatus, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
+        except ApiStatusError as error:
+            if error.code != 404:
+                raise
         except ApiError as error:
             if error.status.code != 404:
                 raise
