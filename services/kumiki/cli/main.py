@@ -45,9 +45,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stack_tls() -> None:
+    """A local stack started with `kumiki up --tls`: call its services with the CLI's certificate (KUMIKI_GRPC_*,
+    what kumiki.common.grpcutil.client_channel reads), unless the environment names other certificates."""
+    import os
+
+    if os.environ.get("KUMIKI_GRPC_CAFILE"):
+        return
+    from kumiki.devstack.stack import client_tls
+
+    try:
+        os.environ.update(client_tls())
+    except (OSError, ValueError):  # a stack.json or CA that cannot be read: plaintext, as without --tls
+        return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _stack_tls()
     try:
         result = args.handler(args)
     except UsageError as error:

@@ -13,6 +13,7 @@ from google.protobuf.json_format import MessageToDict
 from kumiki.cli.main import UsageError, message_console
 from kumiki.common.config import ConfigError, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.grpcutil import client_channel
 from kumiki.devstack.cluster import emulated_nodes, publish_nodes
 from kumiki.devstack.stack import local_bootstrap, service_address
 
@@ -102,7 +103,7 @@ async def _call(address: str, method: str, request: object) -> object:
     root of the decision's trace (`kumiki trace JOB` shows it), sampled by OTEL_TRACES_SAMPLER like the services."""
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or _stack_jaeger()
     if not endpoint:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with client_channel(address) as channel:
             return await getattr(placement_pb2_grpc.PlacementStub(channel), method)(request, timeout=10)
     from opentelemetry import trace
 
@@ -115,7 +116,7 @@ async def _call(address: str, method: str, request: object) -> object:
     try:
         with trace.get_tracer("kumiki.cli").start_as_current_span(f"kumiki placement {method.lower()}"):
             interceptors = [ClientTracingInterceptor(address, "cli")]
-            async with grpc.aio.insecure_channel(address, interceptors=interceptors) as channel:
+            async with client_channel(address, interceptors=interceptors) as channel:
                 return await getattr(placement_pb2_grpc.PlacementStub(channel), method)(request, timeout=10)
     finally:
         shutdown_tracing()  # the process ends right after: send its spans now

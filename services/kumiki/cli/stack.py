@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     up.add_argument("--infra-only", action="store_true", help="start only the broker and Postgres; print their env")
     up.add_argument(
+        "--tls",
+        action="store_true",
+        help="mTLS between every gRPC service and its clients: a development CA and certificates in KUMIKI_HOME/tls"
+        " (the CLI and the replay use its kumiki-cli certificate; a client without one is refused)",
+    )
+    up.add_argument(
         "--observability",
         action="store_true",
         help="also run Jaeger v2 (traces; built once by infra/observability/build-jaeger.sh) and Prometheus (scraping"
@@ -117,6 +123,7 @@ def _up(args: argparse.Namespace) -> int:
                 progress=lambda message: spinner.update(message),
                 kubernetes=args.kubernetes,
                 observability=args.observability,
+                tls=args.tls,
             )
     except StackError as error:
         console.print(f"kumiki up: {error}", style="red", markup=False)

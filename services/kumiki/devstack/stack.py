@@ -38,6 +38,9 @@ DEFAULT_PORTS: dict[str, tuple[int, int]] = {
 }
 
 
+CLI_IDENTITY = "kumiki-cli"  # the common name of the CLI's (and the replay's) certificate under `up --tls`
+
+
 def stack_home() -> Path:
     return Path(os.environ.get("KUMIKI_HOME", Path.cwd() / ".kumiki")).resolve()
 
@@ -48,6 +51,7 @@ class StackState:
     broker: dict[str, Any] | None = None
     database: dict[str, Any] | None = None
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tls: dict[str, Any] | None = None  # `up --tls`: {"folder": the development CA's, "client": the CLI's identity}
 
     @property
     def path(self) -> Path:
@@ -59,11 +63,11 @@ class StackState:
         if not path.exists():
             return cls(home)
         data = json.loads(path.read_text())
-        return cls(home, data.get("broker"), data.get("database"), data.get("services", {}))
+        return cls(home, data.get("broker"), data.get("database"), data.get("services", {}), data.get("tls"))
 
     def save(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        payload = {"broker": self.broker, "database": self.database, "services": self.services}
+        payload = {"broker": self.broker, "database": self.database, "services": self.services, "tls": self.tls}
         self.path.write_text(json.dumps(payload, indent=2))
 
 
@@ -92,6 +96,18 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
     if name == "binder":  # the stack's API server (kumiki.devstack.kube) and placement
         env["KUMIKI_KUBECONFIG"] = str(state.home / "kube" / "kubeconfig")
         env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
+    if state.tls:  # `up --tls`: every gRPC server requires a client certificate from the development CA
+        from kumiki.devstack.tls import DevelopmentCA, service_tls_env
+
+        env.update(service_tls_env(DevelopmentCA.load(Path(state.tls["folder"])), name))
+        if name == "quota":  # placement admits for callers it has checked itself: its Admits skip owner checks
+            env.setdefault("KUMIKI_QUOTA_DELEGATES", "placement")
+        if name == "binder":  # the binder's own variables for its Placement client
+            env.update(
+                KUMIKI_PLACEMENT_CAFILE=env["KUMIKI_GRPC_CAFILE"],
+                KUMIKI_PLACEMENT_CERTFILE=env["KUMIKI_GRPC_CERTFILE"],
+                KUMIKI_PLACEMENT_KEYFILE=env["KUMIKI_GRPC_KEYFILE"],
+            )
     if not state.broker.get("idempotent", True):
         env["KUMIKI_KAFKA_IDEMPOTENT"] = "false"
     from kumiki.devstack.observability import observability_state
@@ -124,6 +140,7 @@ def bring_up(
     progress: Any = None,
     kubernetes: bool = False,
     observability: bool = False,
+    tls: bool = False,
 ) -> StackState:
     home = stack_home()
     state = StackState.load(home)
@@ -178,6 +195,18 @@ def bring_up(
         return state
 
     services = dict(SERVICES)
+    if tls and not state.tls:
+        running = sorted(name for name, info in state.services.items() if alive(info.get("pid")))
+        if running:
+            raise StackError(f"--tls: {', '.join(running)} already run without TLS; `kumiki down` first")
+        from kumiki.devstack.tls import DevelopmentCA
+
+        step("generating a development CA and certificates (mTLS)")
+        ca = DevelopmentCA.load_or_create(home / "tls")
+        for name in (*services, "binder", CLI_IDENTITY):
+            ca.issue(name)
+        state.tls = {"folder": str(ca.folder), "client": CLI_IDENTITY}
+        state.save()
     if kubernetes:  # etcd, kube-apiserver and KWOK (built by infra/kube/build.sh when missing), then the binder
         from kumiki.devstack.kube import kube_running, start_kube
 
@@ -249,6 +278,17 @@ def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 
         if time.monotonic() > deadline:
             raise StackError(f"{name} not ready within {timeout_s:.0f}s of its restart; see {info['log']}")
         time.sleep(0.2)
+
+
+def client_tls(home: Path | None = None) -> dict[str, str]:
+    """KUMIKI_GRPC_* for a client of a local stack started with `up --tls` (the CLI's certificate, which
+    kumiki.common.grpcutil.client_channel reads); empty for a plaintext stack or none."""
+    state = StackState.load(home or stack_home())
+    if not state.tls:
+        return {}
+    from kumiki.devstack.tls import DevelopmentCA, client_tls_env
+
+    return client_tls_env(DevelopmentCA.load(Path(state.tls["folder"])), state.tls.get("client", CLI_IDENTITY))
 
 
 def service_address(service: str, home: Path | None = None) -> str | None:
@@ -332,6 +372,7 @@ def bring_down(purge: bool = False, progress: Any = None) -> list[str]:
         if progress:
             progress(f"stopped {name}")
     state.services = {}
+    state.tls = None  # the CA stays in KUMIKI_HOME/tls; the next `up` is plaintext unless --tls again
     from kumiki.devstack.kube import stop_kube_folder
 
     if stop_kube_folder(home / "kube"):

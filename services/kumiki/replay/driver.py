@@ -32,6 +32,7 @@ from kumiki.common.contracts.v1 import (
     placement_pb2,
     placement_pb2_grpc,
 )
+from kumiki.common.grpcutil import client_channel
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.replay.core import Outcome, ReplayJob
 
@@ -152,7 +153,7 @@ class Replay:
         run_id: str | None = None,
         counts: LiveCounts | None = None,
         checkpoints_address: str | None = None,
-        channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
+        channel_factory: Callable[[str], grpc.aio.Channel] = client_channel,  # mTLS when KUMIKI_GRPC_* say so
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")

@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.bus.topics import CHECKPOINTS, PREEMPTION_COMMANDS
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
-from kumiki.common.grpcutil import timestamp
+from kumiki.common.grpcutil import client_channel, timestamp
 from kumiki.preemption import core
 from kumiki.preemption.adapters import store
 from kumiki.preemption.adapters.registry import latest_in, record_in
@@ -284,7 +284,7 @@ class Coordinator:
                 self._warned_no_placement = True
             return True  # nothing this coordinator can do; a later BOUND still gets RESUME
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.placement_address)
+            self._channel = client_channel(self.placement_address)
         stub = placement_pb2_grpc.PlacementStub(self._channel)
         victim = await store.load(self.pool, item.job_id, item.generation)
         beneficiary = (

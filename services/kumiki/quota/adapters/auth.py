@@ -22,6 +22,9 @@ from kumiki.quota.core import QuotaConfig, may_submit, parse_config
 
 TOKENS_FILE = "KUMIKI_QUOTA_TOKENS_FILE"
 ALLOW_ANONYMOUS = "KUMIKI_QUOTA_ALLOW_ANONYMOUS"
+# identities that admit on behalf of callers they have checked themselves (placement, with its own queue-owner
+# check: KUMIKI_PLACEMENT_QUEUES_FILE): their Admits skip the owner check, as an anonymous caller's do
+DELEGATES = "KUMIKI_QUOTA_DELEGATES"
 ANONYMOUS = None  # the identity of a caller in anonymous (development) mode: owner checks are skipped
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -58,6 +61,7 @@ class QuotaSettings:
     tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
     mtls: bool = False
     allow_anonymous: bool = False
+    delegates: frozenset[str] = frozenset()
     state_interval_s: float = 10.0
     half_life_s: float = 7 * 24 * 3600.0
     config_file: Path | None = None
@@ -73,10 +77,12 @@ class QuotaSettings:
                 f"{TOKENS_FILE}: no caller authentication configured; set {TOKENS_FILE} (bearer tokens) or"
                 f" KUMIKI_TLS_CLIENT_CAFILE (mTLS), or {ALLOW_ANONYMOUS}=true for development only"
             )
+        delegates = frozenset(name.strip() for name in env.get(DELEGATES, "").split(",") if name.strip())
         return cls(
             tokens=tokens,
             mtls=mtls,
             allow_anonymous=anonymous,
+            delegates=delegates,
             state_interval_s=env_float(env, "KUMIKI_QUOTA_STATE_INTERVAL_S", 10.0, minimum=0.05, maximum=3600.0),
             half_life_s=env_float(env, "KUMIKI_QUOTA_HALF_LIFE_S", 7 * 24 * 3600.0, minimum=1.0, maximum=1e9),
             config_file=env_file(env, "KUMIKI_QUOTA_CONFIG_FILE"),
@@ -91,14 +97,17 @@ class Authenticator:
     def __init__(self, settings: QuotaSettings) -> None:
         self.tokens = dict(settings.tokens)
         self.allow_anonymous = settings.allow_anonymous
+        self.delegates = settings.delegates
 
     def identity(self, context: grpc.aio.ServicerContext) -> str | None:
-        """The caller's identity; None only in anonymous mode with no credential presented."""
+        """The caller's identity; None in anonymous mode with no credential presented, or for a delegate
+        (KUMIKI_QUOTA_DELEGATES: it checked its own caller, so no owner check here)."""
         auth = context.auth_context() or {}
         names = auth.get("x509_common_name") or []
         if names:
             name = names[0]
-            return name.decode() if isinstance(name, bytes) else str(name)
+            common_name = name.decode() if isinstance(name, bytes) else str(name)
+            return ANONYMOUS if common_name in self.delegates else common_name
         for key, value in context.invocation_metadata() or ():
             if key.lower() == "authorization":
                 text = value.decode() if isinstance(value, bytes) else value
@@ -108,7 +117,7 @@ class Authenticator:
                 digest = token_digest(token.strip())
                 for known, identity in self.tokens.items():
                     if hmac.compare_digest(known, digest):
-                        return identity
+                        return ANONYMOUS if identity in self.delegates else identity
                 raise Unauthenticated("the bearer token is not known")
         if self.allow_anonymous:
             return ANONYMOUS
