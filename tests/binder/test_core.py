@@ -143,3 +143,20 @@ def test_gpu_feature_discovery_product_labels_become_kumiki_model_names() -> Non
         }
     )
     assert pod.resources is not None and pod.resources.gpu_model == "A100-80GB"
+
+
+@pytest.mark.parametrize(
+    ("stamp", "expected"),
+    [
+        ("2026-12-01T18:00:05Z", 1796148005.0),
+        ("2026-12-01T18:00:05+00:00", 1796148005.0),
+        ("", 0.0),  # absent: bound all the same, left out of the latency histogram
+        ("yesterday", 0.0),
+        ("2026-12-01T18:00:05", 0.0),  # no zone: not a time the API server writes
+        (1796148005, 0.0),
+    ],
+)
+def test_creation_timestamp_for_the_pod_scheduling_latency(stamp: object, expected: float) -> None:
+    obj = pod_object("ns", "p", gpus=1)
+    obj["metadata"]["creationTimestamp"] = stamp
+    assert core.parse_pod(obj).created_unix_s == expected

@@ -399,3 +399,38 @@ async def test_two_replicas_one_leader_and_the_standby_takes_over(kube: AsyncCli
     await until(lambda: all_bound(kube, ns, 8), timeout_s=60, what="pods bound by the new leader")
     assert standby.poll() is None
     assert over_commits(await pods_in(kube, ns)) == []
+
+
+async def test_pod_scheduling_latency_and_binds_are_scraped_from_the_binder(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    """kumiki_binder_pod_scheduling_seconds: one observation per Binding created, each no longer than the pod
+    has existed (its creationTimestamp, whole seconds, to the Binding); kumiki_binder_pods_bound_total counts
+    the same binds."""
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    await start(processes, kube, [node_object(f"lat-{index}", 8) for index in range(2)])
+    ns = await namespace(kube)
+    began = time.time()
+    await create_all(kube, [pod_object(ns, f"solo-{i}", gpus=2) for i in range(5)])
+    await until(lambda: all_bound(kube, ns, 5), timeout_s=120, what="5 pods bound")
+    waited = time.time() - began
+
+    def scraped() -> dict[str, float]:
+        url = f"http://127.0.0.1:{processes.binder_http[0]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith(("kumiki_binder_pod_scheduling_seconds", "kumiki_binder_pods_bound_total"))
+            and sample.labels.get("le", "") in ("", "+Inf")
+        }
+
+    metrics = await until(lambda: (m := scraped()).get("kumiki_binder_pods_bound_total") == 5 and m, 30, "scrape")
+    assert metrics["kumiki_binder_pod_scheduling_seconds_count"] == 5
+    assert 0 <= metrics["kumiki_binder_pod_scheduling_seconds_sum"] <= 5 * (waited + 1.0)  # +1: whole seconds

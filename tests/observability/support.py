@@ -48,6 +48,7 @@ class Service:
     grpc_port: int
     http_port: int
     log: Path
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def grpc_address(self) -> str:
@@ -68,6 +69,16 @@ class LiveStack:
             if service.process.poll() is not None:
                 raise AssertionError(f"{service.name} exited ({service.process.returncode}): {self.logs()}")
         return all(readiness(service.http_port)[0] == "ready" for service in self.services.values())
+
+    def kill_and_restart(self, name: str) -> None:
+        """SIGKILL one service (nothing flushed, nothing handed over) and start it again on the same ports."""
+        service = self.services[name]
+        service.process.kill()
+        service.process.wait()
+        with service.log.open("ab") as out:
+            service.process = subprocess.Popen(
+                [sys.executable, "-m", MODULES[name]], env=service.env, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def logs(self) -> str:
         return "\n".join(f"--- {s.name}\n{s.log.read_text(errors='replace')[-3000:]}" for s in self.services.values())
@@ -120,15 +131,15 @@ def live_stack(
                 extra |= {"KUMIKI_QUOTA_ALLOW_ANONYMOUS": "true", "KUMIKI_QUOTA_CONFIG_FILE": str(queues)}
             if name == "placement" and "quota" in ports:
                 extra["KUMIKI_QUOTA_ADDRESS"] = f"127.0.0.1:{ports['quota'][0]}"
+            if name == "preemption" and "placement" in ports:  # the coordinator releases evicted jobs there
+                extra["KUMIKI_PLACEMENT_ADDRESS"] = f"127.0.0.1:{ports['placement'][0]}"
             log = folder / f"{name}.log"
+            environment = service_env(name, kafka, database, grpc_port, http_port, extra)
             with log.open("wb") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", MODULES[name]],
-                    env=service_env(name, kafka, database, grpc_port, http_port, extra),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
+                    [sys.executable, "-m", MODULES[name]], env=environment, stdout=out, stderr=subprocess.STDOUT
                 )
-            stack.services[name] = Service(name, process, grpc_port, http_port, log)
+            stack.services[name] = Service(name, process, grpc_port, http_port, log, environment)
         yield stack
     finally:
         for service in stack.services.values():

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
@@ -121,6 +122,7 @@ class Pod:
     topology: common_pb2.TopologyConstraint
     job_annotation: str  # kumiki.io/job written at bind time ("" before)
     generation_annotation: int
+    created_unix_s: float = 0.0  # metadata.creationTimestamp (whole seconds; 0: absent or unreadable)
 
     @property
     def job_id(self) -> str:
@@ -236,6 +238,19 @@ def topology_of(annotations: Mapping[str, str]) -> common_pb2.TopologyConstraint
     return common_pb2.TopologyConstraint(level=level, required=required)
 
 
+def created_unix_s(metadata: Mapping[str, Any]) -> float:
+    """metadata.creationTimestamp (RFC 3339, whole seconds) as Unix seconds; 0.0 when absent or unreadable, so
+    a pod the API server stamped oddly is bound all the same and only left out of the latency histogram."""
+    raw = metadata.get("creationTimestamp")
+    if not isinstance(raw, str) or not raw:
+        return 0.0
+    try:
+        stamp = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return stamp.timestamp() if stamp.tzinfo is not None else 0.0
+
+
 def parse_pod(obj: Mapping[str, Any]) -> Pod:
     """A pod as the API returns it. Never raises for a bad request: the pod is kept with `invalid` set, so
     the binder can tell the user on the pod itself."""
@@ -274,6 +289,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         topology=topology,
         job_annotation=str(annotations.get(JOB_ANNOTATION) or ""),
         generation_annotation=generation,
+        created_unix_s=created_unix_s(metadata),
     )
 
 

@@ -256,3 +256,21 @@ def outgoing_metadata() -> tuple[tuple[str, str], ...]:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return tuple(carrier.items())
+
+
+# ---- trace context kept with durable work (an outbox row, a stored protocol) -----------------------------
+
+
+def current_traceparent() -> str:
+    """The current span's W3C traceparent ('' without a valid one), to store with work carried out later."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return ""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def context_from_traceparent(traceparent: str) -> otel_context.Context:
+    """The context a stored traceparent names (empty when there is none or it does not parse), so work done
+    later, or by a restarted process, is a child of the step that decided it."""
+    return propagate.extract({"traceparent": traceparent} if traceparent else {}, context=otel_context.Context())

@@ -19,6 +19,10 @@ A background thread holds `Checkpoints.Watch` open for this attempt (reconnectin
 coordinator restarts) and records the commands: CHECKPOINT makes `should_checkpoint()` true; EVICT makes
 `should_stop()` true. Jobs without the SDK get the Kubernetes convention instead (SIGTERM and the pod's grace
 period, through the binder's eviction); `Job(handle_sigterm=True)` turns a SIGTERM into a checkpoint request.
+
+The Report that answers a CHECKPOINT continues the command's trace (its `traceparent`): a
+`kumiki.v1.Checkpoints/Report` CLIENT span when the job's process has an OpenTelemetry tracer provider, and the
+context in the call's metadata either way, so the preemption is one trace in Jaeger.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from types import FrameType
 from typing import TypeVar
 
 import grpc
+from opentelemetry import propagate, trace
 
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.sdk")
 
 DEFAULT_INTERVAL_S = 1800.0
 _T = TypeVar("_T")
@@ -165,7 +171,7 @@ class Job:
                 duration_s=duration_s,
             )
             report.completed_at.FromNanoseconds(int(now * 1e9))
-            ack = self._call(lambda stub: stub.Report(report, timeout=10.0))
+            ack = self._traced_report(report, command.traceparent if command is not None else "")
             recorded = bool(ack.recorded)
         self._last_checkpoint_s = now
         if command is not None:
@@ -205,6 +211,40 @@ class Job:
             self._channel.close()
 
     # ---- plumbing ----------------------------------------------------------------------------------------
+    def _traced_report(
+        self, report: checkpoints_pb2.CheckpointReport, traceparent: str
+    ) -> checkpoints_pb2.CheckpointAck:
+        """Report as a CLIENT span (RPC semantic conventions), a child of the command's step when it answers one."""
+        from kumiki.common.tracing import context_from_traceparent
+
+        parent = context_from_traceparent(traceparent) if traceparent else None
+        host, _, port = (self.address or "").rpartition(":")
+        attributes: dict[str, str | int] = {
+            "rpc.system": "grpc",
+            "rpc.service": "kumiki.v1.Checkpoints",
+            "rpc.method": "Report",
+            "server.address": host,
+            "kumiki.job.id": self.job_id,
+            "kumiki.job.generation": self.generation,
+        }
+        if port.isdigit():
+            attributes["server.port"] = int(port)
+        with tracer.start_as_current_span(
+            "kumiki.v1.Checkpoints/Report", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            metadata = tuple((key, value) for key, value in carrier.items() if key in ("traceparent", "tracestate"))
+            try:
+                ack: checkpoints_pb2.CheckpointAck = self._call(
+                    lambda stub: stub.Report(report, timeout=10.0, metadata=metadata)
+                )
+            except grpc.RpcError as error:
+                span.set_attribute("rpc.grpc.status_code", error.code().value[0])
+                raise
+            span.set_attribute("rpc.grpc.status_code", 0)
+            return ack
+
     def _call(self, call: Callable[[checkpoints_pb2_grpc.CheckpointsStub], _T], attempts: int = 20) -> _T:
         """A unary call, retried while the coordinator is unavailable (it may be restarting)."""
         assert self._stub is not None

@@ -38,6 +38,11 @@ BIND_SECONDS = Histogram(
     "From submitting a gang to the last of its Bindings",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+POD_SCHEDULING_SECONDS = Histogram(
+    "kumiki_binder_pod_scheduling_seconds",
+    "End-to-end pod scheduling latency: the pod's creationTimestamp (whole seconds) to its Binding created",
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
 EVICTIONS = Counter("kumiki_binder_evictions_total", "Eviction API calls by result", ["result"])
 REPAIRS = Counter("kumiki_binder_repaired_binds_total", "Binds Placement made that the API had not got, repaired")
 PENDING = Gauge("kumiki_binder_pending_pods", "Pods with schedulerName kumiki and no node")
@@ -596,6 +601,8 @@ class Binder:
                 done = await self.kube.bind(key.namespace, key.name, pod.uid, assignment.node, annotations)
                 if done:
                     BINDS.inc()
+                    if pod.created_unix_s:  # queueing, gang wait and Placement included: what a user waits
+                        POD_SCHEDULING_SECONDS.observe(max(0.0, time.time() - pod.created_unix_s))
                     if how == "repair":
                         REPAIRS.inc()
                     if self.scheduled_events:

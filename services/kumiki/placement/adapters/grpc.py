@@ -26,7 +26,7 @@ from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
 from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason, release_state
 from kumiki.placement.adapters.events import DecisionPublisher
-from kumiki.placement.adapters.preempting import publish_preemptions, release_preempted
+from kumiki.placement.adapters.preempting import publish_preemptions, rebinding, release_preempted
 from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook
 from kumiki.placement.observe import book_stranded_gpus, pending_by_reason
 from kumiki.quota.adapters.auth import QueueAuthorizer, Unauthenticated
@@ -441,7 +441,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         """Publish jobs a pass started from the queue; one that cannot be published waits again."""
         for job in started:
             try:
-                await self.publisher.bound(job, events_pb2.DECISION_KIND_BACKFILL)
+                with rebinding(job):  # a requeued victim's bind joins its preemption's trace
+                    await self.publisher.bound(job, events_pb2.DECISION_KIND_BACKFILL)
             except BaseException as error:  # cancelled at shutdown too: an unpublished bind must not stay granted
                 if self.book.bound.get(job.command.job_id) is job:
                     self.book.unbind(job.command.job_id, requeue=True, now=time.time())

@@ -4,21 +4,33 @@ The scheduling pass decides the victims (`PlacementBook.cycle`); each is publish
 its reason and unsaved work, which the preemption coordinator turns into CHECKPOINT, EVICT and finally
 `Release(JOB_STATE_PREEMPTED)`: the attempt is freed, published as PREEMPTED with its lost work, and the job
 queued again as the next generation, all acknowledged by the broker before the coordinator hears yes.
+
+Traces: each victim is a `preempt` span (a child of the pass's decision, the beneficiary's `schedule`) whose
+PREEMPT event the coordinator continues; the Release that requeues the victim remembers its context, and the
+pass that binds the next generation is a `schedule` span under it, so requeue and rebind are in that trace too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import replace
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from prometheus_client import Counter
 
 from kumiki.common.contracts.v1 import placement_pb2
 from kumiki.placement.adapters.events import DecisionPublisher
-from kumiki.placement.core import PlacementBook
+from kumiki.placement.core import BoundJob, PlacementBook, Victim
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.placement")
+_REQUEUED: OrderedDict[tuple[str, int], otel_context.Context] = OrderedDict()  # next generation -> Release's
+_REQUEUED_KEPT = 10_000  # a requeued job never bound (withdrawn) must not grow this forever
 
 PREEMPT_DECISIONS = Counter(
     "kumiki_placement_preemptions_total", "Victims named by placement's scheduling pass, by reason", ["reason"]
@@ -32,7 +44,8 @@ async def publish_preemptions(book: PlacementBook, publisher: DecisionPublisher)
     while book.preemptions:
         victim = book.preemptions.pop(0)  # taken before awaiting: a concurrent pass does not publish it twice
         try:
-            await publisher.preempted(victim)
+            with tracer.start_as_current_span("preempt", attributes=_victim_attributes(victim)):
+                await publisher.preempted(victim)
         except Exception as error:
             if victim.job.command.job_id in book.draining:
                 book.preemptions.insert(0, victim)
@@ -58,5 +71,44 @@ async def release_preempted(
     again = replace(job.command, generation=job.command.generation + 1)
     submitted_s = job.bound_s - job.waited_s
     await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), submitted_s)
+    if trace.get_current_span().get_span_context().is_valid:
+        _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
+        while len(_REQUEUED) > _REQUEUED_KEPT:
+            _REQUEUED.popitem(last=False)
     book.release_preempted(request.job.job_id, request.job.generation, now, request.beneficiary.job_id)
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
+
+
+def _victim_attributes(victim: Victim) -> dict[str, str | int | float]:
+    job, preemption = victim.job, victim.preemption
+    return {
+        "kumiki.job.id": job.command.job_id,
+        "kumiki.job.generation": job.command.generation,
+        "kumiki.queue": job.command.queue,
+        "kumiki.gpus": job.command.request.gpu_demand,
+        "kumiki.preemption.reason": preemption.reason,
+        "kumiki.preemption.beneficiary": preemption.for_job,
+        "kumiki.preemption.lost_gpu_seconds": preemption.lost_gpu_s,
+    }
+
+
+@contextlib.contextmanager
+def rebinding(job: BoundJob) -> Iterator[None]:
+    """Around publishing a pass's start: a requeued generation's bind is a `schedule` span in its
+    preemption's trace (under the Release that requeued it); any other start is left as it was."""
+    parent = _REQUEUED.pop((job.command.job_id, job.command.generation), None)
+    if parent is None:
+        yield
+        return
+    attributes: dict[str, str | int | float | bool | list[str]] = {
+        "kumiki.job.id": job.command.job_id,
+        "kumiki.job.generation": job.command.generation,
+        "kumiki.queue": job.command.queue,
+        "kumiki.gpus": job.command.request.gpu_demand,
+        "kumiki.pods": len(job.command.request.pods),
+        "kumiki.requeued": True,
+        "kumiki.outcome": "bound",
+        "kumiki.nodes": sorted(set(job.node_names)),
+    }
+    with tracer.start_as_current_span("schedule", context=parent, attributes=attributes):
+        yield

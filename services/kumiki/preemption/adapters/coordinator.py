@@ -8,6 +8,11 @@ Inputs (each applied in one transaction with the protocol row and its outbox row
   ends on its own closes its protocol.
 The outbox loop carries out the effects at least once: commands go to kumiki.preemption.commands (the binder
 evicts on EVICT) and to the Watch streams (the SDK), releases to Placement.Release(JOB_STATE_PREEMPTED).
+
+A preemption is one trace: every transition that issues a command is a `<action> command` span, a child of
+the step that caused it (the decision's consumer span, the job's Report, the rebind's lifecycle event, or, at
+the deadline, the previous command's), and its W3C traceparent is stored with the protocol and the outbox
+rows, so carrying them out (also after a restart) continues that trace.
 """
 
 from __future__ import annotations
@@ -16,23 +21,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 
 import asyncpg
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.bus.topics import CHECKPOINTS, PREEMPTION_COMMANDS
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
-from kumiki.common.grpcutil import client_channel, timestamp
+from kumiki.common.grpcutil import timestamp
+from kumiki.common.tracing import ClientTracingInterceptor, context_from_traceparent, current_traceparent
 from kumiki.preemption import core
 from kumiki.preemption.adapters import store
 from kumiki.preemption.adapters.registry import latest_in, record_in
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.preemption")
 
 PREEMPTIONS = Counter("kumiki_preemption_preemptions_total", "Preemption protocols begun, by reason", ["reason"])
 ACK_SECONDS = Histogram(
@@ -97,6 +106,50 @@ def request_from_decision(decision: events_pb2.SchedulingDecision) -> core.Preem
     if problems:
         raise EventRejected("; ".join(f"{field}: {problem}" for field, problem in problems))
     return request
+
+
+@contextlib.contextmanager
+def step(transition: core.Transition | None, stored_traceparent: str = "") -> Iterator[str]:
+    """The span of a transition that issues a command (`checkpoint command`, `evict command`, `resume
+    command`), a child of the current span or, with none (the deadline's clock, a restarted process), of the
+    protocol's stored step. Yields the traceparent to store with the transition ('' when none travels)."""
+    commands = [] if transition is None else [e for e in transition.effects if isinstance(e, core.Command)]
+    current = trace.get_current_span().get_span_context().is_valid
+    parent = None if current else context_from_traceparent(stored_traceparent)
+    if not commands or transition is None or not transition.changed:
+        yield ""  # no command: the protocol keeps its step, and there is no effect to carry it
+        return
+    protocol = transition.protocol
+    command = commands[0]
+    attributes: dict[str, str | int | float | bool] = {
+        "kumiki.job.id": protocol.job_id,
+        "kumiki.job.generation": command.generation,
+        "kumiki.preemption.action": command.action.value,
+        "kumiki.preemption.command_id": command.command_id,
+        "kumiki.preemption.reason": protocol.reason,
+        "kumiki.preemption.decision_id": protocol.decision_id,
+        "kumiki.queue": protocol.queue,
+    }
+    if protocol.beneficiary:
+        attributes["kumiki.preemption.beneficiary"] = protocol.beneficiary
+    if command.action is core.Action.EVICT:
+        attributes["kumiki.preemption.forced"] = protocol.forced
+        attributes["kumiki.preemption.lost_gpu_seconds"] = protocol.lost_gpu_seconds
+    with tracer.start_as_current_span(f"{command.action.value} command", context=parent, attributes=attributes):
+        yield current_traceparent()
+
+
+@contextlib.contextmanager
+def continuing(traceparent: str) -> Iterator[None]:
+    """Carry out an outbox row inside the trace of the step that queued it (nothing when none was stored)."""
+    if not traceparent:
+        yield
+        return
+    token = otel_context.attach(context_from_traceparent(traceparent))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 class Coordinator:
@@ -167,7 +220,8 @@ class Coordinator:
         if transition is None:
             return
         kept = events_pb2.PreemptionCommand(assignments=list(decision.assignments)).SerializeToString()
-        await store.save(connection, transition, kept)
+        with step(transition) as traceparent:
+            await store.save(connection, transition, kept, traceparent)
         self._record(None, transition)
         self._notify_after_commit()
 
@@ -201,7 +255,8 @@ class Coordinator:
                 transition = core.released(protocol)
             else:
                 transition = core.ended(protocol, change.job.generation)
-            await store.save(connection, transition, stored.assignments)
+            with step(transition, stored.traceparent) as traceparent:
+                await store.save(connection, transition, stored.assignments, traceparent)
             if transition.changed:
                 self._notify_after_commit()
 
@@ -219,10 +274,13 @@ class Coordinator:
             latest = await record_in(connection, record)
             if latest != record:
                 return latest
-            await store.add_checkpoint_event(connection, record.job_id, record.generation, message.SerializeToString())
+            await store.add_checkpoint_event(
+                connection, record.job_id, record.generation, message.SerializeToString(), current_traceparent()
+            )
             for stored in await store.open_for_job(connection, record.job_id, lock=True):
                 transition = core.acknowledge(stored.protocol, record, now)
-                await store.save(connection, transition, stored.assignments)
+                with step(transition, stored.traceparent) as traceparent:
+                    await store.save(connection, transition, stored.assignments, traceparent)
                 if transition.changed:
                     self._record(stored.protocol, transition)
         self._notify()
@@ -236,7 +294,8 @@ class Coordinator:
             for stored in due:
                 latest = await latest_in(connection, stored.protocol.job_id)
                 transition = core.expire(stored.protocol, latest, now)
-                await store.save(connection, transition, stored.assignments)
+                with step(transition, stored.traceparent) as traceparent:
+                    await store.save(connection, transition, stored.assignments, traceparent)
                 if transition.changed:
                     self._record(stored.protocol, transition)
         if due:
@@ -248,25 +307,18 @@ class Coordinator:
         stored = await store.load(self.pool, item.job_id, item.generation)
         if stored is None:
             return None
-        return render(stored, core.Action(item.action), self.grace_period_s)
+        command = render(stored, core.Action(item.action), self.grace_period_s)
+        command.traceparent = item.traceparent or command.traceparent  # the step that issued this one
+        return command
 
     async def carry_out(self) -> int:
         """Every effect not yet done, in order; one that fails is retried on the next round."""
         done = 0
         for item in await store.pending_effects(self.pool):
             try:
-                if item.kind == "command":
-                    command = await self.render(item)
-                    if command is not None:
-                        await self.producer.publish(
-                            PREEMPTION_COMMANDS, item.job_id, command, event_id=command.command_id
-                        )
-                elif item.kind == "checkpoint":
-                    report = checkpoints_pb2.CheckpointReport.FromString(item.payload)
-                    event_id = f"{item.job_id}/{item.generation}/checkpoint/{report.step}"
-                    await self.producer.publish(CHECKPOINTS, item.job_id, report, event_id=event_id)
-                elif item.kind == "release" and not await self._release(item):
-                    continue
+                with continuing(item.traceparent):
+                    if not await self._carry_out_one(item):
+                        continue
             except (grpc.aio.AioRpcError, OSError, TimeoutError) as error:
                 log.warning("preemption effect failed; retried", extra={"job": item.job_id, "error": repr(error)})
                 continue
@@ -276,6 +328,20 @@ class Coordinator:
             self._notify()
         return done
 
+    async def _carry_out_one(self, item: store.OutboxItem) -> bool:
+        """One effect; False when it is left to do."""
+        if item.kind == "command":
+            command = await self.render(item)
+            if command is not None:
+                await self.producer.publish(PREEMPTION_COMMANDS, item.job_id, command, event_id=command.command_id)
+        elif item.kind == "checkpoint":
+            report = checkpoints_pb2.CheckpointReport.FromString(item.payload)
+            event_id = f"{item.job_id}/{item.generation}/checkpoint/{report.step}"
+            await self.producer.publish(CHECKPOINTS, item.job_id, report, event_id=event_id)
+        elif item.kind == "release":
+            return await self._release(item)
+        return True
+
     async def _release(self, item: store.OutboxItem) -> bool:
         """Placement.Release as PREEMPTED (idempotent); False when placement is not configured (left to do)."""
         if self.placement_address is None:
@@ -284,7 +350,9 @@ class Coordinator:
                 self._warned_no_placement = True
             return True  # nothing this coordinator can do; a later BOUND still gets RESUME
         if self._channel is None:
-            self._channel = client_channel(self.placement_address)
+            self._channel = grpc.aio.insecure_channel(
+                self.placement_address, interceptors=[ClientTracingInterceptor(self.placement_address, "preemption")]
+            )
         stub = placement_pb2_grpc.PlacementStub(self._channel)
         victim = await store.load(self.pool, item.job_id, item.generation)
         beneficiary = (
@@ -369,6 +437,7 @@ def render(stored: store.Stored, action: core.Action, grace_period_s: float) -> 
         gpus=protocol.gpus,
     )
     command.deadline.CopyFrom(_stamp(protocol.deadline_unix_s))
+    command.traceparent = stored.traceparent  # the newest command's step: the job's Report continues it
     if protocol.beneficiary:
         command.beneficiary.CopyFrom(
             common_pb2.JobRef(job_id=protocol.beneficiary, generation=protocol.beneficiary_generation)

@@ -10,15 +10,17 @@ import asyncpg
 from kumiki.preemption.core import Command, Effect, Phase, Protocol, Release, Transition
 
 _COLUMNS = [field.name for field in fields(Protocol)]
-_SELECT = "SELECT " + ", ".join(_COLUMNS) + ", assignments FROM preemption.protocols"
+_SELECT = "SELECT " + ", ".join(_COLUMNS) + ", assignments, traceparent FROM preemption.protocols"
 _UPSERT = (
     "INSERT INTO preemption.protocols ("
     + ", ".join(_COLUMNS)
-    + ", assignments) VALUES ("
-    + ", ".join(f"${index}" for index in range(1, len(_COLUMNS) + 2))
+    + ", assignments, traceparent) VALUES ("
+    + ", ".join(f"${index}" for index in range(1, len(_COLUMNS) + 3))
     + ") ON CONFLICT (job_id, generation) DO UPDATE SET "
     + ", ".join(f"{name} = EXCLUDED.{name}" for name in _COLUMNS[2:])
-    + ", updated_at = now()"
+    # a transition without a trace context of its own keeps the one stored (the newest command's)
+    + ", traceparent = CASE WHEN EXCLUDED.traceparent = '' THEN preemption.protocols.traceparent"
+    " ELSE EXCLUDED.traceparent END" + ", updated_at = now()"
 )
 
 
@@ -32,6 +34,7 @@ def _protocol(row: asyncpg.Record) -> Protocol:
 class Stored:
     protocol: Protocol
     assignments: bytes  # the victim's PodAssignments (a serialized PreemptionCommand holding only them)
+    traceparent: str = ""  # W3C traceparent of the newest command's step: later steps are its children
 
 
 async def load(
@@ -40,7 +43,11 @@ async def load(
     row = await connection.fetchrow(
         _SELECT + " WHERE job_id = $1 AND generation = $2" + (" FOR UPDATE" if lock else ""), job_id, generation
     )
-    return None if row is None else Stored(_protocol(row), bytes(row["assignments"]))
+    return None if row is None else _stored(row)
+
+
+def _stored(row: asyncpg.Record) -> Stored:
+    return Stored(_protocol(row), bytes(row["assignments"]), row["traceparent"])
 
 
 async def open_for_job(connection: asyncpg.Connection, job_id: str, *, lock: bool = False) -> list[Stored]:
@@ -52,7 +59,7 @@ async def open_for_job(connection: asyncpg.Connection, job_id: str, *, lock: boo
         job_id,
         [Phase.CHECKPOINTING.value, Phase.EVICTING.value, Phase.REQUEUED.value],
     )
-    return [Stored(_protocol(row), bytes(row["assignments"])) for row in rows]
+    return [_stored(row) for row in rows]
 
 
 async def latest_for_job(connection: asyncpg.Connection | asyncpg.Pool, job_id: str) -> Protocol | None:
@@ -67,11 +74,14 @@ async def expired(connection: asyncpg.Connection, now_unix_s: float, limit: int 
         now_unix_s,
         limit,
     )
-    return [Stored(_protocol(row), bytes(row["assignments"])) for row in rows]
+    return [_stored(row) for row in rows]
 
 
-async def save(connection: asyncpg.Connection, transition: Transition, assignments: bytes) -> None:
-    """The protocol and the effects of its transition, in the caller's transaction."""
+async def save(
+    connection: asyncpg.Connection, transition: Transition, assignments: bytes, traceparent: str = ""
+) -> None:
+    """The protocol and the effects of its transition, in the caller's transaction; `traceparent` (the step
+    that made the transition) goes with the effects and, when set, replaces the protocol's."""
     if not transition.changed:
         return
     protocol = transition.protocol
@@ -79,37 +89,47 @@ async def save(connection: asyncpg.Connection, transition: Transition, assignmen
         _UPSERT,
         *[getattr(protocol, name).value if name == "phase" else getattr(protocol, name) for name in _COLUMNS],
         assignments,
+        traceparent,
     )
     for effect in transition.effects:
-        await add_effect(connection, effect)
+        await add_effect(connection, effect, traceparent=traceparent)
 
 
-async def add_effect(connection: asyncpg.Connection, effect: Effect, payload: bytes = b"") -> None:
+async def add_effect(
+    connection: asyncpg.Connection, effect: Effect, payload: bytes = b"", *, traceparent: str = ""
+) -> None:
     if isinstance(effect, Command):
         await connection.execute(
-            "INSERT INTO preemption.outbox (job_id, generation, kind, action, command_id)"
-            " VALUES ($1, $2, 'command', $3, $4)",
+            "INSERT INTO preemption.outbox (job_id, generation, kind, action, command_id, traceparent)"
+            " VALUES ($1, $2, 'command', $3, $4, $5)",
             effect.job_id,
             effect.protocol_generation,
             effect.action.value,
             effect.command_id,
+            traceparent,
         )
     elif isinstance(effect, Release):
         await connection.execute(
-            "INSERT INTO preemption.outbox (job_id, generation, kind, lost_gpu_seconds) VALUES ($1, $2, 'release', $3)",
+            "INSERT INTO preemption.outbox (job_id, generation, kind, lost_gpu_seconds, traceparent)"
+            " VALUES ($1, $2, 'release', $3, $4)",
             effect.job_id,
             effect.generation,
             effect.lost_gpu_seconds,
+            traceparent,
         )
 
 
-async def add_checkpoint_event(connection: asyncpg.Connection, job_id: str, generation: int, payload: bytes) -> None:
+async def add_checkpoint_event(
+    connection: asyncpg.Connection, job_id: str, generation: int, payload: bytes, traceparent: str = ""
+) -> None:
     """A recorded checkpoint to publish on kumiki.checkpoints (placement's victim choice reads it)."""
     await connection.execute(
-        "INSERT INTO preemption.outbox (job_id, generation, kind, payload) VALUES ($1, $2, 'checkpoint', $3)",
+        "INSERT INTO preemption.outbox (job_id, generation, kind, payload, traceparent)"
+        " VALUES ($1, $2, 'checkpoint', $3, $4)",
         job_id,
         generation,
         payload,
+        traceparent,
     )
 
 
@@ -123,11 +143,13 @@ class OutboxItem:
     command_id: str
     lost_gpu_seconds: float
     payload: bytes
+    traceparent: str = ""  # the step that queued it: carrying it out is a child of that step's span
 
 
 async def pending_effects(pool: asyncpg.Pool, limit: int = 200) -> list[OutboxItem]:
     rows = await pool.fetch(
-        "SELECT id, job_id, generation, kind, action, command_id, lost_gpu_seconds, payload FROM preemption.outbox"
+        "SELECT id, job_id, generation, kind, action, command_id, lost_gpu_seconds, payload, traceparent"
+        " FROM preemption.outbox"
         " WHERE done_at IS NULL ORDER BY id LIMIT $1",
         limit,
     )
@@ -141,6 +163,7 @@ async def pending_effects(pool: asyncpg.Pool, limit: int = 200) -> list[OutboxIt
             row["command_id"],
             row["lost_gpu_seconds"],
             bytes(row["payload"]),
+            row["traceparent"],
         )
         for row in rows
     ]

@@ -714,6 +714,7 @@ class PreemptionCommand(_message.Message):
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     BENEFICIARY_FIELD_NUMBER: _builtins.int
     GRACE_PERIOD_S_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     """Unique command id."""
     action: Global___PreemptionAction.ValueType
@@ -736,6 +737,10 @@ class PreemptionCommand(_message.Message):
     """EVICT: work lost since the newest acknowledged checkpoint, GPU-seconds (what the ledger records)."""
     grace_period_s: _builtins.float
     """EVICT: seconds the binder gives the pods after SIGTERM (the pod's grace period; 0: the pod's own)."""
+    traceparent: _builtins.str
+    """W3C traceparent of the coordinator's step that issued the command (empty when none travelled): the job
+    sends it with the Report that answers a CHECKPOINT, so the preemption is one trace.
+    """
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -775,10 +780,11 @@ class PreemptionCommand(_message.Message):
         assignments: _abc.Iterable[_common_pb2.PodAssignment] | None = ...,
         beneficiary: _common_pb2.JobRef | None = ...,
         grace_period_s: _builtins.float = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "deadline", b"deadline", "issued_at", b"issued_at", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "assignments", b"assignments", "beneficiary", b"beneficiary", "checkpoint_step", b"checkpoint_step", "checkpoint_uri", b"checkpoint_uri", "command_id", b"command_id", "deadline", b"deadline", "decision_id", b"decision_id", "forced", b"forced", "gpus", b"gpus", "grace_period_s", b"grace_period_s", "issued_at", b"issued_at", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "queue", b"queue", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "assignments", b"assignments", "beneficiary", b"beneficiary", "checkpoint_step", b"checkpoint_step", "checkpoint_uri", b"checkpoint_uri", "command_id", b"command_id", "deadline", b"deadline", "decision_id", b"decision_id", "forced", b"forced", "gpus", b"gpus", "grace_period_s", b"grace_period_s", "issued_at", b"issued_at", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "queue", b"queue", "reason", b"reason", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
