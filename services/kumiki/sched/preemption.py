@@ -6,12 +6,15 @@ policy's rank (worse first). Never chosen: non-preemptible jobs, jobs of a highe
 and jobs that (re)started less than the minimum run time ago (no thrashing). This is the case kueue#477 and
 KAI-Scheduler#904 leave open: two victims of equal priority, one checkpointed a minute ago and one with hours
 of unsaved work; the first loses a minute, the second hours, so the first yields.
+
+Defragmentation moves (`move_value`) use the same lost-work measure: small jobs leave the nodes a gang blocked
+only by fragmentation needs when the gang's expected wait saved outweighs what they lose.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kumiki.sched.jobs import CheckpointModel
@@ -80,3 +83,43 @@ def victim_order(
 ) -> tuple[float, int, int, float, str]:
     """Sort key of a candidate victim: the cheapest to stop first (see the module docstring)."""
     return (lost_gpu_s, priority, 0 if over_quota else 1, -rank, job_id)
+
+
+# ---- defragmentation: moving small jobs off the nodes a blocked gang needs ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MoveValue:
+    """Whether moving jobs off nodes pays for the gang they block, in GPU-seconds on both sides.
+
+    Benefit: the gang's expected wait for those nodes to free up on their own (from the running jobs' expected
+    remaining time, as the queue policy estimates it), less the handover (the moved jobs writing their
+    checkpoint), times the gang's GPUs. Cost: each moved job's unsaved work since its last checkpoint plus its
+    restore, and the handover, times its GPUs. Both sides move with the cluster (forecasts, checkpoint ages),
+    so there is no threshold to tune: a move is made exactly when it is expected to gain more than it loses."""
+
+    wait_saved_s: float
+    gang_gpus: float
+    lost_gpu_s: float  # the moved jobs' unsaved work plus restore, x their GPUs
+    handover_gpu_s: float  # the moved jobs' GPUs held while they write their checkpoint
+
+    @property
+    def benefit_gpu_s(self) -> float:
+        return self.wait_saved_s * self.gang_gpus
+
+    @property
+    def cost_gpu_s(self) -> float:
+        return self.lost_gpu_s + self.handover_gpu_s
+
+    @property
+    def worth(self) -> bool:
+        return self.benefit_gpu_s > self.cost_gpu_s
+
+
+def move_value(
+    expected_wait_s: float, handover_s: float, gang_gpus: float, moved: Sequence[tuple[LostWork, float]]
+) -> MoveValue:
+    """The value test of a defragmentation move; `moved`: (what each moved job loses, its GPUs)."""
+    lost = sum(work.cost_s * gpus for work, gpus in moved)
+    handover = sum(handover_s * gpus for _, gpus in moved)
+    return MoveValue(max(0.0, expected_wait_s - handover_s), gang_gpus, lost, handover)

@@ -21,7 +21,7 @@ from kumiki.sched.cluster import ClusterState, Placement
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
 from kumiki.sched.placement import PendingReason, could_host, place_gang
 from kumiki.sched.policies import LEVEL_SPAN_S, QueuePolicy, estimate_remaining, running_rank, waiting_key
-from kumiki.sched.preemption import lost_work, may_yield, victim_order
+from kumiki.sched.preemption import LostWork, MoveValue, lost_work, may_yield, move_value, victim_order
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
 BACKFILL_LOOKAHEAD = 32
@@ -40,7 +40,8 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """A job evicted by the pass. `reason`: "priority", "rank", "starvation" or "reservation deadline"."""
+    """A job evicted by the pass. `reason`: "priority", "rank", "starvation", "reservation deadline" or
+    "defragmentation" (moved off a node a gang needs; it is queued again and placed elsewhere)."""
 
     job_id: str
     for_job: str
@@ -291,6 +292,9 @@ class Scheduler:
         if self.policy.preemptive and (consider_preemption or recheck):
             nodes = None if consider_preemption else self._nodes_of(recheck)
             for job_id in unfit:
+                # moving small jobs elsewhere costs less than stopping one, so it is tried first
+                if job_id in self.waiting and self.policy.defragment:
+                    self._defragment_for(self.waiting[job_id], now, decisions)
                 if job_id in self.waiting:
                     self._preempt_for(self.waiting[job_id], now, decisions, nodes=nodes)
         return decisions
@@ -561,6 +565,149 @@ class Scheduler:
         placed = place_gang(self.state, entry.request, self.strategy, explain=False)
         if not isinstance(placed, PendingReason):
             self._start(entry, placed, now, decisions, "")
+
+    # ---- defragmentation ------------------------------------------------------------------------
+    def _expected_free_at(self, node: int, need: int, now: float) -> float:
+        """When `need` GPUs of a node are expected free on their own: its jobs' expected remaining run time as
+        the policy estimates it (forecast, or the heavy-tail guess without one)."""
+        free = self.state.free_count(node)
+        if free >= need:
+            return now
+        ends = []
+        for job_id in self.on_node[node]:
+            running = self.running[job_id]
+            gpus = sum(len(pod.gpus) for pod in running.placement.pods if pod.node == node)
+            ends.append((now + estimate_remaining(self.policy, running.view, self.executed(running, now)), gpus))
+        for end, gpus in sorted(ends):
+            free += gpus
+            if free >= need:
+                return end
+        return math.inf
+
+    def _movable(self, node: int, need: int, priority: int, now: float) -> list[tuple[float, str, int, LostWork]]:
+        """Jobs a defragmentation may move off a node, cheapest first: single-pod jobs smaller than the gang's
+        pod (a job as large would need the very room that is missing), of no higher tier, preemptible, past
+        their minimum run time and still checkpointing."""
+        movable = []
+        for job_id in self.on_node[node]:
+            running = self.running[job_id]
+            view = running.view
+            if len(running.nodes) != 1 or len(running.request.pods) != 1 or running.gpus >= need:
+                continue
+            if not may_yield(view.priority, view.preemptible, running.start_s, priority, now, self.min_run_s):
+                continue
+            executed = self.executed(running, now)
+            if executed >= self.checkpoint_until(running.request, view):
+                continue
+            unsaved = lost_work(job_id, running.start_s, executed, now, self.checkpoint, self.acknowledged)
+            attained = view.attained_gpu_s + running.gpus * (now - running.start_s)
+            rank = running_rank(self.policy, view, executed, attained)
+            order = victim_order(unsaved.cost_s * running.gpus, view.priority, self._over_quota(view), rank, job_id)
+            movable.append((order, job_id, running.gpus, unsaved))
+        movable.sort()
+        return [(order[0], job_id, gpus, unsaved) for order, job_id, gpus, unsaved in movable]
+
+    def defragmentation(
+        self, job_id: str, now: float
+    ) -> tuple[frozenset[int], list[tuple[str, int, LostWork]], MoveValue] | None:
+        """The cheapest move that would let a waiting gang blocked only by fragmentation start: (its target
+        nodes, the jobs to move off them with what each loses, the value test). None: no such move (the gang's
+        GPUs are not free anywhere, or nothing on the nodes may move). Pure: the state is not changed."""
+        entry = self.waiting[job_id]
+        shape = entry.shape
+        need, count = shape[0], len(shape)
+        state = self.state
+        specs = state.spec.nodes
+        cordoned = state.cordoned
+        # fragmentation: the gang's GPUs are free, only not together
+        if sum(state.free_count(node) for node in range(len(specs)) if node not in cordoned) < sum(shape):
+            return None
+        reservation = self.reservation
+        reserved = reservation.nodes if reservation is not None and reservation.job_id != job_id else frozenset()
+        biggest = max(entry.request.pods, key=lambda pod: pod.gpu_demand)
+        usable = [
+            node
+            for node, spec in enumerate(specs)
+            if spec.gpus >= need and node not in cordoned and node not in reserved and could_host(spec, biggest)
+        ]
+        if len(usable) < count:
+            return None
+        options: list[tuple[float, int, int, list[tuple[str, int, LostWork]]]] = []
+        for node in usable:
+            free = state.free_count(node)
+            if free >= need:
+                if count > 1:  # a node already free serves a multi-node gang as it is
+                    options.append((0.0, 0, node, []))
+                continue
+            chosen: list[tuple[str, int, LostWork]] = []
+            cost = 0.0
+            for victim_cost, victim, gpus, unsaved in self._movable(node, need, entry.view.priority, now):
+                if free >= need:
+                    break
+                chosen.append((victim, gpus, unsaved))
+                free += gpus
+                cost += victim_cost
+            if free >= need:
+                options.append((cost, len(chosen), node, chosen))
+        options.sort(key=lambda option: option[:3])
+        picked = options[:count]
+        if len(picked) < count or not any(option[3] for option in picked):
+            return None
+        moved = [victim for option in picked for victim in option[3]]
+        expected = sorted(self._expected_free_at(node, need, now) for node in usable)[count - 1]
+        # on demand (live, or the simulator's model) a moved job first writes its checkpoint; periodic: it stops
+        handover_s = self.checkpoint.checkpoint_cost_s if self.acknowledged is not None else 0.0
+        value = move_value(
+            expected - now, handover_s, entry.request.gpu_demand, [(unsaved, gpus) for _, gpus, unsaved in moved]
+        )
+        return frozenset(option[2] for option in picked), moved, value
+
+    def _trial(self, entry: _Waiting, targets: frozenset[int], moved: Sequence[str]) -> Placement | None:
+        """Dry run on the state, undone before returning: the gang's placement on `targets` once `moved` left,
+        if it fits there and every moved job fits at once elsewhere (else the move only swaps who waits)."""
+        state = self.state
+        outside = frozenset(range(len(state.spec.nodes))) - targets
+        originals = [state.release(job_id) for job_id in moved]
+        replaced: list[str] = []
+        gang: Placement | None = None
+        try:
+            found = place_gang(state, entry.request, self.strategy, excluded_nodes=outside, explain=False)
+            if isinstance(found, PendingReason):
+                return None
+            state.allocate(found)
+            gang = found
+            for job_id in sorted(moved, key=lambda job: (-self.running[job].gpus, job)):
+                again = place_gang(
+                    state, self.running[job_id].request, self.strategy, excluded_nodes=targets, explain=False
+                )
+                if isinstance(again, PendingReason):
+                    return None
+                state.allocate(again)
+                replaced.append(job_id)
+            return found
+        finally:
+            for job_id in replaced:
+                state.release(job_id)
+            if gang is not None:
+                state.release(gang.job_id)
+            for placement in originals:
+                state.allocate(placement)
+
+    def _defragment_for(self, entry: _Waiting, now: float, decisions: Decisions) -> None:
+        """Move small jobs off the nodes a gang blocked only by fragmentation needs, when the value test says it
+        pays: they are preempted (reason "defragmentation": checkpoint, evict, queued again, placed elsewhere
+        by the next pass) and the gang starts on the freed nodes."""
+        move = self.defragmentation(entry.view.job_id, now)
+        if move is None or not move[2].worth:
+            return
+        targets, moved, _ = move
+        placed = self._trial(entry, targets, [job_id for job_id, _, _ in moved])
+        if placed is None:
+            return
+        for job_id, gpus, unsaved in moved:
+            since = unsaved.since_checkpoint_s
+            self._evict(job_id, entry.view.job_id, "defragmentation", decisions, since * gpus, since)
+        self._start(entry, placed, now, decisions, "")
 
     # ---- live use: the placement service drives the same scheduler over a real cluster ------------
     def adopt(self, view: JobView, request: GangRequest, placement: Placement, now: float) -> None:

@@ -18,7 +18,7 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
 from kumiki.sched.preemption import OnDemand
-from kumiki.sched.scheduler import Decisions, Scheduler
+from kumiki.sched.scheduler import Decisions, Scheduler, Start
 
 ARRIVAL, FINISH, RECHECK = 0, 1, 2
 # `gittins` order: a running job is looked at again when its progress reaches 1,800 s, 3,600 s, 7,200 s, ...
@@ -233,6 +233,9 @@ class Simulator:
             if changed:
                 decisions = self.scheduler.schedule(now, consider_preemption=preempt_check, recheck=rechecked)
                 self._apply(decisions, now)
+                moved = [p.job_id for p in decisions.preemptions if p.reason == "defragmentation"]
+                if moved:
+                    self._apply(self._restart_moved(moved, now), now)
                 if self.config.audit:
                     problems = self.state.audit()
                     if problems:
@@ -246,6 +249,16 @@ class Simulator:
             self.events_done,
             self.busy_gpu_s,
         )
+
+    def _restart_moved(self, moved: Sequence[str], now: float) -> Decisions:
+        """Jobs a defragmentation moved, queued again, restart elsewhere at once ahead of the queue order (they
+        were not stopped for their rank; live placement does the same when it releases them)."""
+        decisions = Decisions()
+        for job_id in moved:
+            placed = self.scheduler.start_waiting(job_id, now)
+            if placed is not None:
+                decisions.starts.append(Start(job_id, placed))
+        return decisions
 
     def _arrive(self, job: _SimJob, now: float) -> None:
         if self.forecaster is not None:
