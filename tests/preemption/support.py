@@ -150,13 +150,19 @@ async def quota_ledger(kafka: KafkaSettings, database: DatabaseSettings) -> Asyn
 
 @asynccontextmanager
 async def live_stack(
-    kafka: KafkaSettings, database: DatabaseSettings, tmp: Path, *, deadline_s: float, idle_reclaim: str = ""
+    kafka: KafkaSettings,
+    database: DatabaseSettings,
+    tmp: Path,
+    *,
+    deadline_s: float,
+    idle_reclaim: str = "",
+    policy: str = "kumiki",
 ) -> AsyncIterator[Stack]:
     await emulate(kafka, emulated_nodes(2, shapes=(H100,)))
     names = ("KUMIKI_PLACEMENT_POLICY", "KUMIKI_PLACEMENT_MIN_RUN_S", "KUMIKI_PLACEMENT_IDLE_RECLAIM")
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(
-        KUMIKI_PLACEMENT_POLICY="kumiki", KUMIKI_PLACEMENT_MIN_RUN_S="0", KUMIKI_PLACEMENT_IDLE_RECLAIM=idle_reclaim
+        KUMIKI_PLACEMENT_POLICY=policy, KUMIKI_PLACEMENT_MIN_RUN_S="0", KUMIKI_PLACEMENT_IDLE_RECLAIM=idle_reclaim
     )
     host = ServiceHost(PLACEMENT, settings_for(kafka))
     events = Events()

@@ -23,7 +23,9 @@ from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S, Preemption, Schedul
 # Queue policies the live service can run. The preemptive ones (`kumiki`, `tiresias`) name victims; the
 # preemption coordinator checkpoints and evicts them, and releases them here as PREEMPTED (docs/preemption.md).
 # `kumiki` reads each job's forecast (job.forecast) when it is queued.
-LIVE_POLICIES = ("fifo", "fifo-backfill", "kumiki", "tiresias")
+# `kumiki-defrag` also moves small jobs off the nodes a gang blocked only by fragmentation needs, when the value
+# test says the gang's wait saved outweighs their lost work (kumiki.sched.preemption.move_value).
+LIVE_POLICIES = ("fifo", "fifo-backfill", "kumiki", "kumiki-defrag", "tiresias")
 
 
 class BindConflict(ValueError):
@@ -399,9 +401,11 @@ class PlacementBook:
         """The coordinator evicted this attempt: free it and queue the job again as the next generation (keeping
         its arrival time). None when that attempt holds nothing (released already: idempotent)."""
         victim = self.draining.get(job_id)
+        moved = False
         if victim is not None and (not generation or victim.job.command.generation == generation):
             del self.draining[job_id]
             job = victim.job
+            moved = victim.preemption.reason == "defragmentation"
         else:
             found = self.release(job_id, generation)  # after a restart a victim is simply bound
             if found is None:
@@ -410,6 +414,11 @@ class PlacementBook:
         self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
         again = replace(job.command, generation=job.command.generation + 1)
         self._queue(again, _queued(again), job.bound_s - job.waited_s)
+        if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
+            placed = self.scheduler.start_waiting(job_id, now)
+            if placed is not None:
+                del self.pending[job_id]
+                self.favoured.append(self._bound(again, placed, now, 0.0))
         waiting = self.pending.get(beneficiary)
         if waiting is not None and not waiting.held and self.nodes:  # the GPUs go to whom they were freed for
             placed = self.scheduler.start_waiting(beneficiary, now)

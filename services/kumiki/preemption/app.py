@@ -29,6 +29,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
         placement_address=placement,
         deadline_s=env_float(os.environ, "KUMIKI_PREEMPTION_DEADLINE_S", 300.0, minimum=0.0, maximum=86400.0),
         grace_period_s=env_float(os.environ, "KUMIKI_PREEMPTION_GRACE_S", 30.0, minimum=0.0, maximum=86400.0),
+        hold_s=env_float(os.environ, "KUMIKI_PREEMPTION_HOLD_S", 300.0, minimum=0.0, maximum=86400.0),
     )
     runtime.consume([SCHEDULING_DECISIONS], "preemption-decisions", coordinator.on_decision, exactly_once=True)
     runtime.consume([JOB_LIFECYCLE], "preemption-lifecycle", coordinator.on_lifecycle, exactly_once=True)

@@ -77,7 +77,9 @@ class Phase(StrEnum):
 OPEN_PHASES = frozenset({Phase.CHECKPOINTING, Phase.EVICTING, Phase.REQUEUED})
 
 # Reasons a decision may give (SchedulingDecision.preemption_reason); anything else is reported as "other".
-REASONS = frozenset({"priority", "rank", "quota-reclaim", "idle-reclaim", "starvation", "reservation", "other"})
+REASONS = frozenset(
+    {"priority", "rank", "quota-reclaim", "idle-reclaim", "starvation", "reservation", "defragmentation", "other"}
+)
 
 
 class Action(StrEnum):

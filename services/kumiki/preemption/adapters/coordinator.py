@@ -56,6 +56,13 @@ LOST_GPU_HOURS = Counter(
     "kumiki_preemption_lost_gpu_hours_total", "Work lost by evicted jobs since their last checkpoint", ["queue"]
 )
 EVICTIONS = Counter("kumiki_preemption_evictions_total", "Evictions, by whether the deadline forced them", ["forced"])
+HELD = Counter("kumiki_preemption_held_total", "Decisions read before their attempt's BOUND, held until it is seen")
+HELD_DROPPED = Counter(
+    "kumiki_preemption_held_dropped_total", "Held decisions dropped: their attempt was not bound within the hold"
+)
+# an ended attempt is remembered this long (a late decision for it is told apart from an early one)
+ENDED_KEPT_S = 3600.0
+
 
 ACTION_TO_WIRE = {
     core.Action.CHECKPOINT: events_pb2.PREEMPTION_ACTION_CHECKPOINT,
@@ -85,6 +92,17 @@ def assignment_gpus(assignments: list[common_pb2.PodAssignment]) -> float:
         else:
             total += len(pod.gpu_indices)
     return total
+
+
+async def _attempt(connection: asyncpg.Connection, job_id: str, generation: int) -> asyncpg.Record | None:
+    """The bound attempt as job.lifecycle announced it (None: its BOUND not read yet, or long forgotten)."""
+    row: asyncpg.Record | None = await connection.fetchrow(
+        "SELECT gpus, bound_unix_s, assignments, ended_unix_s FROM preemption.attempts"
+        " WHERE job_id = $1 AND generation = $2",
+        job_id,
+        generation,
+    )
+    return row
 
 
 def request_from_decision(decision: events_pb2.SchedulingDecision) -> core.PreemptRequest:
@@ -161,12 +179,14 @@ class Coordinator:
         placement_address: str | None,
         deadline_s: float,
         grace_period_s: float = 30.0,
+        hold_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.producer = producer
         self.placement_address = placement_address
         self.deadline_s = deadline_s
+        self.hold_s = hold_s  # how long a decision read before its attempt's BOUND waits for it
         self.grace_period_s = grace_period_s
         self.clock = clock
         self.work = asyncio.Event()
@@ -200,20 +220,48 @@ class Coordinator:
         if decision.kind not in PREEMPTING_KINDS:
             return
         if not decision.assignments:  # quota's RECLAIM names the job only: the bound attempt supplies the rest
-            row = await connection.fetchrow(
-                "SELECT gpus, bound_unix_s, assignments FROM preemption.attempts WHERE job_id = $1 AND generation = $2",
-                decision.job.job_id,
-                decision.job.generation,
-            )
-            if row is None:
-                log.warning("preemption of an attempt never bound; ignored", extra={"job": decision.job.job_id})
+            row = await _attempt(connection, decision.job.job_id, decision.job.generation)
+            if row is None:  # read before the attempt's BOUND (another topic): held until it is seen
+                await self._hold(connection, decision)
                 return
-            decision = events_pb2.SchedulingDecision.FromString(decision.SerializeToString())
-            decision.assignments.extend(events_pb2.PreemptionCommand.FromString(bytes(row["assignments"])).assignments)
-            at_s = _at(decision.at) if decision.HasField("at") else self.clock()
-            decision.since_checkpoint_s = max(0.0, at_s - row["bound_unix_s"])
-            if decision.kind == events_pb2.DECISION_KIND_RECLAIM and not decision.preemption_reason:
-                decision.preemption_reason = "quota-reclaim"
+            if row["ended_unix_s"] is not None:
+                log.info("preemption of an attempt that already ended; ignored", extra={"job": decision.job.job_id})
+                return
+            decision = self._with_attempt(decision, row)
+        await self._begin(connection, decision)
+
+    def _with_attempt(
+        self, decision: events_pb2.SchedulingDecision, row: asyncpg.Record
+    ) -> events_pb2.SchedulingDecision:
+        """A decision that names the job only, completed from its bound attempt (pods, GPUs, unsaved work)."""
+        decision = events_pb2.SchedulingDecision.FromString(decision.SerializeToString())
+        decision.assignments.extend(events_pb2.PreemptionCommand.FromString(bytes(row["assignments"])).assignments)
+        at_s = _at(decision.at) if decision.HasField("at") else self.clock()
+        decision.since_checkpoint_s = max(0.0, at_s - row["bound_unix_s"])
+        if decision.kind == events_pb2.DECISION_KIND_RECLAIM and not decision.preemption_reason:
+            decision.preemption_reason = "quota-reclaim"
+        return decision
+
+    async def _hold(self, connection: asyncpg.Connection, decision: events_pb2.SchedulingDecision) -> None:
+        """Keep a decision whose attempt's BOUND has not been read yet (in the consumer's transaction: a crash
+        keeps it too); the bind begins it, the hold deadline drops it."""
+        request_from_decision(decision)  # a malformed decision is rejected now, not held
+        now = self.clock()
+        held = await connection.execute(
+            "INSERT INTO preemption.held_decisions (job_id, generation, decision, held_unix_s, deadline_unix_s)"
+            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id, generation) DO NOTHING",
+            decision.job.job_id,
+            decision.job.generation,
+            decision.SerializeToString(),
+            now,
+            now + self.hold_s,
+        )
+        if held.endswith(" 1"):
+            HELD.inc()
+            log.info("preemption held until its attempt's bind is seen", extra={"job": decision.job.job_id})
+
+    async def _begin(self, connection: asyncpg.Connection, decision: events_pb2.SchedulingDecision) -> None:
+        """The protocol of a complete decision begins (CHECKPOINT); a repeated one changes nothing."""
         request = request_from_decision(decision)
         existing = await store.load(connection, request.job_id, request.generation, lock=True)
         transition = core.begin(existing.protocol if existing else None, request, self.clock(), self.deadline_s)
@@ -239,9 +287,24 @@ class Coordinator:
                 _at(change.at) if change.HasField("at") else self.clock(),
                 events_pb2.PreemptionCommand(assignments=list(change.assignments)).SerializeToString(),
             )
+            held = await connection.fetchval(
+                "DELETE FROM preemption.held_decisions WHERE job_id = $1 AND generation = $2 RETURNING decision",
+                change.job.job_id,
+                change.job.generation,
+            )
+            row = None if held is None else await _attempt(connection, change.job.job_id, change.job.generation)
+            if held is not None and row is not None:  # a decision read before this bind: it begins now
+                decision = events_pb2.SchedulingDecision.FromString(bytes(held))
+                await self._begin(connection, self._with_attempt(decision, row))
         elif state in ENDING_STATES or state == events_pb2.JOB_STATE_PREEMPTED:
             await connection.execute(
-                "DELETE FROM preemption.attempts WHERE job_id = $1 AND generation = $2",
+                "UPDATE preemption.attempts SET ended_unix_s = $3 WHERE job_id = $1 AND generation = $2",
+                change.job.job_id,
+                change.job.generation,
+                self.clock(),
+            )
+            await connection.execute(
+                "DELETE FROM preemption.held_decisions WHERE job_id = $1 AND generation = $2",
                 change.job.job_id,
                 change.job.generation,
             )
@@ -259,6 +322,25 @@ class Coordinator:
                 await store.save(connection, transition, stored.assignments, traceparent)
             if transition.changed:
                 self._notify_after_commit()
+
+    async def expire_held(self) -> int:
+        """Drop held decisions whose attempt's bind was not seen by their hold deadline, and forget attempts that
+        ended long ago; returns the decisions dropped."""
+        now = self.clock()
+        async with self.pool.acquire() as connection, connection.transaction():
+            dropped = await connection.fetch(
+                "DELETE FROM preemption.held_decisions WHERE deadline_unix_s <= $1 RETURNING job_id, generation", now
+            )
+            await connection.execute(
+                "DELETE FROM preemption.attempts WHERE ended_unix_s < $1", now - max(ENDED_KEPT_S, self.hold_s)
+            )
+        for row in dropped:
+            HELD_DROPPED.inc()
+            log.warning(
+                "preemption dropped: its attempt was not bound within the hold",
+                extra={"job": row["job_id"], "generation": row["generation"], "hold_s": self.hold_s},
+            )
+        return len(dropped)
 
     def _notify_after_commit(self) -> None:
         """Consumer handlers run inside the batch's transaction: wake readers once it has had time to commit
@@ -383,6 +465,7 @@ class Coordinator:
             try:
                 await self.expire_due()
                 await self.carry_out()
+                await self.expire_held()
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as error:
                 log.warning("coordinator round failed; retrying", extra={"error": repr(error)})
             with contextlib.suppress(TimeoutError):
