@@ -17,8 +17,11 @@ class StackError(RuntimeError):
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout):
-        return True
+    """Whether something listens on host:port. A connect to a loopback port in the ephemeral range with no
+    listener can succeed by connecting to itself (TCP simultaneous open: the kernel picks that very port as the
+    source), so a connection whose two ends are the same socket address is not a listener."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout) as connection:
+        return bool(connection.getsockname() != connection.getpeername())
     return False
 
 
