@@ -89,3 +89,40 @@ def test_idle_reclaim_respects_never_after_and_non_preemptible_jobs() -> None:
     stale.gpu_idle("filler", 1, 0.0, 500.0)  # not preemptible
     stale.cycle(600.0)
     assert not stale.preemptions
+
+
+def test_a_job_quota_holds_back_in_the_zombies_queue_counts_as_waiting() -> None:
+    import dataclasses
+
+    from kumiki.sched.placement import PendingReason
+
+    book = idle_book("q=waiting:0")
+    book.gpu_idle("idle", 1, 0.0, 700.0)
+    book.cycle(700.0)
+    assert not book.preemptions  # nobody waits
+    other_queue = dataclasses.replace(gang("elsewhere", 4), queue="other")
+    book.hold(other_queue, PendingReason("elsewhere", "quota", "over-quota", ""), 700.0)
+    book.cycle(701.0)
+    assert not book.preemptions  # quota holds a job of another queue: the zombie's GPUs would not let it in
+    same_queue = gang("teammate", 4)
+    book.hold(same_queue, PendingReason("teammate", "quota", "over-quota", ""), 702.0)
+    book.cycle(703.0)
+    (victim,) = book.preemptions
+    assert victim.job.command.job_id == "idle" and victim.preemption.reason == "idle-reclaim"
+    assert victim.preemption.for_job == "teammate"
+
+
+def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_yielded_to() -> None:
+    from kumiki.sched.placement import PendingReason
+
+    book = idle_book("q=waiting:0")
+    book.gpu_idle("idle", 1, 0.0, 700.0)
+    book.hold(gang("teammate", 4), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
+    book.cycle(701.0)
+    assert [victim.preemption.for_job for victim in book.preemptions] == ["teammate"]
+    assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    assert book.pending["idle"].held and book.pending["idle"].command.generation == 2
+    assert [job.command.job_id for job in book.held_jobs()] == ["teammate"]  # the victim is older, yet waits
+    book.admit("teammate", 703.0)
+    assert [job.command.job_id for job in book.cycle(703.0)] == ["teammate"]  # on the freed GPUs
+    assert [job.command.job_id for job in book.held_jobs()] == ["idle"]  # the next round asks for the victim

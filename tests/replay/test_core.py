@@ -109,3 +109,29 @@ def test_settings_name_the_option_at_fault_before_anything_starts() -> None:
     with pytest.raises(ReplayError, match="--policy: expected one of"):
         ReplaySettings(policy="srtf-oracle").validate()
     ReplaySettings().validate()  # the defaults run
+
+
+def test_a_preempted_job_waits_again_and_holds_only_while_bound() -> None:
+    # a zombie held 16 GPUs 0..100, was reclaimed, waited, and held them again 300..400; b ran 100..300 meanwhile
+    zombie = Outcome(
+        "z", "q", 16, submitted_s=0, bound_s=0, ended_s=400, idle=True, runs=2, holds=((0, 100), (300, 400))
+    )
+    other = Outcome("b", "q", 16, submitted_s=50, bound_s=100, ended_s=300, idle=False)
+    summary = summarise("kumiki", [zombie, other], planned=2, capacity_gpus=16)
+    assert summary.idle_gpu_h == pytest.approx(16 * 200 / 3600)  # not 400 s: 100..300 it held nothing
+    assert summary.backlog_h == pytest.approx(250 / 3600)  # b waited 50..100, then the zombie 100..300
+    assert summary.allocation_under_backlog == pytest.approx(1.0)
+    assert summary.utilisation_under_backlog == pytest.approx(200 / 250)  # computing only while b ran
+    assert zombie.held_s == 200 and other.held == ((100, 300),)
+
+
+def test_the_idle_rule_and_sampling_follow_the_speed() -> None:
+    from kumiki.replay.runner import ReplaySettings, idle_rules, sample_interval_s
+
+    assert idle_rules(600, 1000) == "default=5:0.6"
+    assert sample_interval_s(600, 1000) == pytest.approx(0.15)  # four samples inside the rule's window
+    assert sample_interval_s(600, 1) == 1.0  # real time: a sample a second, as the agent's default
+    with pytest.raises(ReplayError, match="--idle-after-s: 10 trace seconds at --speed 1000 is under 50 ms"):
+        ReplaySettings(idle_after_s=10).validate()
+    with pytest.raises(ReplayError, match="--idle-after-s: expected 0 < s"):
+        ReplaySettings(idle_after_s=-1).validate()

@@ -21,6 +21,7 @@ from kumiki.devstack.stack import (
     local_database_url,
     restart_service,
     service_address,
+    service_env,
 )
 from kumiki.replay.core import DEFAULT_PHASES, ReplayError
 from kumiki.replay.driver import LiveCounts
@@ -45,6 +46,12 @@ def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         f"--{prefix}idle-fraction", type=float, default=0.1, help="share of jobs that hold GPUs and compute nothing"
     )
     parser.add_argument(f"--{prefix}seed", type=int, default=0, help="which jobs are idle")
+    parser.add_argument(
+        f"--{prefix}idle-after-s",
+        type=float,
+        default=600.0,
+        help="trace seconds a zombie's GPUs stay below 5%% before telemetry reports them idle",
+    )
     parser.add_argument(f"--{prefix}out", type=Path, default=Path("out/replay"), help="where the report goes")
     parser.add_argument(
         f"--{prefix}policy", default=None, help="the kumiki phase's placement policy (default: the stack's own)"
@@ -63,6 +70,7 @@ def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
         seed=int(get("seed")),  # type: ignore[call-overload]
         out=Path(str(get("out"))),
         policy=None if get("policy") is None else str(get("policy")),
+        idle_after_s=float(get("idle_after_s")),  # type: ignore[arg-type]
     )
     try:
         settings.validate()
@@ -78,6 +86,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     replay.set_defaults(handler=_replay)
     report = subparsers.add_parser("report", help="the efficiency report of a replay (Markdown and PNG)")
     report.add_argument("--run", type=Path, default=Path("out/replay"), help="a replay's folder or results.json")
+    metrics = report.add_argument_group(
+        "from Prometheus", "the figures from a Prometheus server that scraped the services (instead of --run)"
+    )
+    metrics.add_argument("--prometheus", metavar="URL", default=None, help="http(s)://host:port of Prometheus")
+    metrics.add_argument("--start", default=None, help="the range's start: RFC 3339, Unix seconds, or --start=-2h (before now)")
+    metrics.add_argument("--end", default="now", help="the range's end (default now)")
+    metrics.add_argument("--baseline-start", default=None, help="a 'before' range to compare with: its start")
+    metrics.add_argument("--baseline-end", default=None, help="... and its end")
+    metrics.add_argument("--json", action="store_true", help="the figures as JSON instead of Markdown")
     report.set_defaults(handler=_report)
 
 
@@ -94,14 +111,13 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
         raise UsageError(str(error)) from None
     local = service_address("placement")
     address = placement_address or env.get("KUMIKI_PLACEMENT_ADDRESS") or local or "127.0.0.1:50051"
-    restart = None
-    if local is not None and address == local:  # the local stack's placement: the baseline may change its policy
-        restart = lambda overrides: restart_service("placement", overrides)  # noqa: E731
+    local_stack = local is not None and address == local  # the baseline may change its policy, telemetry its rule
     return Endpoints(
         placement=address,
         kafka=kafka,
         database=database,
-        restart_placement=restart,
+        restart=restart_service if local_stack else None,
+        service_env=service_env if local_stack else None,
         placement_policy=env.get("KUMIKI_PLACEMENT_POLICY", "fifo-backfill"),
         placement_strategy=env.get("KUMIKI_PLACEMENT_STRATEGY", "kumiki"),
         checkpoints=env.get("KUMIKI_CHECKPOINTS_ADDRESS") or service_address("preemption"),
@@ -109,8 +125,12 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
 
 
 def _view(counts: LiveCounts) -> Table:
-    table = Table(title=f"replay: {counts.phase} (GPUs: held / computing / held idle)", show_header=True)
-    for column in ("submitted", "waiting", "running", "done", "held", "computing", "idle", "binds/s"):
+    table = Table(
+        title=f"replay: {counts.phase} (GPUs: held / computing / held idle; idle jobs: found / reclaimed)",
+        show_header=True,
+    )
+    columns = ("submitted", "waiting", "running", "done", "held", "computing", "idle", "found", "reclaimed", "binds/s")
+    for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(
         f"{counts.submitted}/{counts.planned}",
@@ -120,6 +140,8 @@ def _view(counts: LiveCounts) -> Table:
         str(counts.gpus_allocated),
         str(counts.gpus_busy),
         str(counts.idle_gpus),
+        str(counts.idle_found),
+        str(counts.idle_reclaimed),
         f"{counts.binds_per_s:.1f}",
     )
     return table
@@ -165,6 +187,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.prometheus is not None or args.start is not None:
+        return _report_from_prometheus(args)
     try:
         results = load_results(args.run)
     except (FileNotFoundError, ValueError) as error:
@@ -172,4 +196,29 @@ def _report(args: argparse.Namespace) -> int:
     md, png = write_report(results, args.run if args.run.is_dir() else args.run.parent)
     print(markdown(results))
     console.print(f"wrote {md} and {png}")
+    return 0
+
+
+def _report_from_prometheus(args: argparse.Namespace) -> int:
+    """`--prometheus URL --start T [--end T]`: exit 2 for a bad option or an empty range, 1 when Prometheus
+    cannot be asked (each message names the flag)."""
+    import json
+
+    from kumiki.replay.prometheus_source import PrometheusError, SourceUsageError, report
+
+    if args.prometheus is None:
+        raise UsageError("--prometheus: required with --start (the Prometheus server to read the figures from)")
+    if args.start is None:
+        raise UsageError("--start: required with --prometheus (the run's start: RFC 3339, Unix seconds or -2h)")
+    if (args.baseline_start is None) != (args.baseline_end is None):
+        raise UsageError("--baseline-start/--baseline-end: give both, or neither")
+    baseline = (args.baseline_start, args.baseline_end) if args.baseline_start is not None else ()
+    try:
+        text, figures = report(args.prometheus, args.start, args.end, baseline)
+    except SourceUsageError as error:
+        raise UsageError(str(error)) from None
+    except PrometheusError as error:
+        console.print(f"kumiki report: {error}", style="red", markup=False)
+        return 1
+    print(json.dumps(figures, indent=2) if args.json else text)
     return 0

@@ -111,6 +111,12 @@ def _up(args: argparse.Namespace) -> int:
         from kumiki.cli.replay import settings_from
 
         replay_settings = settings_from(args, prefix="replay-")  # a wrong option fails before anything starts
+    service_env: dict[str, dict[str, str]] = {}
+    if replay_settings is not None:  # telemetry finds the replay's zombies in the replay's time (no restart then)
+        from kumiki.replay.runner import idle_rules
+
+        rules = idle_rules(replay_settings.idle_after_s, replay_settings.speed)
+        service_env["telemetry-ingest"] = {"KUMIKI_TELEMETRY_IDLE": rules}
     try:
         with console.status("starting the Kumiki stack") as spinner:
             state = bring_up(
@@ -123,6 +129,7 @@ def _up(args: argparse.Namespace) -> int:
                 progress=lambda message: spinner.update(message),
                 kubernetes=args.kubernetes,
                 observability=args.observability,
+                service_env=service_env,
                 tls=args.tls,
             )
     except StackError as error:
@@ -130,8 +137,8 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     replaying = replay_settings is not None
     emulate = args.emulate_nodes
-    if emulate is None:  # the replay publishes its own cluster
-        emulate = 0 if os.environ.get("KUMIKI_KAFKA_BOOTSTRAP") or args.infra_only or replaying else 4
+    if emulate is None:  # the development nodes (the replay cordons them for its run and gives them back)
+        emulate = 0 if os.environ.get("KUMIKI_KAFKA_BOOTSTRAP") or args.infra_only else 4
     if not 0 <= emulate <= 100_000:
         raise UsageError(f"--emulate-nodes: expected 0..100000, got {emulate}")
     if emulate:

@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
         env.setdefault("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{state.services['quota']['grpc_port']}")
     if name == "placement":  # jobs quota held back are asked again every 0.1 s: the replay runs at 1000x and more
         env.setdefault("KUMIKI_PLACEMENT_CYCLE_S", "0.1")
+        # a job telemetry reports idle (gpu.idle) gives its GPUs to a waiting job: checkpointed, evicted, requeued
+        env.setdefault("KUMIKI_PLACEMENT_IDLE_RECLAIM", "*=waiting:0")
     if name == "preemption" and "placement" in state.services:  # the coordinator releases the jobs it evicts
         env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
     if name == "binder":  # the stack's API server (kumiki.devstack.kube) and placement
@@ -140,8 +143,11 @@ def bring_up(
     progress: Any = None,
     kubernetes: bool = False,
     observability: bool = False,
+    service_env: Mapping[str, Mapping[str, str]] | None = None,
     tls: bool = False,
 ) -> StackState:
+    """Start what is not running yet; `service_env`: environment overrides per service (kept in stack.json, so a
+    restart keeps them)."""
     home = stack_home()
     state = StackState.load(home)
     logs = home / "logs"
@@ -225,15 +231,18 @@ def bring_up(
             continue
         grpc_port, http_port = (port if can_bind(port) else free_port() for port in DEFAULT_PORTS[name])
         step(f"starting {name}")
-        pid = spawn(
-            [sys.executable, "-m", module], logs / f"{name}.log", env=_service_env(state, name, grpc_port, http_port)
-        )
+        base_env = dict((service_env or {}).get(name, {}))
+        env = _service_env(state, name, grpc_port, http_port)
+        env.update(base_env)
+        pid = spawn([sys.executable, "-m", module], logs / f"{name}.log", env=env)
         state.services[name] = {
             "pid": pid,
             "grpc_port": grpc_port,
             "http_port": http_port,
             "log": str(logs / f"{name}.log"),
             "module": module,
+            "base_env": base_env,
+            "env": base_env,
         }
         state.save()
 
@@ -268,7 +277,8 @@ def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 
         raise StackError(f"{name} is not part of the local stack at {home}")
     terminate(info.get("pid"))
     env = _service_env(state, name, info["grpc_port"], info["http_port"])
-    env.update(overrides)
+    info["env"] = {**info.get("base_env", {}), **overrides}  # `up`'s own settings stay unless overridden
+    env.update(info["env"])
     info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
     state.save()
     deadline = time.monotonic() + timeout_s
@@ -278,6 +288,12 @@ def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 
         if time.monotonic() > deadline:
             raise StackError(f"{name} not ready within {timeout_s:.0f}s of its restart; see {info['log']}")
         time.sleep(0.2)
+
+
+def service_env(service: str, home: Path | None = None) -> dict[str, str]:
+    """The environment overrides a local service runs with now (`up`'s, and its last restart's)."""
+    info = StackState.load(home or stack_home()).services.get(service) or {}
+    return dict(info.get("env", {}))
 
 
 def client_tls(home: Path | None = None) -> dict[str, str]:

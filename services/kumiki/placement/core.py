@@ -174,6 +174,9 @@ class PlacementBook:
     favoured: list[BoundJob] = field(default_factory=list)  # beneficiaries started on release, published next cycle
     idle_policies: dict[str, IdlePolicy] = field(default_factory=dict)  # queue (or "*") -> idle reclaim rule
     idle: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # job -> (generation, since, until)
+    # victim -> the quota-held job its GPUs were freed for: that job is asked of quota a round before the victim,
+    # else an older victim (FIFO) would take its own GPUs straight back
+    yielding: dict[str, str] = field(default_factory=dict)
     _scheduler: Scheduler | None = None  # over the current ClusterState; rebuilt when the node list changes
     _stale: bool = True  # nodes were added since the scheduler was built: rebuild on next use
 
@@ -413,6 +416,12 @@ class PlacementBook:
             job = found
         self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
         again = replace(job.command, generation=job.command.generation + 1)
+        waiting = self.pending.get(beneficiary)
+        if waiting is not None and waiting.held:  # freed for a job quota holds back: wait behind it, held too
+            reason = PendingReason(job_id, "preemption", "yielding", "", f"its GPUs went to {beneficiary}")
+            self.pending[job_id] = PendingJob(again, reason, job.bound_s - job.waited_s, held=True)
+            self.yielding[job_id] = beneficiary
+            return job, again
         self._queue(again, _queued(again), job.bound_s - job.waited_s)
         if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
             placed = self.scheduler.start_waiting(job_id, now)
@@ -449,6 +458,12 @@ class PlacementBook:
             if rule.mode == "never" or not job.command.preemptible or until_s - since_s < rule.idle_s:
                 continue
             waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
+            # a job quota holds back in the zombie's own queue waits for these GPUs too: the release lets it in
+            waiting += [
+                pending.command.job_id
+                for pending in self.pending.values()
+                if pending.held and pending.command.queue == job.command.queue
+            ]
             if rule.mode == "waiting" and not waiting:
                 continue
             del self.idle[job_id]
@@ -500,8 +515,14 @@ class PlacementBook:
         self.pending[command.job_id] = PendingJob(command, reason, submitted_s, held=True)
 
     def held_jobs(self) -> list[PendingJob]:
-        """Jobs quota held back, in arrival order (the cycle asks quota again for each)."""
-        return sorted((job for job in self.pending.values() if job.held), key=lambda job: job.submitted_s)
+        """Jobs quota held back, in arrival order (the cycle asks quota again for each, once per cycle). A victim
+        yielding to a held job sits out one round: the job its GPUs were freed for is asked first."""
+        yielding = {victim for victim, beneficiary in self.yielding.items() if beneficiary in self.pending}
+        self.yielding.clear()
+        return sorted(
+            (job for job in self.pending.values() if job.held and job.command.job_id not in yielding),
+            key=lambda job: job.submitted_s,
+        )
 
     def unbind(self, job_id: str, *, requeue: bool = False, now: float = 0.0) -> BoundJob:
         """Undo an allocation that could not be made durable (its event was not acknowledged).

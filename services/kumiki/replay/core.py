@@ -129,6 +129,17 @@ class Outcome:
     idle: bool
     runs: int = 1  # times it was bound (more than once: it was preempted and resumed)
     lost_gpu_s: float = 0.0
+    holds: tuple[tuple[float, float], ...] = ()  # (bound, freed) of each attempt; () means one, bound to ended
+    found_idle: int = 0  # attempts telemetry reported idle
+    reclaimed: int = 0  # of those, attempts preempted afterwards (idle reclaim)
+
+    @property
+    def held(self) -> tuple[tuple[float, float], ...]:
+        return self.holds or ((self.bound_s, self.ended_s),)
+
+    @property
+    def held_s(self) -> float:
+        return sum(end - start for start, end in self.held)
 
     @property
     def jct_s(self) -> float:
@@ -154,6 +165,8 @@ class PhaseSummary:
     lost_gpu_h: float  # GPU-hours of work lost to preemption
     jobs_per_gpu_h: float  # completed jobs per GPU-hour the cluster offered over the makespan
     backlog_h: float  # hours during which some job waited
+    idle_found: int = 0  # job attempts telemetry reported idle from the nodes' GPU samples
+    idle_reclaimed: int = 0  # of those, attempts placement reclaimed (checkpointed, evicted, requeued)
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -170,10 +183,13 @@ def _backlog_shares(outcomes: Sequence[Outcome], capacity_gpus: int) -> tuple[fl
     """(backlog seconds, allocated GPU-share and busy GPU-share averaged over the seconds with a backlog)."""
     changes: list[tuple[float, int, int, int]] = []  # time, waiting delta, allocated delta, busy delta
     for outcome in outcomes:
+        # a job waits from its submission to each bind, and again from each preemption to its next bind
         changes.append((outcome.submitted_s, 1, 0, 0))
         busy = 0 if outcome.idle else outcome.gpus
-        changes.append((outcome.bound_s, -1, outcome.gpus, busy))
-        changes.append((outcome.ended_s, 0, -outcome.gpus, -busy))
+        held = outcome.held
+        for number, (start, end) in enumerate(held):
+            changes.append((start, -1, outcome.gpus, busy))
+            changes.append((end, 1 if number < len(held) - 1 else 0, -outcome.gpus, -busy))
     changes.sort(key=lambda change: change[0])
     waiting = allocated = busy = 0
     backlog_s = allocated_area = busy_area = 0.0
@@ -200,7 +216,7 @@ def summarise(phase: str, outcomes: Sequence[Outcome], planned: int, capacity_gp
     end = max((o.ended_s for o in outcomes), default=0.0)
     makespan = end - start
     backlog_s, allocated, busy = _backlog_shares(outcomes, capacity_gpus)
-    idle_gpu_s = sum(o.gpus * (o.ended_s - o.bound_s) for o in outcomes if o.idle)
+    idle_gpu_s = sum(o.gpus * o.held_s for o in outcomes if o.idle)
     offered_gpu_h = capacity_gpus * makespan / 3600.0
     return PhaseSummary(
         phase=phase,
@@ -216,6 +232,8 @@ def summarise(phase: str, outcomes: Sequence[Outcome], planned: int, capacity_gp
         lost_gpu_h=sum(o.lost_gpu_s for o in outcomes) / 3600.0,
         jobs_per_gpu_h=len(outcomes) / offered_gpu_h if offered_gpu_h > 0 else 0.0,
         backlog_h=backlog_s / 3600.0,
+        idle_found=sum(o.found_idle for o in outcomes),
+        idle_reclaimed=sum(o.reclaimed for o in outcomes),
     )
 
 

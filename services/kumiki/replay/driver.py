@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.codec import Event
 from kumiki.common.bus.replay import TopicReader
-from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
+from kumiki.common.bus.topics import ALL_TOPICS, CLUSTER_STATE, GPU_IDLE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import (
     checkpoints_pb2,
@@ -35,11 +35,13 @@ from kumiki.common.contracts.v1 import (
 from kumiki.common.grpcutil import client_channel
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.replay.core import Outcome, ReplayJob
+from kumiki.replay.nodes import NodeAgents
 
 log = logging.getLogger(__name__)
 
 REPLAY_SHAPE = NodeShape("A100-80GB", 8, 81920, 8, 128_000, 1_048_576)
 EMULATED_LABEL = "kumiki.dev/emulated"
+RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 ENDINGS = {events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED, events_pb2.JOB_STATE_RELEASED}
 
 
@@ -61,6 +63,8 @@ class LiveCounts:
     gpus_allocated: int = 0
     gpus_busy: int = 0
     idle_gpus: int = 0
+    idle_found: int = 0  # job attempts telemetry reported idle (gpu.idle)
+    idle_reclaimed: int = 0  # of those, attempts placement then preempted
     binds: int = 0
     started_wall: float = field(default_factory=time.monotonic)
 
@@ -87,6 +91,9 @@ class _Track:
     lost_gpu_s: float = 0.0  # trace GPU-seconds of work lost to preemptions
     release: asyncio.TimerHandle | None = None
     ended_wall: float | None = None
+    holds: list[tuple[float, float]] = field(default_factory=list)  # wall (bound, freed) of each attempt
+    found_idle: set[int] = field(default_factory=set)  # generations telemetry reported idle
+    reclaimed: int = 0
 
 
 @dataclass
@@ -102,9 +109,30 @@ class LogEntry:
     gpu_demand: float = 0.0
 
 
-async def publish_cluster(kafka: KafkaSettings, nodes: int, prefix: str = "replay") -> list[str]:
+@dataclass
+class ReplayCluster:
+    """The replay's nodes, and the other emulated nodes it cordoned for its run (given back by `restore`)."""
+
+    nodes: list[events_pb2.NodeState]
+    cordoned: list[events_pb2.NodeState]
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(node.node for node in self.nodes)
+
+
+def _with_health(state: events_pb2.NodeState, healthy: bool) -> events_pb2.NodeState:
+    copy = events_pb2.NodeState()
+    copy.CopyFrom(state)
+    copy.healthy = healthy
+    copy.version.version += 1
+    copy.last_seen.GetCurrentTime()
+    return copy
+
+
+async def publish_cluster(kafka: KafkaSettings, nodes: int, prefix: str = "replay") -> ReplayCluster:
     """`nodes` uniform 8-GPU nodes on cluster.state; other emulated nodes are marked unhealthy (placement gives
-    them nothing), so the replay runs on exactly the cluster it names. Returns the replay's node names."""
+    them nothing), so the replay runs on exactly the cluster it names."""
     await ensure_topics(kafka, ALL_TOPICS)
     ours = emulated_nodes(nodes, shapes=(REPLAY_SHAPE,), prefix=prefix)
     names = {node.node for node in ours}
@@ -124,18 +152,23 @@ async def publish_cluster(kafka: KafkaSettings, nodes: int, prefix: str = "repla
         await reader.catch_up(timeout_s=60)
     finally:
         await reader.stop()
-    cordoned = []
-    for name, state in others.items():
-        if name in names or state.labels.get(EMULATED_LABEL) != "true" or not state.healthy:
-            continue
-        copy = events_pb2.NodeState()
-        copy.CopyFrom(state)
-        copy.healthy = False
-        copy.version.version += 1
-        cordoned.append(copy)
+    cordoned = [
+        _with_health(state, False)
+        for name, state in others.items()
+        if name not in names and state.labels.get(EMULATED_LABEL) == "true" and state.healthy
+    ]
     async with EventProducer(kafka, "//kumiki/replay") as producer:
         await producer.publish_many(CLUSTER_STATE, [(node.node, node) for node in (*cordoned, *ours)])
-    return sorted(names)
+    return ReplayCluster(ours, cordoned)
+
+
+async def restore_cluster(kafka: KafkaSettings, cluster: ReplayCluster) -> None:
+    """The cluster as the replay found it: its own nodes cordoned (their agents stop, telemetry would find them
+    silent anyway), the emulated nodes it cordoned healthy again."""
+    states = [_with_health(node, False) for node in cluster.nodes]
+    states += [_with_health(node, True) for node in cluster.cordoned]
+    async with EventProducer(kafka, "//kumiki/replay") as producer:
+        await producer.publish_many(CLUSTER_STATE, [(node.node, node) for node in states])
 
 
 class Replay:
@@ -154,6 +187,7 @@ class Replay:
         counts: LiveCounts | None = None,
         checkpoints_address: str | None = None,
         channel_factory: Callable[[str], grpc.aio.Channel] = client_channel,  # mTLS when KUMIKI_GRPC_* say so
+        agents: NodeAgents | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
@@ -166,6 +200,7 @@ class Replay:
         self.prefix = f"{run_id or uuid.uuid4().hex[:8]}-{phase}-"
         self.counts = counts or LiveCounts()
         self.channel_factory = channel_factory
+        self.agents = agents  # the nodes' agents: told who holds which GPUs, they sample accordingly
         # where the jobs report checkpoints: the replay answers the coordinator's CHECKPOINT commands at once, as
         # a job using the SDK does (None: victims wait for the coordinator's deadline and are evicted forced)
         self.checkpoints_address = checkpoints_address
@@ -200,14 +235,18 @@ class Replay:
             self.log.append(LogEntry("bound", key, generation, gpus, at, at_us, message.gpus))
             if track.bound_wall is not None and track.generation == generation:
                 return  # the same bind seen twice
-            self._bound(key, track, generation, at)
+            self._bound(key, track, generation, at, gpus)
         elif message.state == events_pb2.JOB_STATE_PREEMPTED:
             self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
-            self._preempted(track, generation, at, message.lost_gpu_seconds)
+            self._preempted(key, track, generation, at, message.lost_gpu_seconds)
         elif message.state in ENDINGS:
             self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
 
-    def _bound(self, key: str, track: _Track, generation: int, at_wall: float) -> None:
+    def _bound(
+        self, key: str, track: _Track, generation: int, at_wall: float, gpus: frozenset[tuple[str, int]]
+    ) -> None:
+        if self.agents is not None:
+            self.agents.hold(key, gpus, idle=track.job.idle)
         track.bound_wall = at_wall if track.runs == 0 else track.bound_wall
         track.generation = generation
         track.runs += 1
@@ -223,7 +262,7 @@ class Replay:
         loop = asyncio.get_running_loop()
         track.release = loop.call_later(delay, self._release_soon, key, track, track_started)
 
-    def _preempted(self, track: _Track, generation: int, at_wall: float, lost_gpu_seconds: float) -> None:
+    def _preempted(self, key: str, track: _Track, generation: int, at_wall: float, lost_gpu_seconds: float) -> None:
         if track.release is None or track.generation != generation:
             return
         track.release.cancel()
@@ -235,10 +274,16 @@ class Replay:
         track.executed_s = min(track.job.duration_s, track.executed_s + max(0.0, ran_s - lost_s))
         track.lost_gpu_s += lost_gpu_seconds * self.speed
         self.counts.preempted += 1
-        self._unhold(track)
+        if generation in track.found_idle:
+            track.reclaimed += 1
+            self.counts.idle_reclaimed += 1
+        self._unhold(key, track, at_wall)
         self.counts.waiting += 1
 
-    def _unhold(self, track: _Track) -> None:
+    def _unhold(self, key: str, track: _Track, at_wall: float) -> None:
+        if self.agents is not None:
+            self.agents.free(key)
+        track.holds.append((track.started_wall, at_wall))
         self.counts.running -= 1
         self.counts.gpus_allocated -= track.job.gpus
         self.counts.gpus_busy -= 0 if track.job.idle else track.job.gpus
@@ -252,6 +297,7 @@ class Replay:
 
     async def _release(self, key: str, track: _Track, started_wall: float) -> None:
         assert self._stub is not None
+        self._unhold(key, track, time.time())
         request = placement_pb2.ReleaseRequest(
             job=common_pb2.JobRef(job_id=key, generation=track.generation),
             reason="replay: trace duration elapsed",
@@ -262,7 +308,6 @@ class Replay:
         except grpc.aio.AioRpcError as error:
             self.errors.append(f"{key}: Release: {error.code().name}: {error.details()}")
         track.executed_s = track.job.duration_s
-        self._unhold(track)
         self._finished(track)
 
     def _finished(self, track: _Track) -> None:
@@ -270,6 +315,18 @@ class Replay:
         self.counts.done += 1
         if self.counts.done >= len(self.tracks):
             self._done.set()
+
+    async def _on_idle(self, key: str, event: Event | None) -> None:
+        """gpu.idle for one of this run's jobs: telemetry found a zombie (counted once per attempt)."""
+        if event is None or not key.startswith(self.prefix):
+            return
+        finding = event.payload
+        assert isinstance(finding, events_pb2.GpuIdle)
+        track = self.tracks.get(finding.job.job_id)
+        if track is None or finding.job.generation in track.found_idle:
+            return
+        track.found_idle.add(finding.job.generation)
+        self.counts.idle_found += 1
 
     async def _on_command(self, key: str, event: Event | None) -> None:
         """CHECKPOINT for one of this run's jobs: report a checkpoint at once, answering the command."""
@@ -303,12 +360,14 @@ class Replay:
             self.errors.append(f"{key}: Checkpoints.Report: {error.code().name}: {error.details()}")
 
     async def _call(self, method: Callable[..., Awaitable[object]], request: object) -> object:
-        """A call retried while the service is briefly unavailable (a restart), with a bounded number of tries."""
+        """A call retried while the service is briefly unavailable (a restart), with a bounded number of tries.
+        A deadline is retried too: Bind and Release are idempotent per job and generation, and a call that timed
+        out may still have taken effect (its events acknowledged late, as when the broker restarts)."""
         for attempt in range(30):
             try:
                 return await method(request, timeout=30)
             except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == 29:
+                if error.code() not in RETRIED_CODES or attempt == 29:
                     raise
                 await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
         raise AssertionError("unreachable")
@@ -344,6 +403,10 @@ class Replay:
         await reader.catch_up()
         stopping = asyncio.Event()
         follower = asyncio.create_task(reader.follow(stopping), name="replay-lifecycle")
+        idle_reader = TopicReader(self.kafka, GPU_IDLE, self._on_idle)
+        await idle_reader.start()
+        await idle_reader.catch_up()  # older runs' findings: not ours
+        idle_task = asyncio.create_task(idle_reader.follow(stopping), name="replay-idle")
         channel = self.channel_factory(self.address)
         self._stub = placement_pb2_grpc.PlacementStub(channel)
         commands: TopicReader | None = None
@@ -380,12 +443,13 @@ class Replay:
             for track in self.tracks.values():
                 if track.release is not None:
                     track.release.cancel()
-            for background in (follower, commands_task):
+            for background in (follower, idle_task, commands_task):
                 if background is not None:
                     background.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await background
             await reader.stop()
+            await idle_reader.stop()
             if commands is not None:
                 await commands.stop()
             if checkpoints_channel is not None:
@@ -409,6 +473,9 @@ class Replay:
                     track.job.idle,
                     runs=track.runs,
                     lost_gpu_s=track.lost_gpu_s,
+                    holds=tuple((self.trace_s(start), self.trace_s(end)) for start, end in track.holds),
+                    found_idle=len(track.found_idle),
+                    reclaimed=track.reclaimed,
                 )
             )
         return result

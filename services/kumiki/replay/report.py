@@ -17,6 +17,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("GPUs allocated while jobs wait", "allocation_under_backlog", "{:.1%}"),
     ("GPUs computing while jobs wait", "utilisation_under_backlog", "{:.1%}"),
     ("idle GPU-hours (allocated, computing nothing)", "idle_gpu_h", "{:,.1f}"),
+    ("idle jobs found by telemetry (attempts)", "idle_found", "{:,.0f}"),
+    ("idle jobs reclaimed (checkpointed, requeued)", "idle_reclaimed", "{:,.0f}"),
     ("lost GPU-hours (preemption)", "lost_gpu_h", "{:,.1f}"),
     ("jobs completed per GPU-hour", "jobs_per_gpu_h", "{:.3f}"),
 )
@@ -35,8 +37,11 @@ def load_results(run: Path) -> dict[str, Any]:
     return data
 
 
+COUNTS = {"idle_found", "idle_reclaimed"}  # counts of events, not figures of merit: no ratio
+
+
 def _ratio(baseline: float, kumiki: float, key: str) -> str:
-    if baseline == 0 or kumiki == 0:
+    if baseline == 0 or kumiki == 0 or key in COUNTS:
         return "-"
     better_high = key in {"completed", "allocation_under_backlog", "utilisation_under_backlog", "jobs_per_gpu_h"}
     return (
@@ -62,6 +67,8 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|" + "---|" * len(names) + ("---|" if len(names) == 2 else ""),
     ]
     for label, key, fmt in ROWS:
+        if any(key not in phases[name]["summary"] for name in names):
+            continue  # a results.json from before this figure existed
         cells = [fmt.format(phases[name]["summary"][key]) for name in names]
         row = f"| {label} | " + " | ".join(cells) + " |"
         if compare:

@@ -28,16 +28,31 @@ from kumiki.replay.core import (
     queue_tree,
     summarise,
 )
-from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster
+from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, restore_cluster
+from kumiki.replay.nodes import NodeAgents
 from kumiki.sim.trace import load_jobs
 
 GPUS_PER_NODE = 8
 # How placement runs in a phase, where it differs from the stack's own configuration (a restart applies it)
 PHASE_OVERRIDES: dict[str, dict[str, str]] = {
-    "baseline": {"KUMIKI_PLACEMENT_POLICY": "fifo"},
+    # today's cluster: FIFO, and a zombie keeps its GPUs (telemetry still finds it; nobody acts)
+    "baseline": {"KUMIKI_PLACEMENT_POLICY": "fifo", "KUMIKI_PLACEMENT_IDLE_RECLAIM": ""},
     "open": {"KUMIKI_QUOTA_ADDRESS": ""},  # allow-all admission: nothing but placement decides
 }
 DEFAULT_TRACE = "philly-replay"
+IDLE_THRESHOLD_PCT = 5.0
+SAMPLES_PER_IDLE_RULE = 4  # the nodes sample this many times within the idle rule's duration (at least)
+MAX_SAMPLE_INTERVAL_S = 1.0
+
+
+def idle_rules(idle_after_s: float, speed: float) -> str:
+    """Telemetry's idle rule for a replay: `idle_after_s` trace seconds below the threshold, in wall seconds."""
+    return f"default={IDLE_THRESHOLD_PCT:g}:{idle_after_s / speed:.6g}"
+
+
+def sample_interval_s(idle_after_s: float, speed: float) -> float:
+    """How often the emulated nodes sample (wall seconds): often enough that the rule's window holds samples."""
+    return min(MAX_SAMPLE_INTERVAL_S, idle_after_s / speed / SAMPLES_PER_IDLE_RULE)
 
 
 @dataclass
@@ -52,6 +67,7 @@ class ReplaySettings:
     timeout_s: float = 900.0
     simulate: bool = True
     policy: str | None = None  # the kumiki phase's placement policy (None: the stack's own)
+    idle_after_s: float = 600.0  # trace seconds a zombie's GPUs stay below 5% before telemetry reports them
 
     def validate(self) -> None:
         if not 1 <= self.nodes <= 10_000:
@@ -71,6 +87,13 @@ class ReplaySettings:
             raise ReplayError(f"--trace: {error}") from None
         if self.timeout_s <= 0:
             raise ReplayError(f"--timeout-s: must be > 0, got {self.timeout_s:g}")
+        if not 0 < self.idle_after_s <= 7 * 86400:
+            raise ReplayError(f"--idle-after-s: expected 0 < s <= 604800 (trace seconds), got {self.idle_after_s:g}")
+        if self.idle_after_s / self.speed < 0.05:
+            raise ReplayError(
+                f"--idle-after-s: {self.idle_after_s:g} trace seconds at --speed {self.speed:g} is under 50 ms of"
+                " wall time, shorter than telemetry's batches; raise it or lower the speed"
+            )
 
 
 @dataclass
@@ -78,8 +101,10 @@ class Endpoints:
     placement: str
     kafka: KafkaSettings
     database: DatabaseSettings
-    # restart placement with these environment overrides (a local stack); None: the policy cannot change
-    restart_placement: Callable[[dict[str, str]], None] | None = None
+    # restart a local service with these environment overrides (a local stack); None: its settings cannot change
+    restart: Callable[[str, dict[str, str]], None] | None = None
+    # a local service's environment overrides of the moment (what `restart` last applied, or `up` set)
+    service_env: Callable[[str], dict[str, str]] | None = None
     placement_policy: str = "fifo-backfill"
     placement_strategy: str = "kumiki"
     checkpoints: str | None = None  # the preemption service (Checkpoints), where the replay's jobs report
@@ -143,6 +168,18 @@ def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, str
     }
 
 
+async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> None:
+    """Telemetry's idle rule in the replay's time: restart the local telemetry service when it has another."""
+    wanted = idle_rules(settings.idle_after_s, settings.speed)
+    if endpoints.service_env is None or endpoints.restart is None:
+        return  # not a local stack: its telemetry keeps its own rule (zombies are found at its pace)
+    current = endpoints.service_env("telemetry-ingest")
+    if current.get("KUMIKI_TELEMETRY_IDLE") != wanted:
+        await asyncio.to_thread(
+            endpoints.restart, "telemetry-ingest", {**current, "KUMIKI_TELEMETRY_IDLE": wanted}
+        )
+
+
 async def run_session(
     settings: ReplaySettings,
     endpoints: Endpoints,
@@ -163,11 +200,19 @@ async def run_session(
     capacity = settings.nodes * GPUS_PER_NODE
     weights = vc_weights()
     trees = {phase: queue_tree(jobs, capacity, weights, static=phase == "baseline") for phase in settings.phases}
-    await publish_cluster(endpoints.kafka, settings.nodes)
+    await _telemetry_for(settings, endpoints)
+    cluster = await publish_cluster(endpoints.kafka, settings.nodes)
+    agents = NodeAgents(
+        endpoints.kafka,
+        cluster.nodes,
+        interval_s=sample_interval_s(settings.idle_after_s, settings.speed),
+        seed=settings.seed,
+    )
     previous_tree, _ = await replace_tree(endpoints.database, None, "replay")
     run_id = time.strftime("r%H%M%S")
     results: list[PhaseResult] = []
     try:
+        await agents.start()
         for phase in settings.phases:
             baseline = phase == "baseline"
             await replace_tree(endpoints.database, trees[phase], f"replay {phase}")
@@ -175,12 +220,12 @@ async def run_session(
             overrides = dict(PHASE_OVERRIDES.get(phase, {}))
             if phase != "baseline" and settings.policy not in (None, endpoints.placement_policy):
                 overrides["KUMIKI_PLACEMENT_POLICY"] = str(settings.policy)
-            restarted = bool(overrides) and endpoints.restart_placement is not None
-            if overrides and not restarted:
+            restart = endpoints.restart
+            restarted = bool(overrides) and restart is not None
+            if overrides and restart is None:
                 raise ReplayError(f"--phases: {phase} restarts placement, which only a local stack (`kumiki up`) can")
-            if restarted:
-                assert endpoints.restart_placement is not None
-                await asyncio.to_thread(endpoints.restart_placement, overrides)
+            if restart is not None and restarted:
+                await asyncio.to_thread(restart, "placement", overrides)
                 policy = overrides.get("KUMIKI_PLACEMENT_POLICY", policy)
             if on_phase is not None:
                 on_phase(phase)
@@ -195,13 +240,13 @@ async def run_session(
                 run_id=run_id,
                 counts=live,
                 checkpoints_address=endpoints.checkpoints,
+                agents=agents,
             )
             try:
                 outcomes = await replay.run(timeout_s=settings.timeout_s)
             finally:
-                if restarted:
-                    assert endpoints.restart_placement is not None
-                    await asyncio.to_thread(endpoints.restart_placement, {})
+                if restart is not None and restarted:
+                    await asyncio.to_thread(restart, "placement", {})
             summary = summarise(phase, outcomes, len(jobs), capacity)
             results.append(
                 PhaseResult(
@@ -218,6 +263,8 @@ async def run_session(
     finally:
         # what was there before, else the local stack's development tree (research, product, batch)
         await replace_tree(endpoints.database, previous_tree or development_tree(capacity), "replay done")
+        await agents.stop()
+        await restore_cluster(endpoints.kafka, cluster)
     simulated: dict[str, Any] = {}
     if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
         policy = settings.policy or endpoints.placement_policy
@@ -229,6 +276,8 @@ async def run_session(
         "trace": settings.trace,
         "jobs": len(jobs),
         "idle_jobs": sum(1 for job in jobs if job.idle),
+        "idle_after_s": settings.idle_after_s,
+        "samples_published": agents.samples_published,
         "nodes": settings.nodes,
         "gpus_per_node": GPUS_PER_NODE,
         "speed": settings.speed,
