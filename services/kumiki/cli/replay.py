@@ -90,7 +90,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "from Prometheus", "the figures from a Prometheus server that scraped the services (instead of --run)"
     )
     metrics.add_argument("--prometheus", metavar="URL", default=None, help="http(s)://host:port of Prometheus")
-    metrics.add_argument("--start", default=None, help="the range's start: RFC 3339, Unix seconds, or --start=-2h (before now)")
+    metrics.add_argument(
+        "--start", default=None, help="the range's start: RFC 3339, Unix seconds, or --start=-2h (before now)"
+    )
     metrics.add_argument("--end", default="now", help="the range's end (default now)")
     metrics.add_argument("--baseline-start", default=None, help="a 'before' range to compare with: its start")
     metrics.add_argument("--baseline-end", default=None, help="... and its end")

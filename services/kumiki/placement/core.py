@@ -172,6 +172,9 @@ class PlacementBook:
     acknowledged: dict[str, float] = field(default_factory=dict)  # job -> newest acknowledged checkpoint (unix s)
     forecasts: dict[str, RuntimeForecast] = field(default_factory=dict)  # job -> run-time forecast
     favoured: list[BoundJob] = field(default_factory=list)  # beneficiaries started on release, published next cycle
+    # attempts whose PREEMPTED release is being published: an ending (Release COMPLETED) meanwhile is refused, so
+    # an attempt ends exactly once, evicted or completed
+    releasing: set[tuple[str, int]] = field(default_factory=set)
     idle_policies: dict[str, IdlePolicy] = field(default_factory=dict)  # queue (or "*") -> idle reclaim rule
     idle: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # job -> (generation, since, until)
     # victim -> the quota-held job its GPUs were freed for: that job is asked of quota a round before the victim,

@@ -377,6 +377,10 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             response = await release_preempted(self.book, self.publisher, request)
             self.wake.set()
             return response
+        held_now = self.book.bound.get(request.job.job_id) or self.book.preempted_attempt(request.job.job_id, 0)
+        if held_now is not None and (request.job.job_id, held_now.command.generation) in self.book.releasing:
+            # its eviction is being released as PREEMPTED right now: that wins, the next generation runs instead
+            return placement_pb2.ReleaseResponse(released=False, gpus_freed=0.0)
         waiting = self.book.pending.get(request.job.job_id)
         withdrawn = waiting is not None and request.job.generation in (0, waiting.command.generation)
         if waiting is not None and withdrawn:

@@ -65,12 +65,17 @@ async def release_preempted(
     """Free an evicted attempt and queue the next generation: published first, then applied to the book (a
     failed publication changes nothing and the coordinator retries; a repeated release finds nothing)."""
     job = book.preempted_attempt(request.job.job_id, request.job.generation)
-    if job is None:
+    claim = (request.job.job_id, job.command.generation if job is not None else 0)
+    if job is None or claim in book.releasing:
         return placement_pb2.ReleaseResponse(released=False, gpus_freed=0.0)
     now = time.time()
     again = replace(job.command, generation=job.command.generation + 1)
     submitted_s = job.bound_s - job.waited_s
-    await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), submitted_s)
+    book.releasing.add(claim)  # while this publishes, the attempt cannot also end as COMPLETED (grpc Release)
+    try:
+        await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), submitted_s)
+    finally:
+        book.releasing.discard(claim)
     if trace.get_current_span().get_span_context().is_valid:
         _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
         while len(_REQUEUED) > _REQUEUED_KEPT:
