@@ -22,6 +22,7 @@ from kumiki.sdk import Job
 from tests.conftest import wait_until
 from tests.observability.support import live_stack
 from tests.observability.test_jaeger import Tree, collected, decide, traced_channel
+from tests.observability.test_trace_cli import kumiki
 from tests.placement.support import emulate
 from tests.preemption.support import H100, train_request
 
@@ -164,6 +165,17 @@ async def test_preemption_is_one_trace_in_jaeger_from_the_decision_to_the_resume
     ordered = [tree.spans[s]["start"] for s in (checkpoint, report_client, report_server, evict)]
     assert ordered == sorted(ordered)
 
+    # what an operator sees: `kumiki trace VICTIM` finds the preemption by the victim's own decision spans
+    shown = kumiki("trace", VICTIM, "--jaeger", jaeger.query_url, "--since", "1h")
+    assert shown.returncode == 0, shown.stderr
+    preemption = next(block for block in shown.stdout.split("\n\n") if f"trace {trace_id:032x}" in block)
+    header = preemption.splitlines()[0]
+    assert "preempted for team/urgent (priority), evicted, attempt 2 bound on node-" in header, header
+    for line in ("checkpoint command", "kumiki-test  kumiki.v1.Checkpoints/Report [client]", "resume command"):
+        assert line in preemption, line
+    print(shown.stdout)  # docs/observability.md shows this output
+    print(kumiki("trace", "team/filler", "--jaeger", jaeger.query_url, "--since", "1h").stdout)
+
 
 async def test_after_a_coordinator_restart_the_forced_eviction_is_in_the_decisions_trace(
     kafka: KafkaSettings, database_settings: DatabaseSettings, jaeger: JaegerProcess, tmp_path: Path
@@ -202,3 +214,6 @@ async def test_after_a_coordinator_restart_the_forced_eviction_is_in_the_decisio
     assert len(command_sends(tree, prefix, evict)) == 1
     requeue_and_rebind(tree, prefix, evict, victim)
     assert not any(s["name"] == "kumiki.v1.Checkpoints/Report" for s in tree.spans.values())
+    shown = kumiki("trace", victim, "--jaeger", jaeger.query_url, "--since", "1h")
+    assert f"trace {trace_id:032x}" in shown.stdout, shown.stdout + shown.stderr
+    assert "evicted at the deadline, attempt 2 bound on" in shown.stdout

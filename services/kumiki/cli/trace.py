@@ -39,6 +39,10 @@ SHOWN = (
     "kumiki.quota.outcome",
     "kumiki.quota.code",
     "kumiki.quota.victims",
+    "kumiki.preemption.reason",
+    "kumiki.preemption.beneficiary",
+    "kumiki.preemption.forced",
+    "kumiki.preemption.lost_gpu_seconds",
     "messaging.destination.name",
     "messaging.consumer.group.name",
     "rpc.grpc.status_code",
@@ -144,6 +148,8 @@ def _value(value: Any) -> Any:
         return ",".join(map(str, value))
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, float):
+        return round(value, 2)  # lost GPU-seconds, fractions: enough to read
     return value
 
 
@@ -163,8 +169,33 @@ def _attributes(span: Span) -> str:
     return "  " + " ".join(shown) if shown else ""
 
 
-def summary(roots: Sequence[Span]) -> str:
-    """One line for the whole decision: the outcome and where, or why it waits."""
+def summary(roots: Sequence[Span], job_id: str | None = None) -> str:
+    """One line for the whole decision: the outcome and where, or why it waits; for a job preempted in this
+    trace (another job's decision), that it was preempted, for whom, and where its next attempt went."""
+    spans: list[Span] = []
+    stack = list(roots)
+    while stack:
+        span = stack.pop(0)
+        spans.append(span)
+        stack.extend(span.children)
+    preempted = [s for s in spans if s.name == "preempt" and s.tags.get("kumiki.job.id") == job_id]
+    if job_id is not None and preempted:
+        tags = preempted[0].tags
+        line = (
+            f"preempted for {tags.get('kumiki.preemption.beneficiary', '?')} ({tags.get('kumiki.preemption.reason')})"
+        )
+        evicted = [s for s in spans if s.name == "evict command" and s.tags.get("kumiki.job.id") == job_id]
+        if evicted:
+            line += ", evicted" + (" at the deadline" if evicted[0].tags.get("kumiki.preemption.forced") else "")
+        rebound = [
+            s
+            for s in spans
+            if s.name == "schedule" and s.tags.get("kumiki.requeued") and s.tags.get("kumiki.job.id") == job_id
+        ]
+        if rebound:
+            line += f", attempt {_value(rebound[0].tags.get('kumiki.job.generation'))} bound on"
+            line += f" {_value(rebound[0].tags.get('kumiki.nodes', '?'))}"
+        return line
     stack = list(roots)
     while stack:
         span = stack.pop(0)
@@ -179,7 +210,7 @@ def summary(roots: Sequence[Span]) -> str:
     return "no decision span (sampled out in placement?)"
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any], job_id: str | None = None) -> list[str]:
     """A trace as lines: a header (id, start, total time, outcome), then one line per span, indented as a tree,
     with its service, kind, duration and its start after the trace began."""
     roots = tree(data)
@@ -188,7 +219,7 @@ def render(data: dict[str, Any]) -> list[str]:
     start = min(root.start_us for root in roots)
     end = max(int(span["startTime"]) + int(span["duration"]) for span in data["spans"])  # consumers outlast the root
     began = datetime.fromtimestamp(start / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    lines = [f"trace {data['traceID']}  {began} UTC  {_ms(end - start)}  {summary(roots)}"]
+    lines = [f"trace {data['traceID']}  {began} UTC  {_ms(end - start)}  {summary(roots, job_id)}"]
 
     def walk(span: Span, prefix: str, last: bool) -> None:
         kind = f" [{span.kind}]" if span.kind not in ("internal", "") else ""
@@ -242,5 +273,5 @@ def _trace(args: argparse.Namespace) -> int:
     for index, data in enumerate(traces):
         if index:
             print()
-        print("\n".join(render(data)))
+        print("\n".join(render(data, job_id)))
     return 0
