@@ -160,3 +160,135 @@ def test_creation_timestamp_for_the_pod_scheduling_latency(stamp: object, expect
     obj = pod_object("ns", "p", gpus=1)
     obj["metadata"]["creationTimestamp"] = stamp
     assert core.parse_pod(obj).created_unix_s == expected
+
+
+def _node(name: str, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> core.Node:
+    obj = node_object(name)
+    obj["metadata"]["labels"].update(labels or {})
+    if taints:
+        obj["spec"]["taints"] = taints
+    return core.parse_node(obj)
+
+
+def _rules(spec: dict) -> core.NodeRules:  # type: ignore[type-arg]
+    return core.node_rules(spec)
+
+
+def test_taints_block_unless_tolerated_and_prefer_no_schedule_never_blocks() -> None:
+    reserved = _node("r", taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])
+    soft = _node("s", taints=[{"key": "spot", "value": "true", "effect": "PreferNoSchedule"}])
+    evicting = _node("e", taints=[{"key": "maintenance", "effect": "NoExecute"}])
+    plain = _rules({})
+    assert plain.why_not(reserved) == "node(s) had untolerated taint {dedicated: infer}"
+    assert plain.admits(soft) and not plain.admits(evicting)
+    equal = _rules(
+        {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"}]}
+    )
+    assert equal.admits(reserved) and not equal.admits(evicting)
+    assert not _rules({"tolerations": [{"key": "dedicated", "value": "train"}]}).admits(reserved)
+    assert not _rules({"tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}]}).admits(
+        reserved
+    )
+    everything = _rules({"tolerations": [{"operator": "Exists"}]})
+    assert everything.admits(reserved) and everything.admits(evicting)
+
+
+def test_node_selector_and_required_affinity_operators() -> None:
+    z1 = _node("a1", {"zone": "z1", "gen": "3"})
+    z2 = _node("a2", {"zone": "z2", "gen": "5"})
+    bare = _node("b")
+    assert _rules({"nodeSelector": {"zone": "z1"}}).admits(z1)
+    assert not _rules({"nodeSelector": {"zone": "z1"}}).admits(z2)
+
+    def affinity(*terms: list[dict]) -> core.NodeRules:  # type: ignore[type-arg]
+        term_list = [{"matchExpressions": term} for term in terms]
+        required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": term_list}}
+        return _rules({"affinity": {"nodeAffinity": required}})
+
+    in_z2 = affinity([{"key": "zone", "operator": "In", "values": ["z2"]}])
+    assert [in_z2.admits(n) for n in (z1, z2, bare)] == [False, True, False]
+    not_z2 = affinity([{"key": "zone", "operator": "NotIn", "values": ["z2"]}])
+    assert [not_z2.admits(n) for n in (z1, z2, bare)] == [True, False, True]
+    exists = affinity([{"key": "zone", "operator": "Exists"}])
+    assert [exists.admits(n) for n in (z1, z2, bare)] == [True, True, False]
+    absent = affinity([{"key": "zone", "operator": "DoesNotExist"}])
+    assert [absent.admits(n) for n in (z1, z2, bare)] == [False, False, True]
+    newer = affinity([{"key": "gen", "operator": "Gt", "values": ["4"]}])
+    assert [newer.admits(n) for n in (z1, z2, bare)] == [False, True, False]
+    either = affinity(
+        [{"key": "zone", "operator": "In", "values": ["z1"]}], [{"key": "gen", "operator": "Gt", "values": ["4"]}]
+    )
+    assert [either.admits(n) for n in (z1, z2, bare)] == [True, True, False]  # terms OR, expressions AND
+    both = affinity([{"key": "zone", "operator": "Exists"}, {"key": "gen", "operator": "Lt", "values": ["4"]}])
+    assert [both.admits(n) for n in (z1, z2, bare)] == [True, False, False]
+    by_name = _rules(
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a2"]}]}
+                        ]
+                    }
+                }
+            }
+        }
+    )
+    assert [by_name.admits(n) for n in (z1, z2, bare)] == [False, True, False]
+
+
+def test_invalid_node_rules_name_the_field() -> None:
+    obj = pod_object("ns", "p", gpus=1)
+    obj["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Near", "values": ["z1"]}]}]
+            }
+        }
+    }
+    pod = core.parse_pod(obj)
+    assert pod.resources is None
+    assert pod.invalid.startswith(
+        f"spec.affinity.nodeAffinity.{core.REQUIRED_AFFINITY}.nodeSelectorTerms[0].matchExpressions[0].operator: "
+        "expected one of"
+    )
+
+
+def test_node_choice_tells_placement_the_shorter_list_or_why_none() -> None:
+    nodes = [_node(f"n{i}", {"zone": "z1" if i < 3 else "z2"}) for i in range(10)]
+    tainted = [*nodes, _node("t", taints=[{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}])]
+    assert core.node_choice(core.NodeRules(), nodes, tainted=False) == core.NodeChoice()
+    few = core.node_choice(_rules({"nodeSelector": {"zone": "z1"}}), nodes, tainted=False)
+    assert few == core.NodeChoice(nodes=("n0", "n1", "n2"))
+    most = core.node_choice(_rules({"nodeSelector": {"zone": "z2"}}), nodes, tainted=False)
+    assert most == core.NodeChoice(avoid=("n0", "n1", "n2"))
+    assert core.node_choice(core.NodeRules(), tainted, tainted=True) == core.NodeChoice(avoid=("t",))
+    nowhere = core.node_choice(_rules({"nodeSelector": {"zone": "z9"}}), nodes, tainted=False)
+    assert nowhere.none_because == "0/10 nodes admit it: node(s) didn't match Pod's node affinity/selector"
+    # the GPU model selector is Placement's gpu_model, not a node list
+    model = core.parse_pod(
+        {**pod_object("ns", "m", gpus=1)}
+        | {
+            "spec": {
+                **pod_object("ns", "m", gpus=1)["spec"],
+                "nodeSelector": {core.GPU_MODEL_SELECTOR: "NVIDIA-A100-SXM4-80GB"},
+            }
+        }
+    )
+    assert not model.rules.restricts and model.resources is not None and model.resources.gpu_model == "A100-80GB"
+    request = core.with_choice(common_pb2.PodResources(gpus=1), few)
+    assert list(request.nodes) == ["n0", "n1", "n2"]
+    assert core.same_requests([request], [common_pb2.PodResources(gpus=1)])
+    assert not core.same_requests([request], [common_pb2.PodResources(gpus=2)])
+
+
+def test_cluster_capacity_never_fits_and_changes() -> None:
+    nodes = [_node("a"), _node("b")]
+    capacity = core.ClusterCapacity.of(nodes)
+    assert capacity.never_fits(common_pb2.PodResources(gpus=8)) == ""
+    assert capacity.never_fits(common_pb2.PodResources(gpus=9)) == "asks for 9 GPUs; the largest node has 8"
+    assert not capacity.tainted
+    assert core.ClusterCapacity.of([]).never_fits(common_pb2.PodResources(gpus=1)) == "no nodes in the cluster"
+    heartbeat = _node("a")
+    assert not core.capacity_changed(nodes[0], heartbeat)
+    assert core.capacity_changed(nodes[0], _node("a", taints=[{"key": "k", "effect": "NoSchedule"}]))

@@ -12,6 +12,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
 
 from kumiki.binder import core
 from kumiki.common.bus import EventProducer
@@ -434,3 +435,117 @@ async def test_pod_scheduling_latency_and_binds_are_scraped_from_the_binder(
     metrics = await until(lambda: (m := scraped()).get("kumiki_binder_pods_bound_total") == 5 and m, 30, "scrape")
     assert metrics["kumiki_binder_pod_scheduling_seconds_count"] == 5
     assert 0 <= metrics["kumiki_binder_pod_scheduling_seconds_sum"] <= 5 * (waited + 1.0)  # +1: whole seconds
+
+
+def _required_affinity(*expressions: dict[str, Any]) -> dict[str, Any]:
+    term = {"matchExpressions": list(expressions)}
+    return {"nodeAffinity": {core.REQUIRED_AFFINITY: {"nodeSelectorTerms": [term]}}}
+
+
+async def test_taints_tolerations_node_selector_and_required_affinity(kube: AsyncClient, processes: Processes) -> None:
+    tainted = node_object("tainted", 8)
+    tainted["metadata"]["labels"]["kumiki.io/pool"] = "infer"
+    tainted["spec"]["taints"] = [{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]
+    nodes = [tainted]
+    for name, zone in (("a1", "z1"), ("a2", "z2")):
+        node = node_object(name, 4)
+        node["metadata"]["labels"]["zone"] = zone
+        nodes.append(node)
+    await start(processes, kube, nodes)
+    ns = await namespace(kube)
+
+    def pod(name: str, **spec: Any) -> dict[str, Any]:
+        obj = pod_object(ns, name, gpus=1)
+        obj["spec"].update(spec)
+        return obj
+
+    # a1 and a2 (8 GPUs) are filled exactly; the tainted node's 8 free GPUs are for pods that tolerate it
+    first = [
+        *(
+            pod(f"in-z2-{i}", affinity=_required_affinity({"key": "zone", "operator": "In", "values": ["z2"]}))
+            for i in range(2)
+        ),
+        *(
+            pod(f"not-z2-{i}", affinity=_required_affinity({"key": "zone", "operator": "NotIn", "values": ["z2"]}))
+            for i in range(2)
+        ),
+        *(pod(f"zoned-{i}", affinity=_required_affinity({"key": "zone", "operator": "Exists"})) for i in range(2)),
+        *(pod(f"plain-{i}") for i in range(2)),
+    ]
+    await create_all(kube, first)
+    await until(lambda: all_bound(kube, ns, 8), timeout_s=60, what="the first 8 pods bound")
+    placed = {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
+    assert {placed["in-z2-0"], placed["in-z2-1"]} == {"a2"}
+    assert {placed["not-z2-0"], placed["not-z2-1"]} == {"a1"}  # NotIn admits the tainted node, its taint does not
+    assert "tainted" not in placed.values(), placed
+
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"}
+    infer = [pod(f"infer-{i}", tolerations=[toleration], nodeSelector={"kumiki.io/pool": "infer"}) for i in range(2)]
+    await create_all(kube, infer)
+    await until(lambda: all_bound(kube, ns, 10), timeout_s=60, what="the tolerating pods bound")
+    # room is left only on the tainted node: a pod that does not tolerate it waits (FIFO: after the others)
+    await create_all(kube, [pod("extra"), pod("nowhere", nodeSelector={"kumiki.io/pool": "train"})])
+
+    async def settled() -> bool:
+        pods = {item["metadata"]["name"]: item for item in await pods_in(kube, ns)}
+        told = [(condition(pods[name]) or {}).get("status") == "False" for name in ("extra", "nowhere")]
+        return all(told) and all(pods[f"infer-{i}"]["spec"].get("nodeName") for i in range(2))
+
+    try:
+        await until(settled, timeout_s=60, what="the tolerating pods bound, the others told why")
+    except AssertionError as error:  # name what each pod got
+        pods = await pods_in(kube, ns)
+        states = {item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item)) for item in pods}
+        raise AssertionError(f"{error}: {states}") from None
+    pods = {item["metadata"]["name"]: item for item in await pods_in(kube, ns)}
+    assert {pods["infer-0"]["spec"]["nodeName"], pods["infer-1"]["spec"]["nodeName"]} == {"tainted"}
+    assert not pods["extra"]["spec"].get("nodeName") and not pods["nowhere"]["spec"].get("nodeName")
+    nowhere = condition(pods["nowhere"]) or {}
+    assert nowhere["reason"] == "NeverFits" and "0/3 nodes admit it" in nowhere["message"], nowhere
+    extra = condition(pods["extra"]) or {}
+    assert extra["reason"] == "Unschedulable" and "the 2 of 3 nodes its node rules admit" in extra["message"], extra
+    assert over_commits(list(pods.values())) == []
+
+
+async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:
+    await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
+    ns = await namespace(kube)
+    slow = podgroup_object(ns, "slow", 3)
+    slow["spec"]["scheduleTimeoutSeconds"] = 3
+    await create_all(kube, [slow, *(pod_object(ns, f"slow-{i}", gpus=8, group="slow") for i in range(3))])
+
+    async def timed_out() -> bool:
+        pods = await pods_in(kube, ns)
+        return len(pods) == 3 and all((condition(pod) or {}).get("reason") == "ScheduleTimeout" for pod in pods)
+
+    try:
+        await until(timed_out, timeout_s=60, what="every pod of the gang told its scheduleTimeoutSeconds passed")
+    except AssertionError as error:  # name what each pod got
+        states = {item["metadata"]["name"]: condition(item) for item in await pods_in(kube, ns)}
+        raise AssertionError(f"{error}: {states}") from None
+    pods = await pods_in(kube, ns)
+    assert not bound(pods)
+    message = (condition(pods[0]) or {})["message"]
+    assert "past its scheduleTimeoutSeconds (3)" in message and "GPU" in message, message
+    group = await kube.get(PodGroup, "slow", namespace=ns)
+    assert group.status["phase"] == "Failed"  # type: ignore[index]
+
+    async def group_told() -> bool:
+        events = [event async for event in kube.list(Event, namespace=ns)]
+        return any(
+            e.involvedObject.kind == "PodGroup" and (e.message or "").startswith("ScheduleTimeout") for e in events
+        )
+
+    await until(group_told, timeout_s=30, what="an Event on the PodGroup saying its scheduleTimeoutSeconds passed")
+    records = await lifecycle(processes.kafka)
+    assert any(r.job.job_id == f"{ns}/slow" and r.state == events_pb2.JOB_STATE_RELEASED for r in records)
+
+    # the group's terms change (two members are enough now): it tries again and places what fits
+    await kube.patch(PodGroup, "slow", {"spec": {"minMember": 2}}, namespace=ns, patch_type=PatchType.MERGE)
+
+    async def two_bound() -> bool:
+        return len(bound(await pods_in(kube, ns))) == 2
+
+    await until(two_bound, timeout_s=60, what="the gang placed with its new minMember")
+    group = await kube.get(PodGroup, "slow", namespace=ns)
+    assert group.status["phase"] in ("Scheduled", "Running")  # type: ignore[index]

@@ -346,3 +346,20 @@ def test_could_host_agrees_with_placing_on_an_empty_node():
             empty = ClusterState.empty(ClusterSpec((spec,)))
             fits = isinstance(place_gang(empty, GangRequest("j", (pod,)), "best-fit"), Placement)
             assert could_host(spec, pod) == fits, (spec.name, pod)
+
+
+def test_pod_node_rules_are_honoured_across_an_occupancy_class():
+    # three identical empty nodes are one occupancy class: a pod that may use only the last one must get it,
+    # never the class's first node, and one that avoids two of them gets the third
+    state = ClusterState.empty(uniform_cluster(3, 8))
+    names = [node.name for node in state.spec.nodes]
+    only_last = GangRequest("j", (PodRequest(gpus=8, nodes=frozenset({names[2]})),))
+    placed = place_gang(state, only_last, "best-fit")
+    assert isinstance(placed, Placement) and placed.nodes == (2,)
+    avoid = GangRequest("k", (PodRequest(gpus=1, avoid_nodes=frozenset(names[:2])),) * 2)
+    placed = place_gang(state, avoid, "kumiki")
+    assert isinstance(placed, Placement) and set(placed.nodes) == {2}
+    occupy(state, "x", 2, tuple(range(8)))
+    blocked = place_gang(state, only_last, "best-fit")
+    assert isinstance(blocked, PendingReason)  # the other nodes are free, but the pod may not use them
+    assert could_host(state.spec.nodes[2], only_last.pods[0]) and not could_host(state.spec.nodes[0], only_last.pods[0])

@@ -123,6 +123,7 @@ class Pod:
     job_annotation: str  # kumiki.io/job written at bind time ("" before)
     generation_annotation: int
     created_unix_s: float = 0.0  # metadata.creationTimestamp (whole seconds; 0: absent or unreadable)
+    rules: NodeRules = field(default_factory=lambda: NodeRules())  # nodeSelector, node affinity, tolerations
 
     @property
     def job_id(self) -> str:
@@ -251,24 +252,31 @@ def created_unix_s(metadata: Mapping[str, Any]) -> float:
     return stamp.timestamp() if stamp.tzinfo is not None else 0.0
 
 
-def parse_pod(obj: Mapping[str, Any]) -> Pod:
+def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     """A pod as the API returns it. Never raises for a bad request: the pod is kept with `invalid` set, so
-    the binder can tell the user on the pod itself."""
+    the binder can tell the user on the pod itself. `known`: the same pod (same uid) as read before, whose
+    request is taken as it was (a pod's spec does not change; each of its watch events need not re-read it)."""
     metadata = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     namespace = str(metadata.get("namespace") or "default")
+    uid = str(metadata.get("uid") or "")
     invalid = ""
     resources: common_pb2.PodResources | None = None
     topology = common_pb2.TopologyConstraint()
-    try:
-        resources = pod_resources(metadata, spec)
-        topology = topology_of(annotations)
-    except PodSpecError as error:
-        invalid = str(error)
-        resources = None
+    rules = NodeRules()
+    if known is not None and uid and known.uid == uid:
+        resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules
+    else:
+        try:
+            resources = pod_resources(metadata, spec)
+            topology = topology_of(annotations)
+            rules = node_rules(spec)
+        except PodSpecError as error:
+            invalid = str(error)
+            resources = None
     try:
         generation = int(annotations.get(GENERATION_ANNOTATION) or 0)
     except ValueError:
@@ -276,7 +284,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
     priority = spec.get("priority")
     return Pod(
         key=PodKey(namespace, str(metadata.get("name") or "")),
-        uid=str(metadata.get("uid") or ""),
+        uid=uid,
         group=str(labels.get(POD_GROUP_LABEL) or ""),
         node=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
@@ -290,6 +298,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         job_annotation=str(annotations.get(JOB_ANNOTATION) or ""),
         generation_annotation=generation,
         created_unix_s=created_unix_s(metadata),
+        rules=rules,
     )
 
 
@@ -315,6 +324,7 @@ class Node:
     gpu_uuids: tuple[str, ...]
     labels: Mapping[str, str]
     version: int
+    taints: tuple[Taint, ...] = ()
 
 
 def parse_node(obj: Mapping[str, Any]) -> Node:
@@ -370,6 +380,7 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
         gpu_uuids=uuids,
         labels=labels,
         version=int(version_text) if version_text.isdigit() else 0,
+        taints=node_taints(spec),
     )
 
 
@@ -440,6 +451,12 @@ class Gang:
     released: int = 0  # generation released in placement
     reason: str = ""  # the last pending reason shown on the pods
     last_join: float = 0.0  # monotonic time the last pod joined (a group without a PodGroup settles first)
+    timeout_s: int = 0  # the PodGroup's scheduleTimeoutSeconds (0: none)
+    waiting_since: float = 0.0  # monotonic time of the first submission of the unbound gang (0: none)
+    timed_out: bool = False  # scheduleTimeoutSeconds passed: not submitted again until its pods or group change
+
+    def waiting_count(self) -> int:
+        return sum(1 for pod in self.pods.values() if not pod.node and not pod.deleting and not pod.ended)
 
     def waiting(self) -> list[Pod]:
         return sorted(
@@ -507,25 +524,270 @@ def reason_text(reasons: Iterable[common_pb2.PendingReason], queue_position: int
 
 def never_fits(resources: common_pb2.PodResources, nodes: Iterable[Node]) -> str:
     """Why no node in the cluster, even empty, could ever hold this pod ("" when some node could)."""
-    candidates = list(nodes)
-    if not candidates:
-        return "no nodes in the cluster"
-    best_gpus = max((node.gpus for node in candidates), default=0)
-    if resources.gpus > best_gpus:
-        return f"asks for {resources.gpus} GPUs; the largest node has {best_gpus}"
-    if resources.mig_profile and not any(node.mig for node in candidates):
-        return f"asks for MIG slice {resources.mig_profile}; no node is in MIG mode"
-    if resources.gpu_fraction and not any(node.shareable for node in candidates):
-        return "asks for a GPU fraction; no node shares its GPUs"
-    if resources.gpu_model and not any(node.gpu_model == resources.gpu_model for node in candidates):
-        return f"asks for GPU model {resources.gpu_model}; no node has it"
-    best_cpu = max(node.cpu_milli for node in candidates)
-    if resources.cpu_milli > best_cpu:
-        return f"asks for {resources.cpu_milli}m CPU; the largest node has {best_cpu}m"
-    best_memory = max(node.memory_mib for node in candidates)
-    if resources.memory_mib > best_memory:
-        return f"asks for {resources.memory_mib} MiB memory; the largest node has {best_memory} MiB"
-    return ""
+    return ClusterCapacity.of(nodes).never_fits(resources)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterCapacity:
+    """The largest shapes among the schedulable nodes, computed once per node change: `never_fits` for each
+    pod of a stream of thousands must not walk every node."""
+
+    nodes: int
+    gpus: int
+    mig: bool
+    shareable: bool
+    models: frozenset[str]
+    cpu_milli: int
+    memory_mib: int
+    tainted: bool = False  # some node has a NoSchedule / NoExecute taint: every pod's rules must be checked
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node]) -> ClusterCapacity:
+        candidates = list(nodes)
+        return cls(
+            nodes=len(candidates),
+            gpus=max((node.gpus for node in candidates), default=0),
+            mig=any(node.mig for node in candidates),
+            shareable=any(node.shareable for node in candidates),
+            models=frozenset(node.gpu_model for node in candidates),
+            cpu_milli=max((node.cpu_milli for node in candidates), default=0),
+            memory_mib=max((node.memory_mib for node in candidates), default=0),
+            tainted=any(taint.effect in BLOCKING_EFFECTS for node in candidates for taint in node.taints),
+        )
+
+    def never_fits(self, resources: common_pb2.PodResources) -> str:
+        """Why no node in the cluster, even empty, could ever hold this pod ("" when some node could)."""
+        if not self.nodes:
+            return "no nodes in the cluster"
+        if resources.gpus > self.gpus:
+            return f"asks for {resources.gpus} GPUs; the largest node has {self.gpus}"
+        if resources.mig_profile and not self.mig:
+            return f"asks for MIG slice {resources.mig_profile}; no node is in MIG mode"
+        if resources.gpu_fraction and not self.shareable:
+            return "asks for a GPU fraction; no node shares its GPUs"
+        if resources.gpu_model and resources.gpu_model not in self.models:
+            return f"asks for GPU model {resources.gpu_model}; no node has it"
+        if resources.cpu_milli > self.cpu_milli:
+            return f"asks for {resources.cpu_milli}m CPU; the largest node has {self.cpu_milli}m"
+        if resources.memory_mib > self.memory_mib:
+            return f"asks for {resources.memory_mib} MiB memory; the largest node has {self.memory_mib} MiB"
+        return ""
+
+
+def capacity_changed(before: Node, after: Node) -> bool:
+    """Whether a node's change can change the cluster's ClusterCapacity (a heartbeat does not)."""
+    return before.taints != after.taints or (
+        before.schedulable,
+        before.gpus,
+        before.mig,
+        before.shareable,
+        before.gpu_model,
+        before.cpu_milli,
+        before.memory_mib,
+    ) != (after.schedulable, after.gpus, after.mig, after.shareable, after.gpu_model, after.cpu_milli, after.memory_mib)
+
+
+# ---- node rules: taints and tolerations, nodeSelector, required node affinity --------------------------
+
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule is a preference: never a reason to refuse
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str  # "" with Exists: every taint
+    operator: str  # Equal or Exists
+    value: str
+    effect: str  # "" : every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One matchExpressions (or matchFields on metadata.name) entry of a node selector term."""
+
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist, Gt, Lt
+    values: tuple[str, ...]
+    field: bool = False  # matchFields: the key is metadata.name
+
+    def matches(self, labels: Mapping[str, str], name: str) -> bool:
+        value = name if self.field else labels.get(self.key)
+        if self.operator == "In":
+            return value is not None and value in self.values
+        if self.operator == "NotIn":
+            return value is None or value not in self.values
+        if self.operator == "Exists":
+            return value is not None
+        if self.operator == "DoesNotExist":
+            return value is None
+        if value is None or not self.values:
+            return False
+        try:  # Gt / Lt compare integers
+            number, bound = int(value), int(self.values[0])
+        except ValueError:
+            return False
+        return number > bound if self.operator == "Gt" else number < bound
+
+
+NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRules:
+    """Where a pod may run: every nodeSelector label, one of the required affinity terms (each term all its
+    requirements; no terms: any node), and a toleration for every NoSchedule / NoExecute taint."""
+
+    selector: tuple[tuple[str, str], ...] = ()
+    terms: tuple[tuple[Requirement, ...], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def restricts(self) -> bool:
+        """Whether anything but taints can exclude a node."""
+        return bool(self.selector or self.terms)
+
+    def admits(self, node: Node) -> bool:
+        return self.why_not(node) == ""
+
+    def why_not(self, node: Node) -> str:
+        """ "" when the pod may run on the node, else what excludes it (in kube-scheduler's words)."""
+        for key, value in self.selector:
+            if node.labels.get(key) != value:
+                return "node(s) didn't match Pod's node affinity/selector"
+        if self.terms and not any(
+            all(requirement.matches(node.labels, node.name) for requirement in term) for term in self.terms
+        ):
+            return "node(s) didn't match Pod's node affinity/selector"
+        for taint in node.taints:
+            if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in self.tolerations):
+                return f"node(s) had untolerated taint {{{taint.key}: {taint.value}}}"
+        return ""
+
+
+def node_rules(spec: Mapping[str, Any]) -> NodeRules:
+    """A pod's nodeSelector, required node affinity and tolerations, validated (PodSpecError names the field)."""
+    selector = spec.get("nodeSelector") or {}
+    if not isinstance(selector, Mapping):
+        raise PodSpecError("spec.nodeSelector", "must be a map of labels")
+    # the GPU model selector is Placement's gpu_model already (pod_resources): not a node list on every pod
+    selector = {key: value for key, value in selector.items() if key != GPU_MODEL_SELECTOR}
+    terms: list[tuple[Requirement, ...]] = []
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED_AFFINITY) or {}
+    for t, term in enumerate(affinity.get("nodeSelectorTerms") or []):
+        requirements: list[Requirement] = []
+        for kind, is_field in (("matchExpressions", False), ("matchFields", True)):
+            for r, expression in enumerate((term or {}).get(kind) or []):
+                where = f"spec.affinity.nodeAffinity.{REQUIRED_AFFINITY}.nodeSelectorTerms[{t}].{kind}[{r}]"
+                operator = str(expression.get("operator") or "")
+                if operator not in NODE_OPERATORS:
+                    raise PodSpecError(
+                        f"{where}.operator", f"expected one of {', '.join(NODE_OPERATORS)}, got {operator!r}"
+                    )
+                values = tuple(str(value) for value in expression.get("values") or [])
+                if is_field and str(expression.get("key") or "") != "metadata.name":
+                    raise PodSpecError(f"{where}.key", "matchFields supports only metadata.name")
+                requirements.append(Requirement(str(expression.get("key") or ""), operator, values, is_field))
+        terms.append(tuple(requirements))
+    tolerations = tuple(
+        Toleration(
+            str(item.get("key") or ""),
+            str(item.get("operator") or "Equal"),
+            str(item.get("value") or ""),
+            str(item.get("effect") or ""),
+        )
+        for item in spec.get("tolerations") or []
+        if isinstance(item, Mapping)
+    )
+    return NodeRules(
+        tuple(sorted((str(key), str(value)) for key, value in selector.items())), tuple(terms), tolerations
+    )
+
+
+def node_taints(spec: Mapping[str, Any]) -> tuple[Taint, ...]:
+    return tuple(
+        Taint(str(item.get("key") or ""), str(item.get("value") or ""), str(item.get("effect") or ""))
+        for item in spec.get("taints") or []
+        if isinstance(item, Mapping)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChoice:
+    """A pod's node rules resolved against the schedulable nodes: what Placement is told (`nodes`: only these,
+    or `avoid`: never these, whichever is shorter), or why no node admits it (`none_because`)."""
+
+    nodes: tuple[str, ...] = ()
+    avoid: tuple[str, ...] = ()
+    none_because: str = ""
+
+
+def node_choice(rules: NodeRules, candidates: Sequence[Node], tainted: bool) -> NodeChoice:
+    """`candidates`: the schedulable nodes. No rules and no blocking taint anywhere: nothing to check."""
+    if not rules.restricts and not tainted:
+        return NodeChoice()
+    admitted: list[str] = []
+    refused: list[str] = []
+    first_why = ""
+    for node in candidates:
+        why = rules.why_not(node)
+        if why:
+            refused.append(node.name)
+            first_why = first_why or why
+        else:
+            admitted.append(node.name)
+    if not admitted:
+        return NodeChoice(none_because=f"0/{len(candidates)} nodes admit it: {first_why or 'no nodes'}")
+    if not refused:
+        return NodeChoice()
+    if len(admitted) <= len(refused):
+        return NodeChoice(nodes=tuple(sorted(admitted)))
+    return NodeChoice(avoid=tuple(sorted(refused)))
+
+
+def with_choice(resources: common_pb2.PodResources, choice: NodeChoice) -> common_pb2.PodResources:
+    """The pod's request as Placement gets it: its resources and its node rules as node names."""
+    if not choice.nodes and not choice.avoid:
+        return resources
+    out = common_pb2.PodResources()
+    out.CopyFrom(resources)
+    out.nodes.extend(choice.nodes)
+    out.avoid_nodes.extend(choice.avoid)
+    return out
+
+
+def same_requests(logged: Sequence[common_pb2.PodResources], pods: Sequence[common_pb2.PodResources | None]) -> bool:
+    """Whether Placement's logged request asks for what these pods ask for (node rules aside: they are
+    resolved against the nodes of the moment and change with them)."""
+    if len(logged) != len(pods):
+        return False
+    for before, now in zip(logged, pods, strict=True):
+        if now is None:
+            return False
+        if before.nodes or before.avoid_nodes:
+            stripped = common_pb2.PodResources()
+            stripped.CopyFrom(before)
+            stripped.ClearField("nodes")
+            stripped.ClearField("avoid_nodes")
+            before = stripped
+        if before != now:
+            return False
+    return True
 
 
 def gang_outcome(pods: Iterable[Pod]) -> int:

@@ -28,6 +28,10 @@ class PodRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     gpu_model: str = ""
+    # node rules (a Kubernetes pod's selector, affinity and tolerations, resolved by the binder): the only
+    # nodes it may use (empty: any) and nodes it must not use
+    nodes: frozenset[str] = frozenset()
+    avoid_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
@@ -39,6 +43,16 @@ class PodRequest:
             raise RequestError("a pod asks for whole gpus, a gpu_fraction or a mig_profile, not several")
         if self.gpu_memory_gb < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
             raise RequestError("gpu_memory_gb, cpu_milli and memory_mib must be >= 0")
+
+    @property
+    def node_rules(self) -> bool:
+        return bool(self.nodes or self.avoid_nodes)
+
+    def admits(self, node_name: str) -> bool:
+        """Whether the pod's node rules let it run on the node."""
+        if self.nodes and node_name not in self.nodes:
+            return False
+        return node_name not in self.avoid_nodes
 
     @property
     def gpu_demand(self) -> float:

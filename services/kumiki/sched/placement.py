@@ -218,6 +218,8 @@ class _Placer:
         spec = self.state.spec.nodes[node]
         if pod.gpu_model and pod.gpu_model != spec.gpu_model:
             return False
+        if pod.node_rules and not pod.admits(spec.name):
+            return False
         state = self.state.nodes[node]
         return (
             state.cpu_free - self.scratch.cpu.get(node, 0) >= pod.cpu_milli
@@ -550,6 +552,8 @@ def place_gang(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     order = sorted(range(len(request.pods)), key=lambda i: (-request.pods[i].gpu_demand, i))
+    if by_class and any(pod.node_rules for pod in request.pods):
+        by_class = False  # nodes of one occupancy class may differ in what the pod's rules admit: score each
     for domain in _domains(state, request, strategy):
         placer = _Placer(state, strategy, mix, excluded_nodes, domain, by_class=by_class)
         placed: list[PodPlacement] = []
@@ -650,6 +654,8 @@ def _explain(
 def could_host(spec: NodeSpec, pod: PodRequest) -> bool:
     """Whether the node could take the pod were it empty: a reservation on any other node is wasted."""
     if pod.gpu_model and pod.gpu_model != spec.gpu_model:
+        return False
+    if pod.node_rules and not pod.admits(spec.name):
         return False
     if pod.cpu_milli > spec.cpu_milli or pod.memory_mib > spec.memory_mib:
         return False

@@ -28,6 +28,9 @@ TOPOLOGY_FROM_WIRE = {
 TOPOLOGY_TO_WIRE = {name: level for level, name in TOPOLOGY_FROM_WIRE.items() if name}
 
 
+MAX_NODE_NAMES = 20_000  # a pod's node rules as names: a cluster's worth, not unbounded
+
+
 class InvalidNodeState(ValueError):
     """A cluster.state record that cannot describe a node; the message names the field."""
 
@@ -48,6 +51,13 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
         raise InvalidRequest(f"{where}.gpu_memory_mib", "required with gpu_fraction (the per-card memory cap)")
     if pod.mig_profile and "g." not in pod.mig_profile:
         raise InvalidRequest(f"{where}.mig_profile", f"expected a profile like 1g.10gb, got {pod.mig_profile!r}")
+    for name in ("nodes", "avoid_nodes"):
+        names = getattr(pod, name)
+        if len(names) > MAX_NODE_NAMES:
+            raise InvalidRequest(f"{where}.{name}", f"at most {MAX_NODE_NAMES} node names, got {len(names)}")
+        for number, node in enumerate(names):
+            if not node or len(node) > 253:
+                raise InvalidRequest(f"{where}.{name}[{number}]", "a node name of 1 to 253 characters")
     try:
         return PodRequest(
             gpus=pod.gpus,
@@ -57,6 +67,8 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
             cpu_milli=pod.cpu_milli,
             memory_mib=pod.memory_mib,
             gpu_model=pod.gpu_model,
+            nodes=frozenset(pod.nodes),
+            avoid_nodes=frozenset(pod.avoid_nodes),
         )
     except RequestError as error:
         raise InvalidRequest(where, str(error)) from None
@@ -151,6 +163,8 @@ def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
         cpu_milli=pod.cpu_milli,
         memory_mib=pod.memory_mib,
         gpu_model=pod.gpu_model,
+        nodes=sorted(pod.nodes),
+        avoid_nodes=sorted(pod.avoid_nodes),
     )
 
 

@@ -65,6 +65,8 @@ class PodResources(_message.Message):
     CPU_MILLI_FIELD_NUMBER: _builtins.int
     MEMORY_MIB_FIELD_NUMBER: _builtins.int
     GPU_MODEL_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    AVOID_NODES_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     """Whole GPUs for the pod (0 for a CPU-only pod or when mig_profile or gpu_fraction is set)."""
     mig_profile: _builtins.str
@@ -79,6 +81,16 @@ class PodResources(_message.Message):
     """Host memory in MiB."""
     gpu_model: _builtins.str
     """GPU model the pod must run on (e.g. "A100-SXM4-80GB"); empty = any model."""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The only nodes the pod may run on (its node selector, required node affinity and tolerations, resolved
+        by the caller against the nodes it knows); empty = any node.
+        """
+
+    @_builtins.property
+    def avoid_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Nodes the pod must never run on (the shorter form of the same rules when most nodes admit it)."""
+
     def __init__(
         self,
         *,
@@ -89,10 +101,12 @@ class PodResources(_message.Message):
         cpu_milli: _builtins.int = ...,
         memory_mib: _builtins.int = ...,
         gpu_model: _builtins.str = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        avoid_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_milli", b"cpu_milli", "gpu_fraction", b"gpu_fraction", "gpu_memory_mib", b"gpu_memory_mib", "gpu_model", b"gpu_model", "gpus", b"gpus", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoid_nodes", b"avoid_nodes", "cpu_milli", b"cpu_milli", "gpu_fraction", b"gpu_fraction", "gpu_memory_mib", b"gpu_memory_mib", "gpu_model", b"gpu_model", "gpus", b"gpus", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
