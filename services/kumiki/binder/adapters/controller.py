@@ -71,6 +71,7 @@ class Binder:
         concurrency: int = 256,
         scheduled_events: bool = True,
         settle_s: float = 0.5,
+        busy_event_interval_s: float = 0.02,
     ) -> None:
         self.kube = kube
         self.placement = placement
@@ -81,6 +82,7 @@ class Binder:
         self.published: dict[str, events_pb2.NodeState] = {}
         self.logged: dict[str, LoggedJob] = {}
         self.min_members: dict[tuple[str, str], tuple[int, str]] = {}  # (namespace, group) -> (minMember, uid)
+        self.timeouts: dict[tuple[str, str], int] = {}  # (namespace, group) -> scheduleTimeoutSeconds (0: none)
         self.wake = asyncio.Event()
         self.busy: set[str] = set()  # gangs with a submission or binding in flight
         self.evicting: set[str] = set()  # jobs evicted on a preemption command (the coordinator releases them)
@@ -95,6 +97,12 @@ class Binder:
         self.told_late: set[str] = set()
         self.never_fit: set[str] = set()
         self.settle_s = settle_s
+        self._known_pods: dict[str, Pod] = {}  # by uid: a pod's spec is immutable, its request read once
+        self.capacity: core.ClusterCapacity | None = None  # the largest node shapes (never_fits), None: stale
+        self.binding = 0  # gangs whose Bindings are being created now (Events wait behind them)
+        self.quiet = asyncio.Event()  # set while no Bindings are being created
+        self.quiet.set()
+        self.busy_event_interval_s = busy_event_interval_s
 
     # ---- Placement's log ------------------------------------------------------------------------------
     async def on_lifecycle(self, key: str, event: Event | None) -> None:
@@ -150,6 +158,7 @@ class Binder:
         if kind == "DELETED":
             self.nodes.pop(name, None)
             self.published.pop(name, None)
+            self.capacity = None
             await self.producer.publish(CLUSTER_STATE, name, events_pb2.NodeState(node=name, healthy=False))
             self._nodes_changed()
             return
@@ -158,8 +167,10 @@ class Binder:
         self.nodes[name] = node
         self.node_changes += 1
         await self._publish_nodes([name])
-        if before is None or before.schedulable != node.schedulable or before.gpus != node.gpus:
-            self._nodes_changed()
+        if before is None or core.capacity_changed(before, node):
+            self.capacity = None
+        if before is None or core.capacity_changed(before, node) or before.labels != node.labels:
+            self._nodes_changed()  # more room, a lifted taint or a new label: what never fitted may now
 
     def _nodes_changed(self) -> None:
         """A pod that never fitted may fit now: look at those gangs again at once."""
@@ -191,6 +202,7 @@ class Binder:
         key = (str(metadata.get("namespace") or "default"), str(metadata.get("name") or ""))
         if kind == "DELETED":
             self.min_members.pop(key, None)
+            self.timeouts.pop(key, None)
             return
         spec = obj.get("spec") or {}
         try:
@@ -198,9 +210,20 @@ class Binder:
         except (TypeError, ValueError):
             minimum = 0
         self.min_members[key] = (minimum, str(metadata.get("uid") or ""))
+        timeout = spec.get("scheduleTimeoutSeconds")
+        timeout_s = timeout if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0 else 0
+        if timeout is not None and not timeout_s:
+            log.warning(
+                "PodGroup scheduleTimeoutSeconds ignored: expected a positive integer",
+                extra={"podgroup": f"{key[0]}/{key[1]}", "value": repr(timeout)},
+            )
+        self.timeouts[key] = timeout_s
         gang = self.gangs.get(core.job_id_for(key[0], key[1], ""))
         if gang is not None:
+            if gang.min_member != minimum or gang.timeout_s != timeout_s:
+                gang.timed_out = False  # the group's terms changed: it may try again
             gang.min_member = minimum
+            gang.timeout_s = timeout_s
             self.touch(gang.job_id)
 
     # ---- pods -----------------------------------------------------------------------------------------
@@ -212,6 +235,7 @@ class Binder:
             minimum = self.min_members.get((pod.key.namespace, pod.group)) if pod.group else None
             if minimum is not None:
                 gang.min_member = minimum[0]
+                gang.timeout_s = self.timeouts.get((pod.key.namespace, pod.group), 0)
             logged = self.logged.get(job_id)
             if logged is not None:
                 gang.generation = logged.generation
@@ -219,10 +243,16 @@ class Binder:
         return gang
 
     async def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
-        pod = core.parse_pod(obj)
+        known = self._known_pods.get(str((obj.get("metadata") or {}).get("uid") or ""))
+        pod = core.parse_pod(obj, known)
+        if kind == "DELETED":
+            self._known_pods.pop(pod.uid, None)
+        elif pod.uid:
+            self._known_pods[pod.uid] = pod
         gang = self._gang_for(pod)
         if kind == "DELETED":
             gang.pods.pop(pod.key, None)
+            gang.timed_out = False
             self.touch(gang.job_id)
             await self._check_progress(gang)
             waiting_in_placement = gang.generation and not gang.bound and gang.released != gang.generation
@@ -237,6 +267,7 @@ class Binder:
         if not pod.node:
             if previous is None:
                 gang.last_join = time.monotonic()
+                gang.timed_out = False
             if previous is None or previous.node != pod.node:
                 self.touch(gang.job_id)
             return
@@ -333,12 +364,23 @@ class Binder:
             now = time.monotonic()
             if now - last_sweep >= 0.25:
                 last_sweep = now
-                self.dirty.update(self.gangs)
-                PENDING.set(sum(len(gang.waiting()) for gang in self.gangs.values()))
+                # a bound gang changes only when its pods do (touch): the sweep is for the ones that wait
+                waiting = [job_id for job_id, gang in self.gangs.items() if not gang.bound]
+                self.dirty.update(waiting)
+                PENDING.set(sum(gang.waiting_count() for gang in self.gangs.values()))
             dirty, self.dirty = self.dirty, set()
             for job_id in dirty:
                 gang = self.gangs.get(job_id)
-                if gang is None or job_id in self.busy or self.retry_at.get(job_id, 0.0) > now:
+                if gang is None or job_id in self.busy or self.retry_at.get(job_id, 0.0) > now or gang.timed_out:
+                    continue
+                if (
+                    gang.timeout_s
+                    and gang.waiting_since
+                    and not gang.bound
+                    and now - gang.waiting_since > gang.timeout_s
+                ):
+                    self.busy.add(job_id)
+                    self._spawn(self._time_out(gang, now - gang.waiting_since))
                     continue
                 if gang.bound and gang.released != gang.generation:
                     late = [pod for pod in gang.waiting() if pod.key not in gang.submitted]
@@ -392,7 +434,7 @@ class Binder:
                 logged is not None
                 and logged.state == events_pb2.JOB_STATE_BOUND
                 and logged.generation == generation
-                and [pod.resources for pod in members] == list(logged.pods)
+                and core.same_requests(logged.pods, [pod.resources for pod in members])
             ):
                 gang.submitted = tuple(pod.key for pod in members)
                 self.busy.add(gang.job_id)
@@ -418,21 +460,36 @@ class Binder:
             await self._tell_pending(gang, pods, "InvalidRequest", f"{invalid[0].key.name}: {invalid[0].invalid}")
             self.retry_at[gang.job_id] = time.monotonic() + 3600  # a pod's request does not change
             return
+        if self.capacity is None:
+            self.capacity = core.ClusterCapacity.of(node for node in self.nodes.values() if node.schedulable)
         for pod in pods:
             assert pod.resources is not None
-            why = core.never_fits(pod.resources, (node for node in self.nodes.values() if node.schedulable))
+            why = self.capacity.never_fits(pod.resources)
             if why:
                 await self._tell_pending(gang, pods, "NeverFits", f"no node in the cluster could ever hold it: {why}")
+                self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
+                self.never_fit.add(gang.job_id)
+                return
+        candidates = [node for node in self.nodes.values() if node.schedulable]
+        choices = [core.node_choice(pod.rules, candidates, self.capacity.tainted) for pod in pods]
+        for pod, choice in zip(pods, choices, strict=True):
+            if choice.none_because:
+                message = f"{pod.key.name}: {choice.none_because} (nodeSelector, node affinity, tolerations)"
+                await self._tell_pending(gang, pods, "NeverFits", message)
                 self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
                 self.never_fit.add(gang.job_id)
                 return
         generation = self._generation_for(gang, pods)
         if generation is None:
             return
+        if not gang.waiting_since:
+            gang.waiting_since = time.monotonic()  # scheduleTimeoutSeconds counts from the first submission
         request = placement_pb2.BindRequest(job=common_pb2.JobRef(job_id=gang.job_id, generation=generation))
         fields = core.bind_request_fields(gang, pods)
         request.queue = fields["queue"]
-        request.pods.extend(fields["pods"])
+        request.pods.extend(
+            core.with_choice(resources, choice) for resources, choice in zip(fields["pods"], choices, strict=True)
+        )
         request.min_members = fields["min_members"]
         request.topology.CopyFrom(fields["topology"])
         request.priority_tier = fields["priority_tier"]
@@ -477,6 +534,10 @@ class Binder:
             GANGS.labels("pending").inc()
             span.set_attribute("kumiki.outcome", "pending")
             reason, message = core.reason_text(response.reasons)
+            ruled = [choice for choice in choices if choice.nodes or choice.avoid]
+            if ruled:  # Placement looked only at the nodes the rules admit: say so, the cluster may have room
+                admitted = len(ruled[0].nodes) or len(candidates) - len(ruled[0].avoid)
+                message += f" (on the {admitted} of {len(candidates)} nodes its node rules admit)"
             await self._tell_pending(gang, pods, reason, message)
 
     def _generation_for(self, gang: Gang, pods: list[Pod]) -> int | None:
@@ -487,13 +548,15 @@ class Binder:
         if last == 0:
             return 1
         if logged is not None and logged.generation == last:
-            if logged.state == events_pb2.JOB_STATE_SUBMITTED and list(logged.pods) == [pod.resources for pod in pods]:
+            if logged.state == events_pb2.JOB_STATE_SUBMITTED and core.same_requests(
+                logged.pods, [pod.resources for pod in pods]
+            ):
                 return last
             if logged.state == events_pb2.JOB_STATE_BOUND:
                 if gang.released == last or gang.bound:
                     return last + 1
                 # Placement bound it but the API never got the bind (the binder died in between): repair
-                if list(logged.pods) == [pod.resources for pod in pods]:
+                if core.same_requests(logged.pods, [pod.resources for pod in pods]):
                     self._spawn(self._apply(gang, last, list(logged.assignments), "repair"))
                     gang.generation = last
                     gang.submitted = tuple(pod.key for pod in pods)
@@ -516,7 +579,9 @@ class Binder:
         self.retry_at[gang.job_id] = time.monotonic() + 0.5
         self.touch(gang.job_id)
 
-    async def _tell_pending(self, gang: Gang, pods: list[Pod], reason: str, message: str) -> None:
+    async def _tell_pending(
+        self, gang: Gang, pods: list[Pod], reason: str, message: str, phase: str = "Pending"
+    ) -> None:
         """PodScheduled=False with the reason, an Event on each pod and on the PodGroup (when it changed)."""
         text = f"{reason}: {message}"
         if gang.reason == text:
@@ -533,7 +598,7 @@ class Binder:
                 self._event(
                     "PodGroup", "scheduling.x-k8s.io/v1alpha1", gang.namespace, gang.group, uid, "Unschedulable", text
                 )
-                await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Pending", 0, 0)
+                await self.kube.set_podgroup_phase(gang.namespace, gang.group, phase, 0, 0)
 
     def _event(
         self,
@@ -555,12 +620,19 @@ class Binder:
             EVENTS_DROPPED.inc()
 
     async def run_events(self, stopping: asyncio.Event, workers: int = 4) -> None:
-        async def worker() -> None:
+        """Events are best effort and never slow a Binding: while Bindings are being created one worker sends
+        one Event every `busy_event_interval_s`; when none are, every worker sends."""
+
+        async def worker(first: bool) -> None:
             while not stopping.is_set():
+                if not first:
+                    await self.quiet.wait()
                 send = await self.events.get()
                 await send()
+                if first and not self.quiet.is_set():
+                    await asyncio.sleep(self.busy_event_interval_s)
 
-        await asyncio.gather(*(worker() for _ in range(workers)))
+        await asyncio.gather(*(worker(index == 0) for index in range(workers)))
 
     # ---- binding --------------------------------------------------------------------------------------
     async def _apply(self, gang: Gang, generation: int, placed: list[common_pb2.PodAssignment], how: str) -> None:
@@ -572,8 +644,10 @@ class Binder:
         try:
             for assignment in placed:
                 node = self.nodes.get(assignment.node)
-                if node is None or not node.schedulable:
-                    why = "gone" if node is None else node.why_not
+                member = self._member(gang, assignment.pod_index)
+                refused = node.why_not or (member.rules.why_not(node) if member is not None else "") if node else ""
+                if node is None or refused:
+                    why = "gone" if node is None else refused
                     log.warning(
                         "assigned node not schedulable; the gang goes again",
                         extra={"job": gang.job_id, "node": assignment.node, "why": why},
@@ -587,6 +661,9 @@ class Binder:
             gang.generation = generation
             gang.bound = True
             gang.reason = ""
+            gang.waiting_since = 0.0
+            self.binding += 1
+            self.quiet.clear()
 
             async def bind_one(assignment: common_pb2.PodAssignment) -> bool:
                 key = gang.submitted[assignment.pod_index]
@@ -618,7 +695,12 @@ class Binder:
                         )
                 return done
 
-            results = await asyncio.gather(*(bind_one(assignment) for assignment in placed), return_exceptions=True)
+            try:
+                results = await asyncio.gather(*(bind_one(assignment) for assignment in placed), return_exceptions=True)
+            finally:
+                self.binding -= 1
+                if not self.binding:
+                    self.quiet.set()
             failures = [result for result in results if isinstance(result, BaseException)]
             if failures:
                 log.error("bindings failed; retrying the gang", extra={"job": gang.job_id, "reason": str(failures[0])})
@@ -628,6 +710,33 @@ class Binder:
                 return
             if gang.group:
                 await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Scheduled", len(placed), 0)
+        finally:
+            self.busy.discard(gang.job_id)
+
+    def _member(self, gang: Gang, index: int) -> Pod | None:
+        if 0 <= index < len(gang.submitted):
+            return gang.pods.get(gang.submitted[index])
+        return None
+
+    async def _time_out(self, gang: Gang, waited_s: float) -> None:
+        """PodGroup scheduleTimeoutSeconds passed with the gang unplaced: it leaves Placement's queue (it holds
+        no place, no reservation, nothing the gangs behind it wait for), its pods and PodGroup say so, and the
+        PodGroup's phase is Failed. It tries again when its pods or its PodGroup change."""
+        try:
+            gang.timed_out = True
+            log.info("pod group past its scheduleTimeoutSeconds", extra={"job": gang.job_id, "waited_s": waited_s})
+            if gang.generation and gang.submitted and gang.released != gang.generation:
+                gang.released = gang.generation
+                await self._release(gang.job_id, gang.generation, "scheduleTimeoutSeconds passed", 0)
+            pods = gang.waiting()
+            last = gang.reason or "waiting for placement"
+            gang.reason = ""
+            message = (
+                f"the pod group waited {waited_s:.0f}s, past its scheduleTimeoutSeconds ({gang.timeout_s}), "
+                f"without fitting; it tries again when its pods or PodGroup change. Last: {last}"
+            )
+            await self._tell_pending(gang, pods, "ScheduleTimeout", message, phase="Failed")
+            gang.waiting_since = 0.0
         finally:
             self.busy.discard(gang.job_id)
 
