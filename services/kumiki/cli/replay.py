@@ -56,6 +56,12 @@ def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     parser.add_argument(
         f"--{prefix}policy", default=None, help="the kumiki phase's placement policy (default: the stack's own)"
     )
+    parser.add_argument(
+        f"--{prefix}via",
+        default="auto",
+        help="bind (Placement.Bind calls), pods (PodGroups and pods through the binder on the stack's API server),"
+        " or auto: pods when `kumiki up --kubernetes` runs, else bind",
+    )
 
 
 def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
@@ -71,6 +77,7 @@ def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
         out=Path(str(get("out"))),
         policy=None if get("policy") is None else str(get("policy")),
         idle_after_s=float(get("idle_after_s")),  # type: ignore[arg-type]
+        via=str(get("via")),
     )
     try:
         settings.validate()
@@ -114,6 +121,7 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
     local = service_address("placement")
     address = placement_address or env.get("KUMIKI_PLACEMENT_ADDRESS") or local or "127.0.0.1:50051"
     local_stack = local is not None and address == local  # the baseline may change its policy, telemetry its rule
+    kubeconfig = local_kubeconfig() if local_stack else None
     return Endpoints(
         placement=address,
         kafka=kafka,
@@ -123,7 +131,19 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
         placement_policy=env.get("KUMIKI_PLACEMENT_POLICY", "fifo-backfill"),
         placement_strategy=env.get("KUMIKI_PLACEMENT_STRATEGY", "kumiki"),
         checkpoints=env.get("KUMIKI_CHECKPOINTS_ADDRESS") or service_address("preemption"),
+        kubeconfig=kubeconfig,
     )
+
+
+def local_kubeconfig() -> Path | None:
+    """The stack's API server when `kumiki up --kubernetes` runs it with the binder, else None."""
+    from kumiki.devstack.kube import kube_running
+    from kumiki.devstack.stack import stack_home
+
+    kube = kube_running(stack_home() / "kube")
+    if kube is None or service_address("binder") is None:
+        return None
+    return kube.kubeconfig
 
 
 def _view(counts: LiveCounts) -> Table:

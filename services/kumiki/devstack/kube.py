@@ -30,6 +30,7 @@ from kumiki.devstack.processes import StackError, alive, free_port, spawn, termi
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "infra" / "kube" / "build.sh"
 KUMIKI_STAGES = REPO_ROOT / "infra" / "kube" / "stages"
+CHART_CRDS = REPO_ROOT / "charts" / "kumiki" / "crds"  # what `helm install` applies first: the PodGroup CRD
 K8S_VERSION = "v1.37.2"
 DEFAULT_HOME = Path.home() / ".cache" / "kumiki" / f"kube-{K8S_VERSION}"
 STATE_FILE = "kube.json"
@@ -364,6 +365,41 @@ def start_scheduler(stack: KubeStack, extra_args: tuple[str, ...] = ()) -> int:
 
     _wait("kube-scheduler", healthy, 60, stack.pids["scheduler"], stack.log("scheduler"))
     return stack.pids["scheduler"]
+
+
+def install_crds(stack: KubeStack, timeout_s: float = 60.0) -> list[str]:
+    """The chart's CRDs, applied server-side as Helm would, and waited for until the API serves them (the
+    binder reads PodGroups only if it finds them served at its start)."""
+    import asyncio
+
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.codecs import load_all_yaml
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    async def apply() -> list[str]:
+        client = AsyncClient(config=KubeConfig.from_file(str(stack.kubeconfig)), field_manager="kumiki-devstack")
+        names = []
+        try:
+            for path in sorted(CHART_CRDS.glob("*.yaml")):
+                for obj in load_all_yaml(path.read_text()):
+                    await client.apply(obj, force=True)
+                    assert obj.metadata is not None and obj.metadata.name is not None
+                    names.append(obj.metadata.name)
+            deadline = time.monotonic() + timeout_s
+            for name in names:
+                while True:
+                    crd = await client.get(CustomResourceDefinition, name)
+                    conditions = (crd.status.conditions if crd.status else None) or []
+                    if any(c.type == "Established" and c.status == "True" for c in conditions):
+                        break
+                    if time.monotonic() > deadline:
+                        raise KubeUnavailable(f"CRD {name} not established within {timeout_s:.0f}s")
+                    await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+        return names
+
+    return asyncio.run(apply())
 
 
 def stop_component(stack: KubeStack, name: str) -> None:

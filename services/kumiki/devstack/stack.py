@@ -214,11 +214,13 @@ def bring_up(
         state.tls = {"folder": str(ca.folder), "client": CLI_IDENTITY}
         state.save()
     if kubernetes:  # etcd, kube-apiserver and KWOK (built by infra/kube/build.sh when missing), then the binder
-        from kumiki.devstack.kube import kube_running, start_kube
+        from kumiki.devstack.kube import install_crds, kube_running, start_kube
 
-        if kube_running(home / "kube") is None:
+        kube = kube_running(home / "kube")
+        if kube is None:
             step("starting Kubernetes: etcd, kube-apiserver, KWOK (the first run builds them, ~12 min)")
-            start_kube(home / "kube", build=True)
+            kube = start_kube(home / "kube", build=True)
+        install_crds(kube)  # the PodGroup CRD, before the binder looks for it
         services["binder"] = "kumiki.binder"
     if observability:  # Jaeger and Prometheus first, so services export spans from their first call
         from kumiki.devstack.observability import start_observability

@@ -92,6 +92,7 @@ class _Track:
     release: asyncio.TimerHandle | None = None
     ended_wall: float | None = None
     holds: list[tuple[float, float]] = field(default_factory=list)  # wall (bound, freed) of each attempt
+    running: bool = False  # the current generation is bound and has not ended
     found_idle: set[int] = field(default_factory=set)  # generations telemetry reported idle
     reclaimed: int = 0
 
@@ -134,7 +135,7 @@ async def publish_cluster(kafka: KafkaSettings, nodes: int, prefix: str = "repla
     """`nodes` uniform 8-GPU nodes on cluster.state; other emulated nodes are marked unhealthy (placement gives
     them nothing), so the replay runs on exactly the cluster it names."""
     await ensure_topics(kafka, ALL_TOPICS)
-    ours = emulated_nodes(nodes, shapes=(REPLAY_SHAPE,), prefix=prefix)
+    ours = emulated_nodes(nodes, shapes=(REPLAY_SHAPE,), prefix=prefix) if nodes else []
     names = {node.node for node in ours}
     others: dict[str, events_pb2.NodeState] = {}
 
@@ -197,7 +198,8 @@ class Replay:
         self.speed = speed
         self.phase = phase
         self.preemptible = preemptible
-        self.prefix = f"{run_id or uuid.uuid4().hex[:8]}-{phase}-"
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.prefix = self.job_prefix()
         self.counts = counts or LiveCounts()
         self.channel_factory = channel_factory
         self.agents = agents  # the nodes' agents: told who holds which GPUs, they sample accordingly
@@ -206,13 +208,40 @@ class Replay:
         self.checkpoints_address = checkpoints_address
         self._checkpoints: checkpoints_pb2_grpc.CheckpointsStub | None = None
         self.checkpoints_reported = 0
-        self.tracks = {self.prefix + job.job_id: _Track(job) for job in self.jobs}
+        self.tracks = {self.key_for(index, job): _Track(job) for index, job in enumerate(self.jobs)}
         self.log: list[LogEntry] = []
         self.errors: list[str] = []
         self._t0 = 0.0
         self._done = asyncio.Event()
         self._stub: placement_pb2_grpc.PlacementStub | None = None
         self._pending_calls: set[asyncio.Task[None]] = set()
+
+    # ---- how jobs are named, started and ended (the Kubernetes replay overrides these) ----------------------
+    def job_prefix(self) -> str:
+        """What every job id of this phase starts with (events of other runs and phases are not ours)."""
+        return f"{self.run_id}-{self.phase}-"
+
+    def key_for(self, index: int, job: ReplayJob) -> str:
+        """The job id the services see for the trace's `index`-th job."""
+        return self.prefix + job.job_id
+
+    def _schedule_end(self, key: str, track: _Track, started_wall: float) -> None:
+        """The job's run is over its remaining trace duration after `started_wall`: release it then."""
+        remaining_wall = max(0.0, track.job.duration_s - track.executed_s) / self.speed
+        delay = max(0.0, started_wall + remaining_wall - time.time())
+        track.release = asyncio.get_running_loop().call_later(delay, self._release_soon, key, track, started_wall)
+
+    def _ended(self, key: str, track: _Track, generation: int, at_wall: float) -> None:
+        """An ending event of the job: here the driver released it itself, so nothing is left to do."""
+
+    def _requeued(self, key: str, track: _Track) -> None:
+        """A preempted job: Placement queued its next generation already."""
+
+    async def _open(self) -> None:
+        """What the phase needs before the first job (the Kubernetes replay: its namespace and nodes)."""
+
+    async def _close(self) -> None:
+        """Undo `_open` (after the last job)."""
 
     # ---- clock --------------------------------------------------------------------------------------------
     def trace_s(self, wall: float) -> float:
@@ -241,6 +270,7 @@ class Replay:
             self._preempted(key, track, generation, at, message.lost_gpu_seconds)
         elif message.state in ENDINGS:
             self.log.append(LogEntry("ended", key, generation, gpus, at, at_us))
+            self._ended(key, track, generation, at)
 
     def _bound(
         self, key: str, track: _Track, generation: int, at_wall: float, gpus: frozenset[tuple[str, int]]
@@ -251,22 +281,22 @@ class Replay:
         track.generation = generation
         track.runs += 1
         track.started_wall = track_started = at_wall
+        track.running = True
         self.counts.binds += 1  # at arrival or by a scheduling pass: every BOUND counts
         self.counts.waiting -= 1
         self.counts.running += 1
         self.counts.gpus_allocated += track.job.gpus
         self.counts.gpus_busy += 0 if track.job.idle else track.job.gpus
         self.counts.idle_gpus += track.job.gpus if track.job.idle else 0
-        remaining_wall = max(0.0, track.job.duration_s - track.executed_s) / self.speed
-        delay = max(0.0, track_started + remaining_wall - time.time())
-        loop = asyncio.get_running_loop()
-        track.release = loop.call_later(delay, self._release_soon, key, track, track_started)
+        self._schedule_end(key, track, track_started)
 
     def _preempted(self, key: str, track: _Track, generation: int, at_wall: float, lost_gpu_seconds: float) -> None:
-        if track.release is None or track.generation != generation:
+        if not self._running(track) or track.generation != generation:
             return
-        track.release.cancel()
-        track.release = None
+        if track.release is not None:
+            track.release.cancel()
+            track.release = None
+        track.running = False
         # progress kept: what ran since the bind, less what the coordinator says was lost (wall GPU-seconds, from
         # its newest acknowledged checkpoint to the eviction)
         lost_s = lost_gpu_seconds * self.speed / max(1, track.job.gpus)
@@ -279,8 +309,15 @@ class Replay:
             self.counts.idle_reclaimed += 1
         self._unhold(key, track, at_wall)
         self.counts.waiting += 1
+        self._requeued(key, track)
+
+    @staticmethod
+    def _running(track: _Track) -> bool:
+        return track.running
 
     def _unhold(self, key: str, track: _Track, at_wall: float) -> None:
+        """The attempt freed its GPUs (once per attempt: its release or its preemption)."""
+        track.running = False
         if self.agents is not None:
             self.agents.free(key)
         track.holds.append((track.started_wall, at_wall))
@@ -291,6 +328,7 @@ class Replay:
 
     def _release_soon(self, key: str, track: _Track, started_wall: float) -> None:
         track.release = None
+        track.running = False  # over: a PREEMPTED read before the Release goes out changes nothing
         task = asyncio.get_running_loop().create_task(self._release(key, track, started_wall))
         self._pending_calls.add(task)
         task.add_done_callback(self._pending_calls.discard)
@@ -337,7 +375,7 @@ class Replay:
         track = self.tracks.get(key)
         if command.action != events_pb2.PREEMPTION_ACTION_CHECKPOINT or track is None:
             return
-        if command.job.generation != track.generation or track.release is None:
+        if command.job.generation != track.generation or not self._running(track):
             return  # an attempt that has ended already
         progress = track.executed_s + (time.time() - track.started_wall) * self.speed
         report = checkpoints_pb2.CheckpointReport(
@@ -419,9 +457,10 @@ class Replay:
             await commands.start()
             await commands.catch_up()  # older runs' commands: not ours (the prefix differs), skipped
             commands_task = asyncio.create_task(commands.follow(stopping), name="replay-commands")
-        self._t0 = time.time()
-        self.counts.started_wall = time.monotonic()
         try:
+            await self._open()
+            self._t0 = time.time()
+            self.counts.started_wall = time.monotonic()
             for key, track in self.tracks.items():
                 due = self._t0 + track.job.submit_s / self.speed
                 delay = due - time.time()
@@ -443,6 +482,8 @@ class Replay:
             for track in self.tracks.values():
                 if track.release is not None:
                     track.release.cancel()
+            with contextlib.suppress(Exception):  # teardown: what `_open` made may be gone already
+                await self._close()
             for background in (follower, idle_task, commands_task):
                 if background is not None:
                     background.cancel()

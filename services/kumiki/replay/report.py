@@ -59,7 +59,8 @@ def markdown(results: dict[str, Any]) -> str:
     compare = "baseline" in phases and "kumiki" in phases
     lines = [
         f"# Replay: {results['trace']} ({results['jobs']} jobs, {results['idle_jobs']} idle), "
-        f"{results['nodes']} x {results['gpus_per_node']} GPUs at {results['speed']:g}x",
+        f"{results['nodes']} x {results['gpus_per_node']} GPUs at {results['speed']:g}x"
+        + (", pods through the binder on a real API server (KWOK nodes)" if results.get("via") == "pods" else ""),
         "",
         "| | "
         + " | ".join(f"{name} ({phases[name]['policy']})" for name in names)

@@ -29,6 +29,7 @@ from kumiki.replay.core import (
     summarise,
 )
 from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, restore_cluster
+from kumiki.replay.kube import KubeReplay, create_nodes, delete_nodes
 from kumiki.replay.nodes import NodeAgents
 from kumiki.sim.trace import load_jobs
 
@@ -40,6 +41,7 @@ PHASE_OVERRIDES: dict[str, dict[str, str]] = {
     "open": {"KUMIKI_QUOTA_ADDRESS": ""},  # allow-all admission: nothing but placement decides
 }
 DEFAULT_TRACE = "philly-replay"
+VIAS = ("auto", "bind", "pods")
 IDLE_THRESHOLD_PCT = 5.0
 SAMPLES_PER_IDLE_RULE = 4  # the nodes sample this many times within the idle rule's duration (at least)
 MAX_SAMPLE_INTERVAL_S = 1.0
@@ -68,6 +70,7 @@ class ReplaySettings:
     simulate: bool = True
     policy: str | None = None  # the kumiki phase's placement policy (None: the stack's own)
     idle_after_s: float = 600.0  # trace seconds a zombie's GPUs stay below 5% before telemetry reports them
+    via: str = "auto"  # bind: Placement.Bind calls; pods: PodGroups and pods through the binder; auto: pods if up
 
     def validate(self) -> None:
         if not 1 <= self.nodes <= 10_000:
@@ -89,6 +92,8 @@ class ReplaySettings:
             raise ReplayError(f"--timeout-s: must be > 0, got {self.timeout_s:g}")
         if not 0 < self.idle_after_s <= 7 * 86400:
             raise ReplayError(f"--idle-after-s: expected 0 < s <= 604800 (trace seconds), got {self.idle_after_s:g}")
+        if self.via not in VIAS:
+            raise ReplayError(f"--via: expected one of {', '.join(VIAS)}, got {self.via!r}")
         if self.idle_after_s / self.speed < 0.05:
             raise ReplayError(
                 f"--idle-after-s: {self.idle_after_s:g} trace seconds at --speed {self.speed:g} is under 50 ms of"
@@ -108,6 +113,15 @@ class Endpoints:
     placement_policy: str = "fifo-backfill"
     placement_strategy: str = "kumiki"
     checkpoints: str | None = None  # the preemption service (Checkpoints), where the replay's jobs report
+    kubeconfig: Path | None = None  # the stack's API server with the binder running (`kumiki up --kubernetes`)
+
+    def via(self, wanted: str) -> str:
+        """How jobs are submitted: `pods` needs the Kubernetes stack; `auto` takes it when it is up."""
+        if wanted == "pods" and self.kubeconfig is None:
+            raise ReplayError("--via pods: no Kubernetes stack with the binder runs here; `kumiki up --kubernetes`")
+        if wanted == "auto":
+            return "pods" if self.kubeconfig is not None else "bind"
+        return wanted
 
 
 @dataclass
@@ -175,9 +189,7 @@ async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> None
         return  # not a local stack: its telemetry keeps its own rule (zombies are found at its pace)
     current = endpoints.service_env("telemetry-ingest")
     if current.get("KUMIKI_TELEMETRY_IDLE") != wanted:
-        await asyncio.to_thread(
-            endpoints.restart, "telemetry-ingest", {**current, "KUMIKI_TELEMETRY_IDLE": wanted}
-        )
+        await asyncio.to_thread(endpoints.restart, "telemetry-ingest", {**current, "KUMIKI_TELEMETRY_IDLE": wanted})
 
 
 async def run_session(
@@ -200,8 +212,14 @@ async def run_session(
     capacity = settings.nodes * GPUS_PER_NODE
     weights = vc_weights()
     trees = {phase: queue_tree(jobs, capacity, weights, static=phase == "baseline") for phase in settings.phases}
+    via = endpoints.via(settings.via)
     await _telemetry_for(settings, endpoints)
-    cluster = await publish_cluster(endpoints.kafka, settings.nodes)
+    if via == "pods":  # KWOK nodes in the API server; the binder publishes them on cluster.state
+        assert endpoints.kubeconfig is not None
+        await delete_nodes(endpoints.kubeconfig, keep=settings.nodes)
+        await create_nodes(endpoints.kubeconfig, settings.nodes)
+    # the emulated nodes of the Bind path (none through Kubernetes: there the binder's nodes are the cluster)
+    cluster = await publish_cluster(endpoints.kafka, settings.nodes if via == "bind" else 0)
     agents = NodeAgents(
         endpoints.kafka,
         cluster.nodes,
@@ -230,8 +248,13 @@ async def run_session(
             if on_phase is not None:
                 on_phase(phase)
             live = counts if counts is not None else LiveCounts()
-            replay = Replay(
+            kind: Any = Replay
+            extra: dict[str, Any] = {}
+            if via == "pods":
+                kind, extra = KubeReplay, {"kubeconfig": endpoints.kubeconfig}
+            replay = kind(
                 jobs,
+                **extra,
                 placement_address=endpoints.placement,
                 kafka=endpoints.kafka,
                 speed=settings.speed,
@@ -265,6 +288,9 @@ async def run_session(
         await replace_tree(endpoints.database, previous_tree or development_tree(capacity), "replay done")
         await agents.stop()
         await restore_cluster(endpoints.kafka, cluster)
+        if via == "pods":
+            assert endpoints.kubeconfig is not None
+            await delete_nodes(endpoints.kubeconfig)
     simulated: dict[str, Any] = {}
     if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
         policy = settings.policy or endpoints.placement_policy
@@ -278,6 +304,7 @@ async def run_session(
         "idle_jobs": sum(1 for job in jobs if job.idle),
         "idle_after_s": settings.idle_after_s,
         "samples_published": agents.samples_published,
+        "via": via,
         "nodes": settings.nodes,
         "gpus_per_node": GPUS_PER_NODE,
         "speed": settings.speed,

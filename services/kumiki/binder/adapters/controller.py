@@ -128,6 +128,8 @@ class Binder:
         self.logged[job_id] = LoggedJob(
             message.job.generation, message.state, list(message.assignments), list(message.pods)
         )
+        if message.state == events_pb2.JOB_STATE_PREEMPTED:
+            self._evicted(job_id, message.job.generation)
         if not self.synced.is_set() or message.state != events_pb2.JOB_STATE_BOUND:
             return
         gang = self.gangs.get(job_id)
@@ -227,6 +229,22 @@ class Binder:
             self.touch(gang.job_id)
 
     # ---- pods -----------------------------------------------------------------------------------------
+    def _evicted(self, job_id: str, generation: int) -> None:
+        """The coordinator released this generation as PREEMPTED: the group's next pods (its job controller makes
+        them, resuming from the checkpoint) are the next generation, not late members of a placed gang."""
+        self.evicting.discard(job_id)  # the eviction is over: the next generation's pods are watched again
+        gang = self.gangs.get(job_id)
+        if gang is None or gang.generation != generation or not gang.bound:
+            return
+        gang.bound = False
+        gang.released = generation
+        gang.submitted = ()
+        gang.waiting_since = 0.0
+        self.told_late.discard(job_id)
+        if not any(not pod.deleting and not pod.ended for pod in gang.pods.values()):
+            self.gangs.pop(job_id, None)
+        self.touch(job_id)
+
     def _gang_for(self, pod: Pod) -> Gang:
         job_id = pod.job_id
         gang = self.gangs.get(job_id)
