@@ -131,6 +131,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         self._refusals = LogBudget()
         self.wake = asyncio.Event()
         self._inflight: dict[tuple[str, int], asyncio.Future[placement_pb2.BindResponse]] = {}
+        self._publishing: set[asyncio.Future[None]] = set()  # started jobs' publications nobody awaits any more
 
     def _bound_response(
         self, job: BoundJob, decision: events_pb2.SchedulingDecision | None = None
@@ -442,16 +443,27 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         return len(started)
 
     async def _publish_started(self, started: Sequence[BoundJob]) -> None:
-        """Publish jobs a pass started from the queue; one that cannot be published waits again."""
+        """Publish jobs a pass started from the queue; one that cannot be published waits again.
+
+        Shielded: a Bind whose caller gave up (its deadline, during a broker outage) must not cancel these
+        publications. Undoing the allocations then would free GPUs whose BOUND events the producer still
+        delivers once the broker answers, and the log would show two jobs on them (found by the fault-injection
+        run, kumiki.replay.faults); the rest of the pass's jobs would stay granted and never be published."""
+        if not started:
+            return
+        publishing = asyncio.ensure_future(self._publish_each(list(started)))
+        self._publishing.add(publishing)
+        publishing.add_done_callback(self._publishing.discard)
+        await asyncio.shield(publishing)
+
+    async def _publish_each(self, started: Sequence[BoundJob]) -> None:
         for job in started:
             try:
                 with rebinding(job):  # a requeued victim's bind joins its preemption's trace
                     await self.publisher.bound(job, events_pb2.DECISION_KIND_BACKFILL)
-            except BaseException as error:  # cancelled at shutdown too: an unpublished bind must not stay granted
+            except Exception as error:  # not durable, so not granted: it waits again
                 if self.book.bound.get(job.command.job_id) is job:
                     self.book.unbind(job.command.job_id, requeue=True, now=time.time())
-                if not isinstance(error, Exception):
-                    raise
                 log.error(
                     "started job not published; it waits again", extra={"job": job.command.job_id, "error": repr(error)}
                 )
