@@ -76,24 +76,41 @@ export KUMIKI_TEST_KAFKA_BOOTSTRAP="$KUMIKI_KAFKA_BOOTSTRAP" KUMIKI_TEST_DATABAS
 unset KUMIKI_KAFKA_BOOTSTRAP KUMIKI_DATABASE_URL
 echo "   Kafka $KUMIKI_TEST_KAFKA_BOOTSTRAP, Postgres $KUMIKI_TEST_DATABASE_URL"
 
-if [ -n "$go_tools" ]; then
-  if wait "$go_tools"; then echo "   helm and kubeconform built"
-  else echo "   WARNING: helm/kubeconform did not build (chart tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-go-tools.log"; fi
-fi
-
-if [ -n "$jaeger_build" ]; then
-  if wait "$jaeger_build"; then echo "   Jaeger built: $(tail -1 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log")"
-  else echo "   WARNING: Jaeger did not build (Jaeger tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log"; fi
-fi
-
-if [ -n "$kube_build" ]; then
-  if wait "$kube_build"; then eval "$(bash infra/kube/build.sh --print)"; echo "   Kubernetes components built"
-  else echo "   WARNING: the Kubernetes components did not build (binder tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-kube-build.log"; fi
-fi
-
 echo "== lint and types"
 .venv/bin/ruff check services tests benchmarks --output-format concise
 .venv/bin/mypy
 
-echo "== tests"
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
+# The tests that need a Go-built tool (helm, kubeconform, Jaeger, kube-apiserver/etcd/KWOK) run last; the rest
+# runs first, while the builds finish (the builds take the CPU, the tests mostly wait on brokers and sockets).
+GO_BUILT_TESTS=(tests/binder tests/charts tests/observability tests/tilt tests/cli/test_trace.py tests/replay/test_kube.py)
+wait_for_builds() {
+  if [ -n "$go_tools" ]; then
+    if wait "$go_tools"; then echo "   helm and kubeconform built"
+    else echo "   WARNING: helm/kubeconform did not build (chart tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-go-tools.log"; fi
+  fi
+
+  if [ -n "$jaeger_build" ]; then
+    if wait "$jaeger_build"; then echo "   Jaeger built: $(tail -1 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log")"
+    else echo "   WARNING: Jaeger did not build (Jaeger tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log"; fi
+  fi
+
+  if [ -n "$kube_build" ]; then
+    if wait "$kube_build"; then eval "$(bash infra/kube/build.sh --print)"; echo "   Kubernetes components built"
+    else echo "   WARNING: the Kubernetes components did not build (binder tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-kube-build.log"; fi
+  fi
+}
+if [ $# -gt 0 ]; then  # the tests named on the command line, once every tool is there
+  wait_for_builds
+  echo "== tests"
+  .venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
+  exit 0
+fi
+ignores=()
+for path in "${GO_BUILT_TESTS[@]}"; do ignores+=("--ignore=$path"); done
+status=0
+echo "== tests (while the Go builds finish)"
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider "${ignores[@]}" || status=$?
+wait_for_builds
+echo "== tests that need the Go-built tools"
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider "${GO_BUILT_TESTS[@]}" || status=$?
+exit $status
