@@ -122,6 +122,14 @@ def has(name: str, service: str) -> Any:
     return lambda tree: any(s["name"] == name and s["service"] == service for s in tree.spans.values())
 
 
+def resumed(prefix: str) -> Any:
+    """The RESUME command's span and its send are in Jaeger (they arrive in different export batches)."""
+    return lambda tree: any(
+        span["name"] == "resume command" and command_sends(tree, prefix, span_id)
+        for span_id, span in tree.spans.items()
+    )
+
+
 async def test_preemption_is_one_trace_in_jaeger_from_the_decision_to_the_resume(
     kafka: KafkaSettings, database_settings: DatabaseSettings, jaeger: JaegerProcess, tmp_path: Path
 ) -> None:
@@ -145,9 +153,7 @@ async def test_preemption_is_one_trace_in_jaeger_from_the_decision_to_the_resume
         finally:
             job.close()
         shutdown_tracing()  # the job's Report span goes to Jaeger now
-        tree = await collected(
-            jaeger, trace_id, has("resume command", "kumiki-preemption"), "the preemption's trace up to RESUME"
-        )
+        tree = await collected(jaeger, trace_id, resumed(prefix), "the preemption's trace up to RESUME")
 
     checkpoint = decision_to_checkpoint(tree, prefix, VICTIM)
     # the job answers the command it was sent: its Report continues the command's step
@@ -203,9 +209,7 @@ async def test_after_a_coordinator_restart_the_forced_eviction_is_in_the_decisio
         )
         await end_filler(stub)
         await channel.close()
-        tree = await collected(
-            jaeger, trace_id, has("resume command", "kumiki-preemption"), "the preemption's trace up to RESUME"
-        )
+        tree = await collected(jaeger, trace_id, resumed(prefix), "the preemption's trace up to RESUME")
 
     checkpoint = decision_to_checkpoint(tree, prefix, victim)
     evict = tree.find("evict command", "kumiki-preemption", checkpoint)  # no Report: the deadline's own step

@@ -5,6 +5,9 @@ the stack exported while jobs were bound, waited and completed, and bad input is
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,14 +19,21 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, pl
 from kumiki.devstack.cluster import emulated_nodes
 from kumiki.devstack.observability import start_prometheus
 from kumiki.devstack.processes import free_port, terminate
-from tests.conftest import wait_until
+from tests.conftest import REPO_ROOT, wait_until
 from tests.observability.support import live_stack, prometheus_query
-from tests.observability.test_trace_cli import kumiki
 from tests.placement.support import bind_request, emulate, whole
 from tests.preemption.support import H100
 
 BOUND = placement_pb2.BindResponse.OUTCOME_BOUND
 PENDING = placement_pb2.BindResponse.OUTCOME_PENDING
+
+
+def kumiki(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as test_trace_cli runs it, with room for a loaded machine (Python starts slowly there)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KUMIKI_", "OTEL_"))}
+    base["PYTHONPATH"] = f"{REPO_ROOT / 'services'}:{REPO_ROOT}"
+    command = [sys.executable, "-m", "kumiki.cli", *argv]
+    return subprocess.run(command, env=base, capture_output=True, text=True, timeout=180)
 
 
 def value(url: str, query: str) -> float | None:
@@ -110,6 +120,7 @@ async def test_report_reads_the_runs_figures_from_a_real_prometheus(
             assert text.returncode == 0, text.stderr
             assert "| jobs completed |" in text.stdout and "| 2 |" in text.stdout
             assert "| GPUs allocated (share of capacity) | - | - | - |" in text.stdout
+            print(text.stdout)  # docs/observability.md shows this output
 
             # input checks, each naming the flag
             long_ago = ("--start", "2020-01-01T00:00:00Z", "--end", "2020-01-01T01:00:00Z")

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -245,6 +246,17 @@ def _when(unix_s: float) -> str:
     return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _span(window: Window) -> str:
+    seconds = window.end_s - window.start_s
+    return (
+        f"{window.hours:,.1f} h"
+        if seconds >= 3600
+        else f"{seconds / 60:.1f} min"
+        if seconds >= 60
+        else f"{seconds:.1f} s"
+    )
+
+
 def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -263,7 +275,7 @@ def markdown(url: str, window: Window, result: Mapping[str, float | None], basel
     lines = [
         f"# Kumiki report from Prometheus at {url}",
         "",
-        f"Range: {_when(window.start_s)} to {_when(window.end_s)} ({window.hours:.2f} h, step {window.step_s:g} s)"
+        f"Range: {_when(window.start_s)} to {_when(window.end_s)} ({_span(window)}, step {window.step_s:g} s)"
         + (f"; baseline: {_when(baseline[0].start_s)} to {_when(baseline[0].end_s)}" if baseline else ""),
         "",
         "| | " + ("baseline | this range | this range vs baseline |" if baseline else "this range |"),
@@ -343,8 +355,22 @@ class PrometheusSource:
                 points.append((at, value))
         return list(out.values())
 
+    def any_series(self, window: Window) -> bool:
+        """Whether Prometheus has any Kumiki series in the range (one query, before the figures' many)."""
+        return bool(self.range('count({__name__=~"kumiki_.+"})', window))
+
     def figures(self, window: Window) -> dict[str, float | None]:
-        return figures(window, lambda expression: self.range(expression, window))
+        """The figures' range queries run side by side (each is two HTTP requests to Prometheus)."""
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            cache: dict[str, Future[Labelled]] = {}
+
+            def submit(expression: str) -> Future[Labelled]:
+                if expression not in cache:
+                    cache[expression] = pool.submit(self.range, expression, window)
+                return cache[expression]
+
+            figures(window, lambda expression: (submit(expression), [])[1])  # a first pass only sends the queries
+            return figures(window, lambda expression: submit(expression).result())
 
 
 def report(
@@ -372,7 +398,7 @@ def report(
     source.check()
     results: dict[str, dict[str, float | None]] = {}
     for name, window in windows:
-        found = source.figures(window)
+        found: dict[str, float | None] = source.figures(window) if source.any_series(window) else {"seen": 0.0}
         if not found.pop("seen"):
             flag = "--start/--end" if name == "range" else "--baseline-start/--baseline-end"
             raise SourceUsageError(
