@@ -376,3 +376,22 @@ def test_config_from_env_and_errors_name_the_variable() -> None:
     ]:
         with pytest.raises(ConfigError, match=f"^{name}: "):
             TelemetryConfig.from_env(env)
+
+
+def test_a_new_holder_is_idle_only_from_its_own_hold() -> None:
+    # a zombie idles 120 s and is reported; it is evicted and bound again (generation 2) with no sample between
+    record = hold(core.apply_inventory(None, inventory("n1", 1)), "n1", "zombie", (0,))
+    findings: list[core.IdleFinding] = []
+    for t in range(0, 121, 10):
+        record, found, _ = feed(record, [reading("n1", 0, 1000.0 + t, 1.0)])
+        findings += found
+    assert [f.generation for f in findings] == [1]
+    record = core.apply_allocation(record, core.AllocationChange("n1", "zombie", 1, "q", (), False))
+    record = hold(record, "n1", "zombie", (0,), generation=2)
+    record, found, _ = feed(record, [reading("n1", 0, 1130.0, 1.0)])
+    assert found == []  # not idle since 1000: its hold began after the last sample
+    later: list[core.IdleFinding] = []
+    for t in range(140, 261, 10):
+        record, found, _ = feed(record, [reading("n1", 0, 1000.0 + t, 1.0)])
+        later += found
+    assert [(f.generation, f.since) for f in later] == [(2, 1130.0)]

@@ -269,7 +269,7 @@ def bring_up(
     return state
 
 
-def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 60.0) -> None:
+def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 240.0) -> None:
     """Stop one local service and start it again on the same ports with environment overrides (the replay's
     baseline runs placement with another policy), waiting until it is ready again."""
     home = stack_home()

@@ -93,6 +93,7 @@ class _Track:
     ended_wall: float | None = None
     holds: list[tuple[float, float]] = field(default_factory=list)  # wall (bound, freed) of each attempt
     running: bool = False  # the current generation is bound and has not ended
+    early_checkpoint: events_pb2.PreemptionCommand | None = None  # a CHECKPOINT read before its attempt's BOUND
     found_idle: set[int] = field(default_factory=set)  # generations telemetry reported idle
     reclaimed: int = 0
 
@@ -282,6 +283,9 @@ class Replay:
         track.runs += 1
         track.started_wall = track_started = at_wall
         track.running = True
+        early, track.early_checkpoint = track.early_checkpoint, None
+        if early is not None and early.job.generation == generation:
+            self._answer(key, track, early)
         self.counts.binds += 1  # at arrival or by a scheduling pass: every BOUND counts
         self.counts.waiting -= 1
         self.counts.running += 1
@@ -349,6 +353,8 @@ class Replay:
         self._finished(track)
 
     def _finished(self, track: _Track) -> None:
+        if track.ended_wall is not None:
+            return  # counted once: an attempt requeued after its work was done ends again
         track.ended_wall = time.time()
         self.counts.done += 1
         if self.counts.done >= len(self.tracks):
@@ -375,6 +381,13 @@ class Replay:
         track = self.tracks.get(key)
         if command.action != events_pb2.PREEMPTION_ACTION_CHECKPOINT or track is None:
             return
+        if command.job.generation > track.generation:
+            track.early_checkpoint = command  # the topics are read apart: answered when its BOUND is read
+            return
+        self._answer(key, track, command)
+
+    def _answer(self, key: str, track: _Track, command: events_pb2.PreemptionCommand) -> None:
+        """Report a checkpoint for the command's attempt, if that attempt still runs."""
         if command.job.generation != track.generation or not self._running(track):
             return  # an attempt that has ended already
         progress = track.executed_s + (time.time() - track.started_wall) * self.speed

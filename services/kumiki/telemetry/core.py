@@ -631,8 +631,8 @@ def apply_allocation(record: NodeRecord | None, change: AllocationChange) -> Nod
     current = holdings.get(change.job_id)
     if current is not None and change.generation < current.generation:
         return record
+    same = current is not None and current.generation == change.generation
     if change.holding:
-        same = current is not None and current.generation == change.generation
         holdings[change.job_id] = Holding(
             change.job_id,
             change.generation,
@@ -642,7 +642,18 @@ def apply_allocation(record: NodeRecord | None, change: AllocationChange) -> Nod
         )
     else:
         holdings.pop(change.job_id, None)
-    return replace(record, holdings=holdings)
+    # a new holder's idle time starts with its hold: what the GPUs idled before (free, or a previous attempt's
+    # zombie) is not its own, else a requeued zombie is reported idle the moment it is bound again
+    fresh = set(change.gpu_indices) if change.holding and not same else set()
+    if current is not None and not (same and change.holding):
+        fresh |= set(current.gpu_indices)
+    gpus = record.gpus
+    if fresh and any(gpu.gpu_index in fresh and gpu.idle_since is not None for gpu in gpus.values()):
+        gpus = {
+            uuid: gpu._replace(idle_since=None, idle_util_sum=0.0, idle_util_n=0) if gpu.gpu_index in fresh else gpu
+            for uuid, gpu in gpus.items()
+        }
+    return replace(record, holdings=holdings, gpus=gpus)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,68 @@
+"""The replay driver's bookkeeping, with no broker: a CHECKPOINT read before its attempt's BOUND is answered
+once the BOUND is read (the two topics are read apart), and a job is counted done once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from kumiki.common.bus.codec import Event
+from kumiki.common.bus.topics import JOB_LIFECYCLE, PREEMPTION_COMMANDS
+from kumiki.common.config import KafkaSettings
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.replay.core import ReplayJob
+from kumiki.replay.driver import Replay
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.received: list[Any] = []
+
+    async def Report(self, request: Any, timeout: float) -> None:
+        self.received.append(request)
+
+
+def event(topic: Any, key: str, payload: Any) -> Event:
+    return Event(topic=topic, key=key, payload=payload, attributes=None)  # type: ignore[arg-type]
+
+
+def bound(key: str, generation: int) -> events_pb2.JobLifecycle:
+    message = events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id=key, generation=generation),
+        state=events_pb2.JOB_STATE_BOUND,
+        assignments=[common_pb2.PodAssignment(node="n", gpu_indices=[0])],
+        gpus=1,
+    )
+    message.at.GetCurrentTime()
+    return message
+
+
+async def test_a_checkpoint_read_before_its_bind_is_answered_when_the_bind_is_read() -> None:
+    job = ReplayJob("zombie", "q", 0.0, 10_000.0, 1, (1,), True)
+    replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
+    reports = Reports()
+    replay._checkpoints = reports  # type: ignore[assignment]
+    (key,) = replay.tracks
+    command = events_pb2.PreemptionCommand(
+        job=common_pb2.JobRef(job_id=key, generation=1),
+        action=events_pb2.PREEMPTION_ACTION_CHECKPOINT,
+        command_id="c1",
+    )
+    await replay._on_command(key, event(PREEMPTION_COMMANDS, key, command))
+    assert reports.received == []  # its BOUND has not been read: nothing to checkpoint yet
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 1)))
+    await asyncio.gather(*replay._pending_calls)
+    assert [(r.job.generation, r.command_id) for r in reports.received] == [(1, "c1")]
+    replay.tracks[key].release.cancel()  # type: ignore[union-attr]
+
+
+def test_a_job_is_counted_done_once() -> None:
+    jobs = [ReplayJob(name, "q", 0.0, 1.0, 1, (1,), False) for name in ("a", "b")]
+    replay = Replay(jobs, placement_address="unused", kafka=KafkaSettings(), speed=1, phase="p", preemptible=False)
+    first = next(iter(replay.tracks.values()))
+    replay._finished(first)
+    stamp = first.ended_wall
+    time.sleep(0.001)
+    replay._finished(first)
+    assert replay.counts.done == 1 and first.ended_wall == stamp and not replay._done.is_set()
