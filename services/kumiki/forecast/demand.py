@@ -69,10 +69,7 @@ def hourly_demand(arrivals: Iterable[Arrival], start_s: float, end_s: float) -> 
         count[index] += 1.0
         if arrival.duration_s is not None:
             gpu_hours[index] += arrival.gpus * arrival.duration_s / HOUR_S
-    return {
-        queue: HourlyDemand(queue, start_s, tuple(counts[queue]), tuple(work[queue]))
-        for queue in sorted(counts)
-    }
+    return {queue: HourlyDemand(queue, start_s, tuple(counts[queue]), tuple(work[queue])) for queue in sorted(counts)}
 
 
 def fallback_forecast(history: Sequence[float], horizon: int) -> SeriesForecast:
@@ -156,8 +153,6 @@ def backtest(demand: dict[str, HourlyDemand], holdout_hours: int) -> list[Backte
             for name, forecast in methods.items():
                 mae = sum(abs(p - a) for p, a in zip(forecast.values, truth, strict=True)) / holdout_hours
                 scores.append(
-                    BacktestScore(
-                        queue, metric, name, forecast.model, mae, sum(truth), forecast.values, truth
-                    )
+                    BacktestScore(queue, metric, name, forecast.model, mae, sum(truth), forecast.values, truth)
                 )
     return scores

@@ -34,7 +34,7 @@ from prometheus_client import Counter, Histogram
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.bus.topics import CHECKPOINTS, PREEMPTION_COMMANDS
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
-from kumiki.common.grpcutil import timestamp
+from kumiki.common.grpcutil import client_channel, timestamp
 from kumiki.common.tracing import ClientTracingInterceptor, context_from_traceparent, current_traceparent
 from kumiki.preemption import core
 from kumiki.preemption.adapters import store
@@ -62,7 +62,6 @@ HELD_DROPPED = Counter(
 )
 # an ended attempt is remembered this long (a late decision for it is told apart from an early one)
 ENDED_KEPT_S = 3600.0
-
 
 ACTION_TO_WIRE = {
     core.Action.CHECKPOINT: events_pb2.PREEMPTION_ACTION_CHECKPOINT,
@@ -432,7 +431,7 @@ class Coordinator:
                 self._warned_no_placement = True
             return True  # nothing this coordinator can do; a later BOUND still gets RESUME
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(
+            self._channel = client_channel(  # mTLS with the service's own certificate when KUMIKI_GRPC_* are set
                 self.placement_address, interceptors=[ClientTracingInterceptor(self.placement_address, "preemption")]
             )
         stub = placement_pb2_grpc.PlacementStub(self._channel)
