@@ -461,12 +461,9 @@ class PlacementBook:
             if rule.mode == "never" or not job.command.preemptible or until_s - since_s < rule.idle_s:
                 continue
             waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
-            # a job quota holds back in the zombie's own queue waits for these GPUs too: the release lets it in
-            waiting += [
-                pending.command.job_id
-                for pending in self.pending.values()
-                if pending.held and pending.command.queue == job.command.queue
-            ]
+            # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
+            # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
+            waiting += [pending.command.job_id for pending in self.held_jobs_in_order()]
             if rule.mode == "waiting" and not waiting:
                 continue
             del self.idle[job_id]
@@ -517,15 +514,16 @@ class PlacementBook:
         reason = PendingReason(command.job_id, "restart", "waits again after a restart; admission asked again", shape)
         self.pending[command.job_id] = PendingJob(command, reason, submitted_s, held=True)
 
+    def held_jobs_in_order(self) -> list[PendingJob]:
+        """Every job quota holds back, in arrival order (no admission round is spent)."""
+        return sorted((job for job in self.pending.values() if job.held), key=lambda job: job.submitted_s)
+
     def held_jobs(self) -> list[PendingJob]:
         """Jobs quota held back, in arrival order (the cycle asks quota again for each, once per cycle). A victim
         yielding to a held job sits out one round: the job its GPUs were freed for is asked first."""
         yielding = {victim for victim, beneficiary in self.yielding.items() if beneficiary in self.pending}
         self.yielding.clear()
-        return sorted(
-            (job for job in self.pending.values() if job.held and job.command.job_id not in yielding),
-            key=lambda job: job.submitted_s,
-        )
+        return [job for job in self.held_jobs_in_order() if job.command.job_id not in yielding]
 
     def unbind(self, job_id: str, *, requeue: bool = False, now: float = 0.0) -> BoundJob:
         """Undo an allocation that could not be made durable (its event was not acknowledged).
