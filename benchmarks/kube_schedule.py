@@ -47,6 +47,7 @@ from kumiki.binder.adapters.lane import ApiLane, ApiStatusError  # noqa: E402
 from kumiki.devstack.kube import KubeStack, start_kube, start_scheduler, stop_component, stop_kube  # noqa: E402
 from kumiki.devstack.processes import free_port  # noqa: E402
 from kumiki.devstack.stack import readiness  # noqa: E402
+from kumiki.replay.kube import node_object  # noqa: E402
 from kumiki.sim.trace import load_jobs  # noqa: E402
 
 PodGroup = create_namespaced_resource("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups")
@@ -104,23 +105,8 @@ def pod_manifest(ns: str, name: str, gpus: int, group: str, scheduler: str) -> d
 
 
 def node_manifest(name: str) -> dict[str, Any]:
-    allocatable = {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                "nvidia.com/gpu.memory": "81920",
-                "kumiki.io/nvlink-island-size": "4",
-                "type": "kwok",
-            },
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-        },
-        "spec": {},
-        "status": {"allocatable": allocatable, "capacity": allocatable},
-    }
+    """The replay's KWOK node (kumiki.replay.kube), with NVLink islands of 4 GPUs and 110 pods as kubelet's default."""
+    return node_object(name, island=4, pods=110)
 
 
 async def bounded(coroutines: list[Any], limit: int) -> None:

@@ -45,9 +45,12 @@ def client_for(kubeconfig: Path) -> AsyncClient:
     return AsyncClient(config=KubeConfig.from_file(str(kubeconfig)), field_manager="kumiki-replay")
 
 
-def node_object(name: str, gpus: int = GPUS_PER_NODE, rack: str = "rack-0") -> dict[str, Any]:
-    """A KWOK node the way the GPU operator labels a real one (product, memory, count, NVLink island)."""
-    allocatable = {"cpu": "128", "memory": "1024Gi", "pods": "256", GPU_RESOURCE: str(gpus)}
+def node_object(
+    name: str, gpus: int = GPUS_PER_NODE, rack: str = "rack-0", *, island: int = GPUS_PER_NODE, pods: int = 256
+) -> dict[str, Any]:
+    """A KWOK node the way the GPU operator labels a real one (product, memory, count, NVLink island of
+    `island` GPUs); the replay's and the scheduling benchmark's nodes."""
+    allocatable = {"cpu": "128", "memory": "1024Gi", "pods": str(pods), GPU_RESOURCE: str(gpus)}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -57,7 +60,7 @@ def node_object(name: str, gpus: int = GPUS_PER_NODE, rack: str = "rack-0") -> d
                 "nvidia.com/gpu.product": GPU_MODEL,
                 "nvidia.com/gpu.memory": "81920",
                 "nvidia.com/gpu.count": str(gpus),
-                "kumiki.io/nvlink-island-size": str(gpus),
+                "kumiki.io/nvlink-island-size": str(island),
                 "kumiki.io/rack": rack,
                 REPLAY_LABEL: "true",
                 "type": "kwok",
