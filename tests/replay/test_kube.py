@@ -16,9 +16,9 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.devstack.kube import KubeBinaries
 from kumiki.devstack.processes import free_port
-from kumiki.sim.trace import TRACE_COLUMNS
 from tests.conftest import read_records
 from tests.devstack.test_stack import kumiki, stack_home  # noqa: F401  (the fixture)
+from tests.replay.support import write_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -34,13 +34,10 @@ async def test_replay_through_the_binder_evicts_a_borrower_and_its_next_generati
     up = kumiki(stack_home, "up", "--kubernetes", "--no-replay", *ports, timeout=600)
     # the fixture's `kumiki down` stops the stack, the API server included
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-    trace = tmp_path / "reclaim.csv"
-    with trace.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(TRACE_COLUMNS)
-        # two queues of equal guarantee (Philly VCs of 64 nodes each): 8 GPUs each on 2 nodes
-        writer.writerow(["borrower", 0, 16, "", "", 3000, "", "6214e9", "", ""])
-        writer.writerow(["owner", 300, 8, "", "", 600, "", "b436b2", "", ""])
+    # two queues of equal guarantee (Philly VCs of 64 nodes each): 8 GPUs each on 2 nodes
+    trace = write_trace(
+        tmp_path / "reclaim.csv", [("borrower", 0, 16, 3000, "6214e9"), ("owner", 300, 8, 600, "b436b2")]
+    )
     out = tmp_path / "report"
     replay = kumiki(
         stack_home,

@@ -18,9 +18,10 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.devstack.processes import free_port
 from kumiki.replay.core import double_holds, plan_jobs
-from kumiki.sim.trace import TRACE_COLUMNS, load_jobs
+from kumiki.sim.trace import load_jobs
 from tests.conftest import read_records, wait_until
 from tests.devstack.test_stack import kumiki, stack_home  # noqa: F401  (the fixture)
+from tests.replay.support import write_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -28,14 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def small_trace(path: Path) -> int:
     """60 short jobs of the bundled excerpt, arrivals ten times denser so that two 8-GPU nodes queue."""
     jobs = [job for job in load_jobs("philly-replay") if job.duration_s is not None and job.duration_s <= 3600][:60]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(TRACE_COLUMNS)
-        for job in jobs:
-            assert job.submit_s is not None
-            writer.writerow(
-                [job.job_id, job.submit_s / 10, int(job.gpus), "", "", job.duration_s, "", job.queue, "", ""]
-            )
+    rows = [(job.job_id, (job.submit_s or 0) / 10, int(job.gpus), job.duration_s or 0, job.queue) for job in jobs]
+    write_trace(path, rows)
     return len(jobs)
 
 
@@ -134,12 +129,7 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
     # telemetry finds the zombie idle from its GPU samples, placement reclaims it (checkpoint, evict, requeue) for
     # the job quota holds back in the same queue, and the zombie resumes afterwards.
     queue = load_jobs("philly-replay")[0].queue
-    pair = tmp_path / "zombie.csv"
-    with pair.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(TRACE_COLUMNS)
-        writer.writerow(["zombie", 0, 8, "", "", 6000, "", queue, "", ""])
-        writer.writerow(["worker", 300, 8, "", "", 600, "", queue, "", ""])
+    pair = write_trace(tmp_path / "zombie.csv", [("zombie", 0, 8, 6000, queue), ("worker", 300, 8, 600, queue)])
     seed = next(
         seed
         for seed in range(100)

@@ -13,8 +13,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -117,10 +118,6 @@ class ReplayCluster:
 
     nodes: list[events_pb2.NodeState]
     cordoned: list[events_pb2.NodeState]
-
-    @property
-    def names(self) -> list[str]:
-        return sorted(node.node for node in self.nodes)
 
 
 def _with_health(state: events_pb2.NodeState, healthy: bool) -> events_pb2.NodeState:
@@ -295,12 +292,11 @@ class Replay:
         self._schedule_end(key, track, track_started)
 
     def _preempted(self, key: str, track: _Track, generation: int, at_wall: float, lost_gpu_seconds: float) -> None:
-        if not self._running(track) or track.generation != generation:
+        if not track.running or track.generation != generation:
             return
         if track.release is not None:
             track.release.cancel()
             track.release = None
-        track.running = False
         # progress kept: what ran since the bind, less what the coordinator says was lost (wall GPU-seconds, from
         # its newest acknowledged checkpoint to the eviction)
         lost_s = lost_gpu_seconds * self.speed / max(1, track.job.gpus)
@@ -315,10 +311,6 @@ class Replay:
         self.counts.waiting += 1
         self._requeued(key, track)
 
-    @staticmethod
-    def _running(track: _Track) -> bool:
-        return track.running
-
     def _unhold(self, key: str, track: _Track, at_wall: float) -> None:
         """The attempt freed its GPUs (once per attempt: its release or its preemption)."""
         track.running = False
@@ -330,12 +322,16 @@ class Replay:
         self.counts.gpus_busy -= 0 if track.job.idle else track.job.gpus
         self.counts.idle_gpus -= track.job.gpus if track.job.idle else 0
 
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """A call made in the background; the phase ends only once every one has returned."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._pending_calls.add(task)
+        task.add_done_callback(self._pending_calls.discard)
+
     def _release_soon(self, key: str, track: _Track, started_wall: float) -> None:
         track.release = None
         track.running = False  # over: a PREEMPTED read before the Release goes out changes nothing
-        task = asyncio.get_running_loop().create_task(self._release(key, track, started_wall))
-        self._pending_calls.add(task)
-        task.add_done_callback(self._pending_calls.discard)
+        self._spawn(self._release(key, track, started_wall))
 
     async def _release(self, key: str, track: _Track, started_wall: float) -> None:
         assert self._stub is not None
@@ -359,6 +355,11 @@ class Replay:
         self.counts.done += 1
         if self.counts.done >= len(self.tracks):
             self._done.set()
+
+    def _submitted(self, track: _Track) -> None:
+        track.submitted_wall = time.time()
+        self.counts.submitted += 1
+        self.counts.waiting += 1
 
     async def _on_idle(self, key: str, event: Event | None) -> None:
         """gpu.idle for one of this run's jobs: telemetry found a zombie (counted once per attempt)."""
@@ -388,7 +389,7 @@ class Replay:
 
     def _answer(self, key: str, track: _Track, command: events_pb2.PreemptionCommand) -> None:
         """Report a checkpoint for the command's attempt, if that attempt still runs."""
-        if command.job.generation != track.generation or not self._running(track):
+        if command.job.generation != track.generation or not track.running:
             return  # an attempt that has ended already
         progress = track.executed_s + (time.time() - track.started_wall) * self.speed
         report = checkpoints_pb2.CheckpointReport(
@@ -398,9 +399,7 @@ class Replay:
             command_id=command.command_id,
         )
         report.completed_at.GetCurrentTime()
-        task = asyncio.get_running_loop().create_task(self._report(key, report))
-        self._pending_calls.add(task)
-        task.add_done_callback(self._pending_calls.discard)
+        self._spawn(self._report(key, report))
 
     async def _report(self, key: str, report: checkpoints_pb2.CheckpointReport) -> None:
         assert self._checkpoints is not None
@@ -434,9 +433,7 @@ class Replay:
             preemptible=self.preemptible,
             name=job.job_id,
         )
-        track.submitted_wall = time.time()
-        self.counts.submitted += 1
-        self.counts.waiting += 1
+        self._submitted(track)
         try:
             reply = await self._call(self._stub.Bind, request)
         except grpc.aio.AioRpcError as error:
@@ -479,9 +476,7 @@ class Replay:
                 delay = due - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(self._submit(key, track))
-                self._pending_calls.add(task)
-                task.add_done_callback(self._pending_calls.discard)
+                self._spawn(self._submit(key, track))
             if not self.tracks:
                 self._done.set()
             await asyncio.wait_for(self._done.wait(), timeout=timeout_s)

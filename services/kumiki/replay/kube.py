@@ -10,34 +10,35 @@ run time that is left, as a training operator restarts a job from its checkpoint
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
+from kumiki.binder.adapters.kube import PodGroup
+from kumiki.binder.core import (
+    GPU_RESOURCE,
+    NODE_GPU_UUIDS_ANNOTATION,
+    NODE_ISLAND_SIZE_LABEL,
+    POD_GROUP_LABEL,
+    PREEMPTIBLE_LABEL,
+    QUEUE_LABEL,
+    SCHEDULER_NAME,
+)
+from kumiki.devstack.kube import FAKE_NODE_ANNOTATION
 from kumiki.replay.core import ReplayJob
 from kumiki.replay.driver import Replay, _Track
 
 log = logging.getLogger(__name__)
 
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # "fake": KWOK plays the node's kubelet
 RUN_FOR_ANNOTATION = "kumiki.io/run-for"  # KWOK ends the pod this long after it runs (a Go duration)
-SCHEDULER_NAME = "kumiki"
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-QUEUE_LABEL = "kumiki.io/queue"
-PREEMPTIBLE_LABEL = "kumiki.io/preemptible"
 REPLAY_LABEL = "kumiki.dev/replay"
-GPU_RESOURCE = "nvidia.com/gpu"
 GPU_MODEL = "NVIDIA-A100-SXM4-80GB"
 GPUS_PER_NODE = 8
-PodGroup = create_namespaced_resource("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups")
 KINDS: dict[str, Any] = {"Pod": Pod, "PodGroup": PodGroup, "Node": Node}
 
 
@@ -60,14 +61,14 @@ def node_object(
                 "nvidia.com/gpu.product": GPU_MODEL,
                 "nvidia.com/gpu.memory": "81920",
                 "nvidia.com/gpu.count": str(gpus),
-                "kumiki.io/nvlink-island-size": str(island),
+                NODE_ISLAND_SIZE_LABEL: str(island),
                 "kumiki.io/rack": rack,
                 REPLAY_LABEL: "true",
                 "type": "kwok",
             },
             "annotations": {
-                KWOK_NODE_ANNOTATION: "fake",
-                "kumiki.io/gpu-uuids": ",".join(f"GPU-{name}-{index}" for index in range(gpus)),
+                FAKE_NODE_ANNOTATION: "fake",
+                NODE_GPU_UUIDS_ANNOTATION: ",".join(f"GPU-{name}-{index}" for index in range(gpus)),
             },
         },
         "spec": {},
@@ -179,15 +180,8 @@ class KubeReplay(Replay):
         await self._client.close()
         self._client = None
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._pending_calls.add(task)
-        task.add_done_callback(self._pending_calls.discard)
-
     async def _submit(self, key: str, track: _Track) -> None:
-        track.submitted_wall = time.time()
-        self.counts.submitted += 1
-        self.counts.waiting += 1
+        self._submitted(track)
         await self._create(key, track.job, 1, track.job.duration_s)
 
     async def _create(self, key: str, job: ReplayJob, generation: int, remaining_s: float) -> None:

@@ -248,22 +248,21 @@ async def run_session(
             if on_phase is not None:
                 on_phase(phase)
             live = counts if counts is not None else LiveCounts()
-            kind: Any = Replay
-            extra: dict[str, Any] = {}
-            if via == "pods":
-                kind, extra = KubeReplay, {"kubeconfig": endpoints.kubeconfig}
-            replay = kind(
-                jobs,
-                **extra,
-                placement_address=endpoints.placement,
-                kafka=endpoints.kafka,
-                speed=settings.speed,
-                phase=phase,
-                preemptible=not baseline,
-                run_id=run_id,
-                counts=live,
-                checkpoints_address=endpoints.checkpoints,
-                agents=agents,
+            options: dict[str, Any] = {
+                "placement_address": endpoints.placement,
+                "kafka": endpoints.kafka,
+                "speed": settings.speed,
+                "phase": phase,
+                "preemptible": not baseline,
+                "run_id": run_id,
+                "counts": live,
+                "checkpoints_address": endpoints.checkpoints,
+                "agents": agents,
+            }
+            replay = (
+                KubeReplay(jobs, kubeconfig=endpoints.kubeconfig, **options)
+                if via == "pods" and endpoints.kubeconfig is not None
+                else Replay(jobs, **options)
             )
             try:
                 outcomes = await replay.run(timeout_s=settings.timeout_s)
