@@ -170,3 +170,37 @@ async def read_records(
     finally:
         await consumer.stop()
     return records
+
+
+# ---- a real control plane (etcd, kube-apiserver, KWOK), shared by tests/binder and tests/observability ----
+
+
+@pytest.fixture(scope="session")
+def kube_stack(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One control plane for the session (skipped when infra/kube/build.sh has not built the binaries)."""
+    from kumiki.devstack.kube import KubeBinaries, start_kube, stop_kube
+
+    binaries = KubeBinaries.from_env()
+    missing = binaries.missing()
+    if missing:
+        pytest.skip(f"Kubernetes binaries not built ({', '.join(missing)}): run bash infra/kube/build.sh")
+    stack = start_kube(tmp_path_factory.mktemp("kube"), binaries=binaries)
+    try:
+        yield stack
+    finally:
+        stop_kube(stack)
+
+
+@pytest.fixture
+async def kube(kube_stack):  # type: ignore[no-untyped-def]
+    """A clean cluster (no pods, no nodes) with the PodGroup CRD, and a lightkube client to it."""
+    from tests.binder.support import api_client, clean_cluster, install_crd
+
+    client = api_client(kube_stack)
+    await clean_cluster(client)
+    await install_crd(client)
+    try:
+        yield client
+    finally:
+        await clean_cluster(client)
+        await client.close()

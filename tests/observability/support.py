@@ -19,9 +19,10 @@ from typing import Any
 import yaml
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.devstack.observability import JaegerProcess
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import readiness
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, wait_until
 
 MODULES = {
     "placement": "kumiki.placement",
@@ -175,3 +176,66 @@ def jaeger_trace(query_url: str, trace_id: int) -> dict[str, Any] | None:
         return None
     data = body.get("data") or []
     return data[0] if data else None
+
+
+class Tree:
+    """A Jaeger trace as spans by id, with their service, kind, tags and parent."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        processes = {key: value["serviceName"] for key, value in data["processes"].items()}
+        self.spans: dict[str, dict[str, Any]] = {}
+        for span in data["spans"]:
+            parents = [ref["spanID"] for ref in span.get("references", []) if ref["refType"] == "CHILD_OF"]
+            tags = {tag["key"]: tag["value"] for tag in span.get("tags", [])}
+            self.spans[span["spanID"]] = {
+                "name": span["operationName"],
+                "service": processes[span["processID"]],
+                "kind": tags.get("span.kind", "internal"),
+                "tags": tags,
+                "parent": parents[0] if parents else None,
+                "start": span["startTime"],
+                "duration": span["duration"],
+            }
+
+    def find(self, name: str, service: str, parent: str | None = None, **tags: object) -> str:
+        """The one span with this name and service (and parent, and tags); fails listing what there is."""
+        found = [
+            span_id
+            for span_id, span in self.spans.items()
+            if span["name"] == name
+            and span["service"] == service
+            and (parent is None or span["parent"] == parent)
+            and all(span["tags"].get(key) == value for key, value in tags.items())
+        ]
+        assert len(found) == 1, f"{name} in {service} under {parent}: {len(found)} spans; trace: {self.describe()}"
+        return found[0]
+
+    def tags(self, span_id: str) -> dict[str, Any]:
+        return dict(self.spans[span_id]["tags"])
+
+    def has(self, name_prefix: str, service: str) -> bool:
+        return any(s["name"].startswith(name_prefix) and s["service"] == service for s in self.spans.values())
+
+    def describe(self) -> str:
+        return "; ".join(
+            f"{s['service']}:{s['name']}({s['kind']}) <- {self.spans.get(s['parent'] or '', {}).get('name')}"
+            for s in self.spans.values()
+        )
+
+
+async def collected(jaeger: JaegerProcess, trace_id: int, complete: Any, what: str) -> Tree:
+    """Poll Jaeger until the trace satisfies `complete` (spans arrive from four processes, in batches)."""
+    latest: list[Tree] = []
+
+    def ready() -> bool:
+        data = jaeger_trace(jaeger.query_url, trace_id)
+        if data is None:
+            return False
+        latest[:] = [Tree(data)]
+        return bool(complete(latest[0]))
+
+    try:
+        await wait_until(ready, timeout_s=60, interval_s=0.3, what=what)
+    except AssertionError:
+        raise AssertionError(f"{what}; Jaeger has: {latest[0].describe() if latest else 'nothing'}") from None
+    return latest[0]

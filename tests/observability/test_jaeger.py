@@ -19,53 +19,8 @@ from kumiki.common.contracts.v1 import placement_pb2, placement_pb2_grpc
 from kumiki.common.tracing import ClientTracingInterceptor, shutdown_tracing
 from kumiki.devstack.observability import JaegerProcess
 from tests.conftest import wait_until
-from tests.observability.support import jaeger_trace, live_stack
+from tests.observability.support import collected, live_stack
 from tests.placement.support import bind_request, default_nodes, emulate, whole
-
-
-class Tree:
-    """A Jaeger trace as spans by id, with their service, kind, tags and parent."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        processes = {key: value["serviceName"] for key, value in data["processes"].items()}
-        self.spans: dict[str, dict[str, Any]] = {}
-        for span in data["spans"]:
-            parents = [ref["spanID"] for ref in span.get("references", []) if ref["refType"] == "CHILD_OF"]
-            tags = {tag["key"]: tag["value"] for tag in span.get("tags", [])}
-            self.spans[span["spanID"]] = {
-                "name": span["operationName"],
-                "service": processes[span["processID"]],
-                "kind": tags.get("span.kind", "internal"),
-                "tags": tags,
-                "parent": parents[0] if parents else None,
-                "start": span["startTime"],
-                "duration": span["duration"],
-            }
-
-    def find(self, name: str, service: str, parent: str | None = None, **tags: object) -> str:
-        """The one span with this name and service (and parent, and tags); fails listing what there is."""
-        found = [
-            span_id
-            for span_id, span in self.spans.items()
-            if span["name"] == name
-            and span["service"] == service
-            and (parent is None or span["parent"] == parent)
-            and all(span["tags"].get(key) == value for key, value in tags.items())
-        ]
-        assert len(found) == 1, f"{name} in {service} under {parent}: {len(found)} spans; trace: {self.describe()}"
-        return found[0]
-
-    def tags(self, span_id: str) -> dict[str, Any]:
-        return dict(self.spans[span_id]["tags"])
-
-    def has(self, name_prefix: str, service: str) -> bool:
-        return any(s["name"].startswith(name_prefix) and s["service"] == service for s in self.spans.values())
-
-    def describe(self) -> str:
-        return "; ".join(
-            f"{s['service']}:{s['name']}({s['kind']}) <- {self.spans.get(s['parent'] or '', {}).get('name')}"
-            for s in self.spans.values()
-        )
 
 
 def traced_channel(address: str) -> grpc.aio.Channel:
@@ -78,24 +33,6 @@ async def decide(stub: placement_pb2_grpc.PlacementStub, request: placement_pb2.
         reply = await stub.Bind(request)
     shutdown_tracing()  # the test's own spans go to Jaeger now
     return root.get_span_context().trace_id, reply
-
-
-async def collected(jaeger: JaegerProcess, trace_id: int, complete: Any, what: str) -> Tree:
-    """Poll Jaeger until the trace satisfies `complete` (spans arrive from four processes, in batches)."""
-    latest: list[Tree] = []
-
-    def ready() -> bool:
-        data = jaeger_trace(jaeger.query_url, trace_id)
-        if data is None:
-            return False
-        latest[:] = [Tree(data)]
-        return bool(complete(latest[0]))
-
-    try:
-        await wait_until(ready, timeout_s=60, interval_s=0.3, what=what)
-    except AssertionError:
-        raise AssertionError(f"{what}; Jaeger has: {latest[0].describe() if latest else 'nothing'}") from None
-    return latest[0]
 
 
 async def test_bind_is_one_trace_in_jaeger_across_processes(

@@ -20,8 +20,8 @@ from kumiki.devstack.cluster import emulated_nodes
 from kumiki.devstack.observability import JaegerProcess
 from kumiki.sdk import Job
 from tests.conftest import wait_until
-from tests.observability.support import live_stack
-from tests.observability.test_jaeger import Tree, collected, decide, traced_channel
+from tests.observability.support import Tree, collected, live_stack
+from tests.observability.test_jaeger import decide, traced_channel
 from tests.observability.test_trace_cli import kumiki
 from tests.placement.support import emulate
 from tests.preemption.support import H100, train_request

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from kumiki.binder.adapters.controller import Binder
-from kumiki.binder.adapters.kube import KubeApi, client_from, config_from, identity, kubeconfig_from_env
+from kumiki.binder.adapters.kube import KubeApi, client_from, config_from, identity, kubeconfig_from_env, server_of
 from kumiki.binder.adapters.lane import ApiLane
 from kumiki.binder.adapters.placement import PlacementClient
 from kumiki.common.bus import EventConsumer
@@ -95,7 +95,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     lane = ApiLane.from_config(config) if env_bool(env, "KUMIKI_BINDER_FAST_LANE", True) else None
     if lane is None:
         log.info("no fast lane for this kubeconfig's authentication: lightkube serves every call")
-    kube = KubeApi(client_from(kubeconfig, config), me, lane)
+    kube = KubeApi(client_from(kubeconfig, config), me, lane, server_of(config))
     runtime.closers.append(kube.close)
     placement = PlacementClient(address, placement_credentials(env))
     runtime.closers.append(placement.close)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -27,6 +28,7 @@ from kumiki.common.bus import Event, EventProducer
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import timestamp
+from kumiki.common.tracing import extract_context, recording
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.binder")
@@ -49,6 +51,22 @@ PENDING = Gauge("kumiki_binder_pending_pods", "Pods with schedulerName kumiki an
 EVENTS_DROPPED = Counter("kumiki_binder_events_dropped_total", "Kubernetes Events not sent (queue full)")
 
 BINDER_SOURCE_PREFIX = "//kumiki/binder/"
+
+
+def gang_attributes(gang: Gang, generation: int, pods: int, trigger: str) -> dict[str, str | int]:
+    """The binder's span for a gang: the same job keys as Placement's `schedule` span, and what started it
+    (`submit`: the binder asked Placement; `cycle`: Placement's scheduling pass bound it later, on job.lifecycle;
+    `repair`: bound as logged after a restart)."""
+    attributes: dict[str, str | int] = {
+        "kumiki.job.id": gang.job_id,
+        "kumiki.job.generation": generation,
+        "kumiki.pods": pods,
+        "kumiki.binder.trigger": trigger,
+        "k8s.namespace.name": gang.namespace,
+    }
+    if gang.group:
+        attributes["kumiki.podgroup"] = gang.group
+    return attributes
 
 
 @dataclass
@@ -139,7 +157,29 @@ class Binder:
             and not gang.bound
             and job_id not in self.busy
         ):
-            self._spawn(self._apply(gang, message.job.generation, list(message.assignments), "cycle"))
+            self._spawn(
+                self._apply_traced(
+                    gang, message.job.generation, list(message.assignments), "cycle", extract_context(event.headers)
+                )
+            )
+
+    async def _apply_traced(
+        self,
+        gang: Gang,
+        generation: int,
+        placed: list[common_pb2.PodAssignment],
+        how: str,
+        parent: otel_context.Context,
+    ) -> None:
+        """A bind Placement decided without the binder asking (its scheduling pass): the gang's span continues
+        the pass's trace, from the traceparent its BOUND event carried, so a later bind (or a rebind after a
+        preemption) is in the trace of the decision that made it. No context and no exporter: no span."""
+        if not recording() and not trace.get_current_span(parent).get_span_context().is_valid:
+            await self._apply(gang, generation, placed, how)
+            return
+        attributes = gang_attributes(gang, generation, len(placed), how)
+        with tracer.start_as_current_span("reconcile pod group", context=parent, attributes=attributes):
+            await self._apply(gang, generation, placed, how)
 
     # ---- cluster.state (telemetry's view) ----------------------------------------------------------------
     async def on_cluster_state(self, key: str, event: Event | None) -> None:
@@ -520,8 +560,7 @@ class Binder:
         gang.submitted = tuple(pod.key for pod in pods)
         started = time.perf_counter()
         with tracer.start_as_current_span(
-            "binder.podgroup",
-            attributes={"kumiki.job_id": gang.job_id, "kumiki.generation": generation, "kumiki.pods": len(pods)},
+            "reconcile pod group", attributes=gang_attributes(gang, generation, len(pods), "submit")
         ) as span:
             try:
                 answer = await self.placement.bind(request)
@@ -777,6 +816,20 @@ class Binder:
         gang = self.gangs.get(job_id)
         if gang is None:
             return True
+        # under the command's `process` span: the eviction is in the preemption's trace
+        with tracer.start_as_current_span(
+            "evict pod group",
+            attributes={
+                **gang_attributes(gang, gang.generation, len(gang.pods), "preemption"),
+                "kumiki.reason": reason,
+            },
+        ) as span:
+            evicted = await self._evict(gang, grace_period_s, reason, attempts)
+            span.set_attribute("kumiki.evicted", evicted)
+            return evicted
+
+    async def _evict(self, gang: Gang, grace_period_s: float, reason: str, attempts: int) -> bool:
+        job_id = gang.job_id
         remaining = sorted((key for key, pod in gang.pods.items() if pod.node and not pod.ended), key=str)
         for attempt in range(attempts):
             still: list[PodKey] = []

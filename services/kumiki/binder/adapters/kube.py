@@ -6,13 +6,14 @@ the same write), the PodScheduled condition, Events, PodGroup status, evictions 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import httpx2
@@ -25,6 +26,7 @@ from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod, PodBinding, PodEviction, PodStatus
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
+from opentelemetry import trace
 
 from kumiki.binder.adapters.lane import MERGE_PATCH, STRATEGIC_PATCH, ApiLane, ApiStatusError, pod_path
 from kumiki.binder.core import POD_GROUP_API, SCHEDULER_NAME
@@ -34,6 +36,23 @@ logging.getLogger("httpx2").setLevel(logging.WARNING)  # one INFO line per API r
 PodGroup = create_namespaced_resource(POD_GROUP_API[0], POD_GROUP_API[1], "PodGroup", POD_GROUP_API[2], verbs=None)
 PodGroupStatus = PodGroup.Status
 FIELD_MANAGER = "kumiki-binder"
+tracer = trace.get_tracer("kumiki.binder")
+BINDING_TEMPLATE = "/api/v1/namespaces/{namespace}/pods/{name}/binding"
+EVICTION_TEMPLATE = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+
+
+def server_of(config: KubeConfig) -> str:
+    """The API server's URL in the kubeconfig's current context ('' when it has none)."""
+    single = config.get()
+    return single.cluster.server if single is not None else ""
+
+
+def _status_of(error: BaseException) -> int | None:
+    if isinstance(error, ApiStatusError):
+        return error.code
+    if isinstance(error, ApiError):
+        return error.status.code
+    return None
 
 
 def config_from(kubeconfig: Path | None) -> KubeConfig:
@@ -55,10 +74,45 @@ def kubeconfig_from_env(env: Mapping[str, str]) -> Path | None:
 class KubeApi:
     """Thin, typed calls; errors other than the expected ones (409 already bound, 404 gone) propagate."""
 
-    def __init__(self, client: AsyncClient, identity: str, lane: ApiLane | None = None) -> None:
+    def __init__(self, client: AsyncClient, identity: str, lane: ApiLane | None = None, server: str = "") -> None:
         self.client = client
         self.identity = identity
         self.lane = lane  # the hot path (Bindings, patches, Events, watches); None: lightkube for everything
+        parts = urlsplit(server or (lane.server if lane is not None else ""))
+        self.server = parts.geturl()
+        self.server_attributes: dict[str, str | int] = (
+            {"server.address": parts.hostname or ""} if parts.hostname else {}
+        )
+        if parts.hostname:
+            self.server_attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+
+    @contextlib.contextmanager
+    def _http_span(self, template: str, namespace: str, name: str, **more: str) -> Iterator[trace.Span]:
+        """A CLIENT span for one write the API server answers (HTTP semantic conventions: `POST {url.template}`,
+        the method, URL and response status; the pod as Kubernetes resource attributes). The Binding's and
+        the Eviction's are what a gang's trace ends with: the consequence in the API server."""
+        path = template.format(namespace=quote(namespace, safe=""), name=quote(name, safe=""))
+        attributes: dict[str, str | int] = {
+            "http.request.method": "POST",
+            "url.template": template,
+            "url.full": self.server + path,
+            **self.server_attributes,
+            "k8s.namespace.name": namespace,
+            "k8s.pod.name": name,
+            **more,
+        }
+        with tracer.start_as_current_span(
+            f"POST {template}", kind=trace.SpanKind.CLIENT, attributes=attributes, record_exception=False
+        ) as span:
+            try:
+                yield span
+            except BaseException as error:
+                status = _status_of(error)
+                if status is not None:
+                    span.set_attribute("http.response.status_code", status)
+                span.set_attribute("error.type", str(status) if status is not None else type(error).__qualname__)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(error)[:200]))
+                raise
 
     async def close(self) -> None:
         await self.client.close()
@@ -142,6 +196,15 @@ class KubeApi:
 
         The Binding's annotations land on the pod in the same write as spec.nodeName (the API server's
         binding storage copies them), so a device plugin never sees a bound pod without its GPUs."""
+        if not trace.get_current_span().is_recording():
+            return await self._bind(namespace, name, uid, node, annotations) == 201
+        with self._http_span(BINDING_TEMPLATE, namespace, name, **{"k8s.node.name": node, "k8s.pod.uid": uid}) as span:
+            status = await self._bind(namespace, name, uid, node, annotations)
+            span.set_attribute("http.response.status_code", status)  # 404 / 409: gone or bound, not an error
+            return status == 201
+
+    async def _bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> int:
+        """The Binding's HTTP status: 201 created, 404 / 409 nothing to do; any other error raises."""
         if self.lane is not None:
             metadata: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": dict(annotations)}
             if uid:
@@ -154,10 +217,10 @@ class KubeApi:
             }
             try:
                 await self.lane.request("POST", pod_path(namespace, name, "binding"), body)
-                return True
+                return 201
             except ApiStatusError as error:
                 if error.code in (404, 409):
-                    return False
+                    return error.code
                 raise
         binding = PodBinding(
             metadata=ObjectMeta(name=name, namespace=namespace, annotations=dict(annotations), uid=uid or None),
@@ -165,12 +228,12 @@ class KubeApi:
         )
         try:
             await self.client.create(binding, name=name, namespace=namespace)
-            return True
+            return 201
         except msgspec.ValidationError:  # the API answers 201 with a Status, which lightkube reads as a Binding
-            return True
+            return 201
         except ApiError as error:
             if error.status.code in (404, 409):
-                return False
+                return int(error.status.code)
             raise
 
     async def set_unschedulable(self, namespace: str, name: str, reason: str, message: str) -> None:
@@ -280,18 +343,30 @@ class KubeApi:
     async def evict(self, namespace: str, name: str, grace_period_s: float = 0.0) -> tuple[bool, str]:
         """Ask the Eviction API (PodDisruptionBudgets apply): (True, "") when accepted or already gone,
         (False, why) when refused (429: a budget does not allow it now; the caller retries)."""
+        if not trace.get_current_span().is_recording():
+            return (await self._evict(namespace, name, grace_period_s))[1:]
+        with self._http_span(EVICTION_TEMPLATE, namespace, name) as span:
+            status, accepted, why = await self._evict(namespace, name, grace_period_s)
+            span.set_attribute("http.response.status_code", status)
+            if not accepted:  # a budget's 429 is the API's answer, retried: the span says so, it is no crash
+                span.set_attribute("error.type", str(status))
+            return accepted, why
+
+    async def _evict(self, namespace: str, name: str, grace_period_s: float) -> tuple[int, bool, str]:
+        """(HTTP status, accepted, why not)."""
         options = DeleteOptions(gracePeriodSeconds=int(grace_period_s)) if grace_period_s > 0 else None
         eviction = PodEviction(metadata=ObjectMeta(name=name, namespace=namespace), deleteOptions=options)
         try:
             await self.client.create(eviction, name=name, namespace=namespace)
-            return True, ""
+            return 201, True, ""
         except msgspec.ValidationError:  # 201 with a Status body: accepted
-            return True, ""
+            return 201, True, ""
         except ApiError as error:
-            if error.status.code == 404:
-                return True, ""
-            if error.status.code in (429, 500, 503):
-                return False, f"{error.status.code} {error.status.reason}: {error.status.message}"
+            code = int(error.status.code or 0)
+            if code == 404:
+                return code, True, ""
+            if code in (429, 500, 503):
+                return code, False, f"{code} {error.status.reason}: {error.status.message}"
             raise
 
     # ---- leader election -----------------------------------------------------------------------------
