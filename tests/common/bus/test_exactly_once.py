@@ -3,20 +3,27 @@ every event's side effect in Postgres is applied exactly once, none lost."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
+from aiokafka import TopicPartition
 
-from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus import EventConsumer, EventProducer, ensure_topics
+from kumiki.common.bus.metrics import GAPS, REDELIVERED
+from kumiki.common.bus.producer import KeyHashCache
 from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.db import apply_migrations, create_pool
+from tests.common.bus.exactly_once_consumer import apply
 from tests.conftest import REPO_ROOT, wait_until
 
 TOTAL = 10_000
@@ -44,11 +51,7 @@ async def test_ten_thousand_events_exactly_once_across_two_kills(
             " joining its group (measured; see README, 'Brokers')"
         )
     await ensure_topics(kafka_settings, [JOB_LIFECYCLE, DEAD_LETTER])
-    pool = await create_pool(database_settings)
-    await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
-    await pool.execute(
-        "CREATE SCHEMA sink; CREATE TABLE sink.applied (event_id text PRIMARY KEY, applied int NOT NULL)"
-    )
+    pool = await _sink(database_settings)
 
     async def applied_rows() -> int:
         return int(await pool.fetchval("SELECT count(*) FROM sink.applied"))
@@ -99,3 +102,142 @@ async def test_ten_thousand_events_exactly_once_across_two_kills(
 
 async def applied_rows_at_least(pool: asyncpg.Pool, count: int) -> bool:
     return int(await pool.fetchval("SELECT count(*) FROM sink.applied")) >= count
+
+
+async def _sink(database: DatabaseSettings) -> asyncpg.Pool:
+    """A pool on the test's database with the bus's offsets table and the table the consumers apply to."""
+    pool = await create_pool(database)
+    await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
+    await pool.execute(
+        "CREATE SCHEMA sink; CREATE TABLE sink.applied (event_id text PRIMARY KEY, applied int NOT NULL)"
+    )
+    return pool
+
+
+async def _one_partition_of_ten(kafka: KafkaSettings) -> TopicPartition:
+    """Ten events of one job (one partition, offsets 0-9); returns the partition."""
+    await ensure_topics(kafka, [JOB_LIFECYCLE, DEAD_LETTER])
+    job = common_pb2.JobRef(job_id="job-a", generation=1)
+    change = events_pb2.JobLifecycle(job=job, state=events_pb2.JOB_STATE_SUBMITTED, queue="q")
+    async with EventProducer(kafka, "//kumiki/test") as producer:
+        await producer.publish_many(JOB_LIFECYCLE, [("job-a", change, f"evt-{i}") for i in range(10)])
+    partitions = list(range(JOB_LIFECYCLE.partitions or kafka.default_partitions))
+    return TopicPartition(JOB_LIFECYCLE.full_name(kafka.topic_prefix), KeyHashCache()(b"job-a", partitions, partitions))
+
+
+async def _consume_from(kafka: KafkaSettings, pool: asyncpg.Pool, partition: TopicPartition, position: int,
+                        until: Callable[[], Awaitable[bool]]) -> EventConsumer:  # fmt: skip
+    """A consumer of the group whose client position is set to `position` once assigned (after the seek to the
+    stored offset), run until `until`."""
+    async with EventProducer(kafka, "//kumiki/test") as producer:
+        consumer = EventConsumer(kafka, [JOB_LIFECYCLE], "guarded", apply, producer, pool=pool)
+        await consumer.start()
+        try:
+            await asyncio.wait_for(consumer.assigned.wait(), timeout=60)
+            assert partition in consumer._consumer.assignment()
+            consumer._consumer.seek(partition, position)
+            task = asyncio.create_task(consumer.run())
+            try:
+                await wait_until(until, timeout_s=60, what="the consumer to apply the events")
+            finally:
+                consumer.request_stop()
+                await task
+        finally:
+            await consumer.stop()
+    return consumer
+
+
+async def _store_offset(pool: asyncpg.Pool, partition: TopicPartition, offset: int) -> None:
+    await pool.execute(
+        "INSERT INTO kumiki_bus.consumer_offsets (group_id, topic, partition, next_offset)"
+        " VALUES ('guarded', $1, $2, $3)",
+        partition.topic,
+        partition.partition,
+        offset,
+    )
+
+
+async def _stored_offset(pool: asyncpg.Pool, partition: TopicPartition) -> int | None:
+    return await pool.fetchval(  # type: ignore[no-any-return]
+        "SELECT next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = 'guarded' AND partition = $1",
+        partition.partition,
+    )
+
+
+async def test_a_position_past_unapplied_records_goes_back_for_them(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
+) -> None:
+    """The client's position jumping ahead of the stored offset (what a rebalance mid-batch can do) loses nothing:
+    the batch after the gap is not applied, the consumer seeks back to the stored offset and applies from there."""
+    pool = await _sink(database_settings)
+    try:
+        partition = await _one_partition_of_ten(kafka_settings)
+        await _store_offset(pool, partition, 0)
+        before = _counter(GAPS, "job.lifecycle", "guarded")
+
+        async def all_applied() -> bool:
+            return await _stored_offset(pool, partition) == 10
+
+        await _consume_from(kafka_settings, pool, partition, 6, all_applied)
+        rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
+        assert rows == {f"evt-{i}": 1 for i in range(10)}
+        assert _counter(GAPS, "job.lifecycle", "guarded") == before + 1
+    finally:
+        await pool.close()
+
+
+async def test_records_before_the_stored_offset_are_not_applied_again(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
+) -> None:
+    """A fresh consumer (nothing remembered as seen) whose position is behind the stored offset skips the
+    records the offset says were applied, by offset, and applies only the rest."""
+    pool = await _sink(database_settings)
+    try:
+        partition = await _one_partition_of_ten(kafka_settings)
+        await _store_offset(pool, partition, 7)
+        before = _counter(REDELIVERED, "job.lifecycle", "guarded")
+
+        async def rest_applied() -> bool:
+            return await _stored_offset(pool, partition) == 10
+
+        await _consume_from(kafka_settings, pool, partition, 0, rest_applied)
+        rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
+        assert rows == {f"evt-{i}": 1 for i in (7, 8, 9)}
+        assert _counter(REDELIVERED, "job.lifecycle", "guarded") == before + 7
+    finally:
+        await pool.close()
+
+
+async def test_commits_the_database_lost_are_applied_again_with_no_new_record(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
+) -> None:
+    """A Postgres that crashes with synchronous_commit off loses its last commits: their rows and their stored
+    offset together, while the consumer's position and its memory of seen events stay ahead (the fault run
+    lost a ledger interval so). With no new record to reveal the gap, the idle consumer compares its position
+    with the stored offset, goes back, and applies the lost events again, once each."""
+    pool = await _sink(database_settings)
+    try:
+        partition = await _one_partition_of_ten(kafka_settings)
+        lost = False
+
+        async def applied_lost_and_applied_again() -> bool:
+            nonlocal lost
+            if await _stored_offset(pool, partition) != 10:
+                return False
+            if not lost:  # what the crash leaves: the last transaction's rows and offset gone, consistently
+                async with pool.acquire() as connection, connection.transaction():
+                    await connection.execute("DELETE FROM sink.applied WHERE event_id IN ('evt-7', 'evt-8', 'evt-9')")
+                    await connection.execute("UPDATE kumiki_bus.consumer_offsets SET next_offset = 7")
+                lost = True
+                return False
+            return int(await pool.fetchval("SELECT count(*) FROM sink.applied")) == 10
+
+        await _consume_from(kafka_settings, pool, partition, 0, applied_lost_and_applied_again)
+        rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
+        assert rows == {f"evt-{i}": 1 for i in range(10)}
+    finally:
+        await pool.close()
+
+
+def _counter(counter: Any, topic: str, group: str) -> float:
+    return float(counter.labels(topic, group)._value.get())

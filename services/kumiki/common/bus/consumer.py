@@ -4,7 +4,9 @@ Two ways to keep offsets:
 - in Kafka (default): commit after the handler; a crash in between redelivers, so handlers must be
   idempotent (they are: dedupe by ce_id here, and by entity version in the services);
 - in Postgres (`pool=`): the offsets are written in the same transaction as the handler's own writes,
-  so side effects in Postgres happen exactly once across crashes and restarts.
+  so side effects in Postgres happen exactly once across crashes and restarts. The stored offset is the only
+  word on what was applied: a batch that starts past it, or an idle position past it (a database that lost
+  its last commits in a crash, as one with synchronous_commit off does), sends the consumer back to it.
 
 A record that cannot be decoded, fails validation, or whose handler raises `EventRejected` goes to the
 dead-letter topic with the reason in the `kumiki_dlq_reason` header, and the consumer carries on. A
@@ -22,13 +24,13 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
 from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.codec import Event, RejectedRecord, decode
-from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED, DUPLICATES, HANDLER_SECONDS
+from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED, DUPLICATES, GAPS, HANDLER_SECONDS, REDELIVERED
 from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import DEAD_LETTER, TopicSpec
 from kumiki.common.config import KafkaSettings
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.bus")
 
 Handler = Callable[[Event, asyncpg.Connection | None], Awaitable[None]]
+VERIFY_EVERY_S = 2.0  # how often an idle transactional consumer compares its positions with the stored offsets
 INFRASTRUCTURE_ERRORS = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, KafkaError)
 
 
@@ -81,6 +84,8 @@ class EventConsumer:
         self.dedupe_window = dedupe_window
         self._specs = {spec.full_name(settings.topic_prefix): spec for spec in specs}
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._gap_checked: dict[TopicPartition, int] = {}  # partition -> the stored offset gone back to once
+        self._verified_at = 0.0
         self._stopping = asyncio.Event()
         self.assigned = asyncio.Event()
         self.handled = 0
@@ -111,8 +116,10 @@ class EventConsumer:
         """Consume until stopped; infrastructure errors propagate (nothing uncommitted is lost)."""
         while not self._stopping.is_set():
             batches = await self._consumer.getmany(timeout_ms=200, max_records=self.batch_size)
-            if self._consumer.assignment():
+            if self.pool is None and self._consumer.assignment():
                 self.assigned.set()
+            if self.pool is not None and not batches:
+                await self._verify_positions()
             for partition, records in batches.items():
                 if self._stopping.is_set():
                     return
@@ -122,8 +129,9 @@ class EventConsumer:
                     await self._process_in_transaction(partition, records)
 
     async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
-        self.assigned.set()
+        """Positions every assigned partition at its Postgres-stored offset; `assigned` is set once they are."""
         if self.pool is None or not assigned:
+            self.assigned.set()
             return
         rows = await self.pool.fetch(
             "SELECT topic, partition, next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = $1",
@@ -135,17 +143,47 @@ class EventConsumer:
                 self._consumer.seek(partition, stored[partition])
             else:
                 await self._consumer.seek_to_beginning(partition)
+        self.assigned.set()
 
     async def _process_committing_to_kafka(self, partition: TopicPartition, records: list[ConsumerRecord]) -> None:
+        handled: list[str] = []
         for record in records:
-            await self._process_one(record, None)
+            await self._process_one(record, None, handled)
         await self._consumer.commit({partition: records[-1].offset + 1})
+        self._remember(handled)
 
     async def _process_in_transaction(self, partition: TopicPartition, records: list[ConsumerRecord]) -> None:
+        """The batch and its next offset in one transaction. The stored offset, locked for the transaction, is
+        checked against the batch: records before it were applied already (a redelivery after a rebalance, or
+        another member of the group got there first) and are skipped by offset; a batch that starts after it
+        means records this process applied are not in the database any more (it lost its last commits in a
+        crash) or the client's position jumped past them, so the consumer goes back for them once, and accepts
+        the jump only when the broker hands the same batch again (a compacted or expired range has no records)."""
         assert self.pool is not None
+        handled: list[str] = []
         async with self.pool.acquire() as connection, connection.transaction():
+            stored = await connection.fetchval(
+                "SELECT next_offset FROM kumiki_bus.consumer_offsets"
+                " WHERE group_id = $1 AND topic = $2 AND partition = $3 FOR UPDATE",
+                self.group_id,
+                partition.topic,
+                partition.partition,
+            )
+            if stored is not None:
+                fresh = [record for record in records if record.offset >= stored]
+                if len(fresh) < len(records):
+                    labelled(REDELIVERED, self._specs[partition.topic].name, self.group_id).inc(
+                        len(records) - len(fresh)
+                    )
+                records = fresh
+                if not records:
+                    return
+                if records[0].offset > stored and self._gap_checked.get(partition) != stored:
+                    self._gap_checked[partition] = stored
+                    self._go_back(partition, stored, records[0].offset)
+                    return
             for record in records:
-                await self._process_one(record, connection)
+                await self._process_one(record, connection, handled)
             await connection.execute(
                 "INSERT INTO kumiki_bus.consumer_offsets (group_id, topic, partition, next_offset)"
                 " VALUES ($1, $2, $3, $4) ON CONFLICT (group_id, topic, partition)"
@@ -155,12 +193,55 @@ class EventConsumer:
                 partition.partition,
                 records[-1].offset + 1,
             )
+        self._remember(handled)  # only once committed: a rolled-back batch's events are not duplicates
         try:  # for lag monitoring only: the Postgres row is the truth
             await self._consumer.commit({partition: records[-1].offset + 1})
         except KafkaError as error:
             log.warning("kafka offset commit failed (postgres offsets are authoritative)", extra={"error": str(error)})
 
-    async def _process_one(self, record: ConsumerRecord, connection: asyncpg.Connection | None) -> None:
+    async def _verify_positions(self) -> None:
+        """While idle (every VERIFY_EVERY_S at most): a partition whose position is past its stored offset had
+        batches the database no longer holds (a Postgres that lost its last commits, as one with
+        synchronous_commit off does when it crashes), and no new record would reveal the gap: go back."""
+        now = time.monotonic()
+        if now < self._verified_at + VERIFY_EVERY_S:
+            return
+        self._verified_at = now
+        assert self.pool is not None
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return
+        rows = await self.pool.fetch(
+            "SELECT topic, partition, next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = $1",
+            self.group_id,
+        )
+        stored = {TopicPartition(row["topic"], row["partition"]): row["next_offset"] for row in rows}
+        for partition in assigned:
+            try:
+                position = await self._consumer.position(partition)
+            except IllegalStateError:
+                continue  # revoked meanwhile
+            kept = stored.get(partition, 0)
+            if kept < position and self._gap_checked.get(partition) != kept:
+                self._gap_checked[partition] = kept
+                self._go_back(partition, kept, position)
+
+    def _go_back(self, partition: TopicPartition, stored: int, ahead: int) -> None:
+        """Seek to the stored offset. What this process remembers as seen is forgotten too: those events may be
+        exactly the ones the database lost, and only the stored offset says what was applied."""
+        log.warning(
+            "consumer is past the stored offset: going back for the records in between",
+            extra={"topic": partition.topic, "partition": partition.partition, "stored": stored, "at": ahead},
+        )
+        labelled(GAPS, self._specs[partition.topic].name, self.group_id).inc()
+        self._seen.clear()
+        if partition in self._consumer.assignment():  # revoked meanwhile: its next owner seeks to the stored offset
+            self._consumer.seek(partition, stored)
+
+    async def _process_one(
+        self, record: ConsumerRecord, connection: asyncpg.Connection | None, handled: list[str]
+    ) -> None:
+        """`handled`: the ids of this batch's events handled so far, remembered as seen once the batch is kept."""
         spec = self._specs[record.topic]
         headers = list(record.headers or ())
         try:
@@ -169,7 +250,7 @@ class EventConsumer:
             await self._dead_letter(record, f"undecodable: {error}")
             return
         event = Event(event.topic, event.key, event.payload, event.attributes, headers, record.partition, record.offset)
-        if event.attributes.id in self._seen:
+        if event.attributes.id in self._seen or event.attributes.id in handled:
             labelled(DUPLICATES, spec.name, self.group_id).inc()
             return
         with tracer.start_as_current_span(
@@ -183,7 +264,7 @@ class EventConsumer:
         if reason is not None:
             await self._dead_letter(record, reason)
             return
-        self._remember(event.attributes.id)
+        handled.append(event.attributes.id)
         self.handled += 1
         labelled(CONSUMED, spec.name, self.group_id).inc()
 
@@ -213,9 +294,10 @@ class EventConsumer:
                 labelled(HANDLER_SECONDS, event.topic.name, self.group_id).observe(time.perf_counter() - started)
         return None
 
-    def _remember(self, event_id: str) -> None:
-        self._seen[event_id] = None
-        if len(self._seen) > self.dedupe_window:
+    def _remember(self, event_ids: list[str]) -> None:
+        for event_id in event_ids:
+            self._seen[event_id] = None
+        while len(self._seen) > self.dedupe_window:
             self._seen.popitem(last=False)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:

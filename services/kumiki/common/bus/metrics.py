@@ -8,6 +8,16 @@ DEAD_LETTERED = Counter("kumiki_bus_dead_lettered_total", "Records sent to the d
 DUPLICATES = Counter(
     "kumiki_bus_duplicates_total", "Records skipped as already handled (same ce_id)", ["topic", "group"]
 )
+REDELIVERED = Counter(
+    "kumiki_bus_redelivered_total",
+    "Records skipped because the Postgres-stored offset is past them (applied already)",
+    ["topic", "group"],
+)
+GAPS = Counter(
+    "kumiki_bus_offset_gaps_total",
+    "Batches that started after the Postgres-stored offset (the consumer went back for the records between)",
+    ["topic", "group"],
+)
 HANDLER_SECONDS = Histogram(
     "kumiki_bus_handler_seconds",
     "Time to handle one event",
