@@ -56,6 +56,23 @@ def test_generations_are_ordered() -> None:
     assert book.bind(gang("j", 2, generation=3), 0.0).bound
 
 
+def test_an_ended_generation_never_binds_again_and_the_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kumiki.placement.core.ENDED_KEPT", 2)
+    book = book_with(node("a"))
+    assert book.bind(gang("j", 2), 0.0).bound
+    assert book.release("j", 1) is not None
+    book.mark_ended("j", 1)
+    with pytest.raises(BindConflict, match="generation 1 of this job already ran to its end"):
+        book.bind(gang("j", 2), 1.0)
+    assert held_gpus(book) == []
+    book.mark_ended("k", 3)
+    book.mark_ended("j", 1)  # the newest ending is kept longest
+    book.mark_ended("m", 1)
+    assert list(book.ended) == ["j", "m"]
+    assert book.bind(gang("k", 1, generation=3), 2.0).bound  # forgotten: only the newest ENDED_KEPT are refused
+    assert book.bind(gang("j", 2, generation=2), 2.0).bound
+
+
 def test_two_large_gangs_one_runs_one_waits_nothing_half_placed() -> None:
     """volcano-sh/volcano#3373: two gangs that each need most of the cluster, submitted together."""
     book = book_with(node("a"), node("b"), node("c"))

@@ -364,6 +364,32 @@ async def test_release_says_how_the_job_ended(kafka: KafkaSettings) -> None:
     assert completions is not None and completions >= 1, "a completed job's completion time is counted"
 
 
+async def test_a_bind_of_an_ended_generation_is_refused_before_and_after_a_restart(kafka: KafkaSettings) -> None:
+    """A Bind retried after its job completed (across a restart, as the fault run found) never runs the job
+    again: FAILED_PRECONDITION naming job.generation, from the live book and from the rebuilt one; the next
+    generation binds."""
+    await emulate(kafka, default_nodes(1))
+    done = common_pb2.JobRef(job_id="done", generation=1)
+    async with running_placement(kafka) as (host, stub):
+        await wait_until(lambda: len(host_book(host).nodes) == 1, what="the nodes")
+        assert (await stub.Bind(bind_request("done", [whole(2)]))).outcome == BOUND
+        await stub.Release(placement_pb2.ReleaseRequest(job=done, final_state=events_pb2.JOB_STATE_COMPLETED))
+        with pytest.raises(grpc.aio.AioRpcError) as live:
+            await stub.Bind(bind_request("done", [whole(2)]))
+        assert live.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    async with running_placement(kafka) as (host, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as rebuilt:
+            await stub.Bind(bind_request("done", [whole(2)]))
+        assert rebuilt.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (
+            rebuilt.value.details().startswith("job.generation") and "already ran to its end" in rebuilt.value.details()
+        )
+        assert "done" not in host_book(host).bound
+        again = bind_request("done", [whole(2)])
+        again.job.generation = 2
+        assert (await stub.Bind(again)).outcome == BOUND
+
+
 async def test_unhealthy_node_receives_no_work(kafka: KafkaSettings) -> None:
     shape = NodeShape("H100-80GB", 8, 81920, 8, 96_000, 1_048_576)
     nodes = emulated_nodes(2, shapes=(shape,))

@@ -26,6 +26,7 @@ from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S, Preemption, Schedul
 # `kumiki-defrag` also moves small jobs off the nodes a gang blocked only by fragmentation needs, when the value
 # test says the gang's wait saved outweighs their lost work (kumiki.sched.preemption.move_value).
 LIVE_POLICIES = ("fifo", "fifo-backfill", "kumiki", "kumiki-defrag", "tiresias")
+ENDED_KEPT = 200_000  # ended generations remembered (a few dozen bytes each)
 
 
 class BindConflict(ValueError):
@@ -180,6 +181,9 @@ class PlacementBook:
     # victim -> the quota-held job its GPUs were freed for: that job is asked of quota a round before the victim,
     # else an older victim (FIFO) would take its own GPUs straight back
     yielding: dict[str, str] = field(default_factory=dict)
+    # job -> its newest generation that ran to its end (completed or failed), the oldest forgotten past
+    # ENDED_KEPT: a Bind of that generation retried late (across a restart, after the job finished) is refused
+    ended: dict[str, int] = field(default_factory=dict)
     _scheduler: Scheduler | None = None  # over the current ClusterState; rebuilt when the node list changes
     _stale: bool = True  # nodes were added since the scheduler was built: rebuild on next use
 
@@ -273,6 +277,12 @@ class PlacementBook:
     def bind(self, command: BindCommand, now: float) -> BindOutcome:
         """Queue a gang and run a scheduling pass: bound whole, or pending with the reason; a repeated
         (job, generation) gets the same answer."""
+        finished = self.ended.get(command.job_id, 0)
+        if command.generation <= finished:
+            raise BindConflict(
+                f"job.generation: generation {finished} of this job already ran to its end; bind generation"
+                f" {finished + 1} to run it again"
+            )
         current = self.bound.get(command.job_id)
         if (
             current is not None
@@ -550,6 +560,13 @@ class PlacementBook:
         self.nominated.pop(job_id, None)
         self.scheduler.finished(job_id)
         return job
+
+    def mark_ended(self, job_id: str, generation: int) -> None:
+        """The (job, generation) completed or failed: no Bind of it or of an older generation binds again."""
+        previous = self.ended.pop(job_id, 0)
+        self.ended[job_id] = max(previous, generation)  # re-inserted: the newest ending is forgotten last
+        while len(self.ended) > ENDED_KEPT:
+            del self.ended[next(iter(self.ended))]
 
     def withdraw(self, job_id: str) -> bool:
         """Forget a pending job (cancelled before it was bound)."""

@@ -236,6 +236,8 @@ class AllocationLog:
                     restored += 1
                 elif message.state == events_pb2.JOB_STATE_SUBMITTED:
                     waiting.append((message.at.ToNanoseconds() / 1e9, command_from_lifecycle(message)))
+                elif message.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
+                    self.book.mark_ended(message.job.job_id, message.job.generation)
             except (InvalidRequest, RequestError, ValueError) as error:  # a record no bind could have written
                 self.skipped += 1
                 log.warning("lifecycle event not restored", extra={"job": message.job.job_id, "reason": str(error)})

@@ -395,6 +395,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         ran_s = max(0.0, time.time() - job.bound_s) if ended else 0.0
         await self.publisher.released(job, request.reason or "released", state, ran_s)
         if ended:
+            self.book.mark_ended(job.command.job_id, job.command.generation)
             final_state = events_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()  # type: ignore[arg-type]
             labelled(JOB_COMPLETION, job.command.queue, final_state).observe(job.waited_s + ran_s)
         self.wake.set()  # the freed capacity goes to the queue on the next pass, right away
