@@ -42,7 +42,7 @@ def test_every_invariant_holds_through_every_fault(tmp_path: Path) -> None:
     command = [sys.executable, script, "--jobs", "120", "--nodes", "16", "--speed", "100",
                "--max-duration-s", "7200", "--faults", ",".join(FAULTS), "--out", str(out)]  # fmt: skip
     run = subprocess.run(command, capture_output=True, text=True, timeout=1100, env=env, cwd=tmp_path)
-    tail = run.stdout[-4000:] + run.stderr[-4000:]
+    tail = run.stdout[-6000:] + run.stderr[-1500:] + _service_warnings(out / "logs")
     results = json.loads((out / "results.json").read_text())
     assert results["invariants"] and all(results["invariants"].values()), tail
     assert results["problems"] == [] and results["ledger_mismatches"] == [], tail
@@ -52,3 +52,16 @@ def test_every_invariant_holds_through_every_fault(tmp_path: Path) -> None:
         assert fault["ready_s"] is not None, f"{fault['fault']} not recovered: {fault['note']}"
     assert results["completed"] == results["jobs"] == 120
     assert results["bad_records_injected"] == 30 and results["dead_lettered"] >= 30
+
+
+def _service_warnings(logs: Path) -> str:
+    """The services' warnings about offsets and handlers, which a failed ledger or lifecycle check is read with
+    (the logs themselves live in the test's temporary directory only)."""
+    wanted = ("going back", "handler failed", "offset commit failed", "background task failed", "Traceback")
+    lines = [
+        f"{path.name}: {line}"
+        for path in sorted(logs.glob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if any(word in line for word in wanted)
+    ]
+    return "\n--- service warnings ---\n" + "\n".join(lines[-40:]) if lines else ""

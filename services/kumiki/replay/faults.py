@@ -379,6 +379,7 @@ class FaultRun:
         self.records: list[FaultRecord] = []
         self.replay: Replay | None = None
         self.t0 = 0.0
+        self.t0_unix = 0.0  # the same instant on the wall clock, which the events' `at` use
         self._lock = asyncio.Lock()
 
     async def supervise(self, stopping: asyncio.Event) -> None:
@@ -527,7 +528,7 @@ async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str
         fault_error = driver_failure = ""
         stopping = asyncio.Event()
         supervisor = asyncio.create_task(run.supervise(stopping), name="supervisor")
-        run.t0 = time.monotonic()
+        run.t0, run.t0_unix = time.monotonic(), time.time()
         faults = asyncio.create_task(run.schedule(window_s, progress), name="faults")
         wall = time.monotonic()
         try:
@@ -556,11 +557,12 @@ async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str
         stopping.set()
         await supervisor
         lag = await group_lag(stack.kafka, stack.db)
-        lifecycle = [
-            events_pb2.JobLifecycle.FromString(record.value)
+        lifecycle_records = [
+            record
             for record in await read_topic(stack.kafka, JOB_LIFECYCLE.full_name(stack.kafka.topic_prefix))
             if record.key is not None and record.key.decode(errors="replace").startswith(replay.prefix)
         ]
+        lifecycle = [events_pb2.JobLifecycle.FromString(record.value) for record in lifecycle_records]
         verdict = check_lifecycle(list(replay.tracks), lifecycle)
         expected = expected_ledger(lifecycle)
 
@@ -570,11 +572,9 @@ async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str
 
         await run._until(metered, 120.0)
         ledger, still_open = await _ledger(stack.db, replay.prefix)
-        mismatched = sorted(
-            f"{job}/{generation}: ledger {ledger.get((job, generation))} held {expected.get((job, generation))}"
-            for job, generation in set(ledger) | set(expected)
-            if ledger.get((job, generation)) != expected.get((job, generation))
-        )
+        wrong = {key for key in set(ledger) | set(expected) if ledger.get(key) != expected.get(key)}
+        mismatched = sorted(f"{job}/{gen}: ledger {ledger.get((job, gen))} held {expected.get((job, gen))}"
+                            for job, gen in wrong)  # fmt: skip
         dead = await read_topic(stack.kafka, DEAD_LETTER.full_name(stack.kafka.topic_prefix))
         dead_keys = [record.key or b"" for record in dead]
         unexpected = sorted({key.decode(errors="replace") for key in dead_keys if key not in injected})
@@ -604,6 +604,7 @@ async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str
             "ledger_gpu_s": str(sum(ledger.values(), Decimal(0))),
             "held_gpu_s": str(sum(expected.values(), Decimal(0))),
             "ledger_mismatches": mismatched[:20],
+            "mismatch_timelines": _timelines(wrong, lifecycle_records, lifecycle, run.t0_unix),
             "open_intervals_left": still_open,
             "consumer_lag": {group: behind for group, behind in lag.items() if behind},
             "groups_checked": sorted(lag),
@@ -630,6 +631,25 @@ async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / "results.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def _timelines(
+    keys: set[tuple[str, int]],
+    records: Sequence[ConsumerRecord],
+    events: Sequence[events_pb2.JobLifecycle],
+    t0_unix: float,
+) -> dict[str, list[str]]:
+    """Each listed generation's job.lifecycle records as `state at S s (partition P, offset O)`, S from the start
+    of the faults' clock: what a failed ledger check is read against, beside the fault table."""
+    timelines: dict[str, list[str]] = {}
+    for record, event in zip(records, events, strict=True):
+        if (event.job.job_id, event.job.generation) in keys:
+            at_s = event.at.seconds + event.at.nanos / 1e9 - t0_unix
+            timelines.setdefault(f"{event.job.job_id}/{event.job.generation}", []).append(
+                f"{events_pb2.JobState.Name(event.state)} at {at_s:.2f} s"
+                f" (partition {record.partition}, offset {record.offset})"
+            )
+    return dict(sorted(timelines.items())[:20])
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -697,7 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     results = asyncio.run(run_faults(settings, progress=lambda line: print(line, flush=True)))
     print(markdown(results))
-    for name in ("problems", "ledger_mismatches", "consumer_lag", "dead_letter_unexpected",
+    for name in ("problems", "ledger_mismatches", "mismatch_timelines", "open_intervals_left", "consumer_lag",
+                 "dead_letter_unexpected",
                  "bad_records_not_dead_lettered", "driver_errors"):  # fmt: skip
         if results.get(name):
             print(f"{name}: {json.dumps(results[name])[:2000]}")
