@@ -5,6 +5,7 @@ at WARNING, and nothing refused reaches the registry."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from kumiki.devstack.tls import DevelopmentCA
 from kumiki.preemption.adapters.grpc import CheckpointsServicer
 from kumiki.preemption.adapters.identity import KEY_FILE, JobIdentity, job_token
 from kumiki.preemption.adapters.registry import CheckpointRegistry
+from kumiki.sdk.checkpoint import Job, SdkConfigError
 
 pytestmark = pytest.mark.postgres
 KEY = b"k" * 32
@@ -158,3 +160,54 @@ def test_the_key_is_configured_from_a_file_of_at_least_32_bytes(tmp_path: Path) 
     key.write_bytes(KEY + b"\n")
     identity = JobIdentity.from_env({KEY_FILE: str(key)})
     assert identity is not None and identity.key == KEY
+
+
+def _sdk_round_trip(env: dict[str, str]) -> str:
+    """A job through the SDK (from its environment): reports a checkpoint and reads it back as its resume point;
+    returns the URI it resumes from. Blocking: run in a thread, the server shares the test's loop."""
+    job = Job.from_env({"KUMIKI_JOB_ID": "team-sdk", "KUMIKI_JOB_GENERATION": "1", **env})
+    try:
+        job.report_checkpoint("s3://ckpt/team-sdk/7", 7)
+        again = Job.from_env({"KUMIKI_JOB_ID": "team-sdk", "KUMIKI_JOB_GENERATION": "2", **env})
+        try:
+            point = again.resume_point()
+        finally:
+            again.close()
+        assert point is not None
+        return point.uri
+    finally:
+        job.close()
+
+
+async def test_the_sdk_proves_the_job_with_its_token_file_or_its_certificate(served: Served, tmp_path: Path) -> None:
+    """What a launcher hands a job is enough: KUMIKI_JOB_TOKEN_FILE (a mounted Secret) over plaintext, or a
+    job:<id> certificate with KUMIKI_GRPC_* over mTLS; another job's token is refused through the SDK too."""
+    token_file = tmp_path / "token"
+    token_file.write_text(job_token(KEY, "team-sdk") + "\n")
+    plain = {"KUMIKI_CHECKPOINTS_ADDRESS": served.plain, "KUMIKI_JOB_TOKEN_FILE": str(token_file)}
+    assert await asyncio.to_thread(_sdk_round_trip, plain) == "s3://ckpt/team-sdk/7"
+    files = served.ca.issue("job:team-sdk")
+    secure = {
+        "KUMIKI_CHECKPOINTS_ADDRESS": served.secure,
+        "KUMIKI_GRPC_CAFILE": str(served.ca.cafile),
+        "KUMIKI_GRPC_CERTFILE": str(files.certfile),
+        "KUMIKI_GRPC_KEYFILE": str(files.keyfile),
+    }
+    assert await asyncio.to_thread(_sdk_round_trip, secure) == "s3://ckpt/team-sdk/7"
+    stranger = {"KUMIKI_CHECKPOINTS_ADDRESS": served.plain, "KUMIKI_JOB_TOKEN": job_token(KEY, "team/other")}
+    with pytest.raises(grpc.RpcError) as refused:
+        await asyncio.to_thread(_sdk_round_trip, stranger)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
+
+
+def test_the_sdk_names_a_bad_identity_setting(tmp_path: Path) -> None:
+    base = {"KUMIKI_JOB_ID": "team-sdk"}
+    with pytest.raises(SdkConfigError, match=r"^KUMIKI_JOB_TOKEN_FILE: cannot read"):
+        Job.from_env({**base, "KUMIKI_JOB_TOKEN_FILE": str(tmp_path / "missing")})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(SdkConfigError, match=r"^KUMIKI_JOB_TOKEN_FILE: .* is empty"):
+        Job.from_env({**base, "KUMIKI_JOB_TOKEN_FILE": str(tmp_path / "empty")})
+    with pytest.raises(SdkConfigError, match=r"^KUMIKI_JOB_TOKEN_FILE: set KUMIKI_JOB_TOKEN or"):
+        Job.from_env({**base, "KUMIKI_JOB_TOKEN": "t", "KUMIKI_JOB_TOKEN_FILE": str(tmp_path / "empty")})
+    with pytest.raises(SdkConfigError, match=r"^KUMIKI_GRPC_KEYFILE: "):
+        Job.from_env({**base, "KUMIKI_GRPC_CERTFILE": str(tmp_path / "empty")})

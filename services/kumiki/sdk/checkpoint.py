@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
@@ -73,6 +74,21 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _token(env: Mapping[str, str]) -> str:
+    token = env.get("KUMIKI_JOB_TOKEN", "").strip()
+    path = env.get("KUMIKI_JOB_TOKEN_FILE", "")
+    if token and path:
+        raise SdkConfigError("KUMIKI_JOB_TOKEN_FILE: set KUMIKI_JOB_TOKEN or KUMIKI_JOB_TOKEN_FILE, not both")
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as error:
+            raise SdkConfigError(f"KUMIKI_JOB_TOKEN_FILE: cannot read {path!r}: {error.strerror}") from None
+        if not token:
+            raise SdkConfigError(f"KUMIKI_JOB_TOKEN_FILE: {path!r} is empty")
+    return token
+
+
 class Job:
     """One running attempt of a job, as its training loop sees preemption."""
 
@@ -87,6 +103,8 @@ class Job:
         resume_uri: str = "",
         resume_step: int = 0,
         clock: Callable[[], float] = time.time,
+        token: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         if not job_id:
             raise SdkConfigError("KUMIKI_JOB_ID: required")
@@ -104,7 +122,14 @@ class Job:
         self._evicted: events_pb2.PreemptionCommand | None = None
         self._last_checkpoint_s = clock()
         self._stopping = threading.Event()
-        self._channel = grpc.insecure_channel(address) if address else None
+        # the job's own identity to the Checkpoints service: its token, or the certificate in `credentials`
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        if not address:
+            self._channel: grpc.Channel | None = None
+        elif credentials is not None:
+            self._channel = grpc.secure_channel(address, credentials)
+        else:
+            self._channel = grpc.insecure_channel(address)
         self._stub = checkpoints_pb2_grpc.CheckpointsStub(self._channel) if self._channel else None
         self._watcher: threading.Thread | None = None
         self.commands: list[events_pb2.PreemptionCommand] = []  # every command seen, in order
@@ -117,9 +142,18 @@ class Job:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **options: object) -> Job:
         """From KUMIKI_JOB_ID, KUMIKI_JOB_GENERATION (default 1), KUMIKI_CHECKPOINTS_ADDRESS (unset: no
-        coordinator, periodic checkpoints only), KUMIKI_CHECKPOINT_INTERVAL_S (default 1800), and the binder's
-        fallback KUMIKI_RESUME_URI / KUMIKI_RESUME_STEP."""
+        coordinator, periodic checkpoints only), KUMIKI_CHECKPOINT_INTERVAL_S (default 1800), the binder's
+        fallback KUMIKI_RESUME_URI / KUMIKI_RESUME_STEP, the job's identity (KUMIKI_JOB_TOKEN or
+        KUMIKI_JOB_TOKEN_FILE, sent as a bearer token) and TLS as every Kumiki client has it (KUMIKI_GRPC_CAFILE,
+        and KUMIKI_GRPC_CERTFILE / KUMIKI_GRPC_KEYFILE for a certificate named job:<id>)."""
+        from kumiki.common.config import ConfigError
+        from kumiki.common.grpcutil import client_credentials
+
         env = os.environ if env is None else env
+        try:
+            credentials = client_credentials(env)
+        except ConfigError as error:
+            raise SdkConfigError(str(error)) from None
         raw_generation = env.get("KUMIKI_JOB_GENERATION", "1") or "1"
         try:
             generation = int(raw_generation)
@@ -135,6 +169,8 @@ class Job:
             interval_s=_env_float(env, "KUMIKI_CHECKPOINT_INTERVAL_S", DEFAULT_INTERVAL_S),
             resume_uri=env.get("KUMIKI_RESUME_URI", ""),
             resume_step=int(raw_step),
+            token=_token(env),
+            credentials=credentials,
             **options,  # type: ignore[arg-type]
         )
 
@@ -189,7 +225,7 @@ class Job:
         request = checkpoints_pb2.ResumePointRequest(
             job=common_pb2.JobRef(job_id=self.job_id, generation=self.generation)
         )
-        answer = self._call(lambda stub: stub.ResumePoint(request, timeout=10.0))
+        answer = self._call(lambda stub: stub.ResumePoint(request, timeout=10.0, metadata=self._metadata))
         if not answer.found:
             return None
         return ResumePoint(answer.uri, answer.step, answer.generation)
@@ -234,7 +270,8 @@ class Job:
         ) as span:
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
-            metadata = tuple((key, value) for key, value in carrier.items() if key in ("traceparent", "tracestate"))
+            context = tuple((key, value) for key, value in carrier.items() if key in ("traceparent", "tracestate"))
+            metadata = self._metadata + context
             try:
                 ack: checkpoints_pb2.CheckpointAck = self._call(
                     lambda stub: stub.Report(report, timeout=10.0, metadata=metadata)
@@ -273,7 +310,7 @@ class Job:
         backoff = 0.1
         while not self._stopping.is_set():
             try:
-                for command in self._stub.Watch(request):
+                for command in self._stub.Watch(request, metadata=self._metadata):
                     self._on_command(command)
                     backoff = 0.1
                     if command.action == events_pb2.PREEMPTION_ACTION_EVICT:
