@@ -164,46 +164,40 @@ async def _stored_offset(pool: asyncpg.Pool, partition: TopicPartition) -> int |
     )
 
 
-async def test_a_position_past_unapplied_records_goes_back_for_them(
-    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
+@pytest.mark.parametrize(
+    ("stored", "position", "applied", "counter", "counted"),
+    [
+        # the client's position ahead of the stored offset (what a rebalance mid-batch can do): the batch after
+        # the gap is not applied, the consumer seeks back to the stored offset and applies from there
+        (0, 6, range(10), GAPS, 1),
+        # a fresh consumer (nothing remembered as seen) behind the stored offset skips, by offset, the records
+        # the offset says were applied, and applies only the rest
+        (7, 0, range(7, 10), REDELIVERED, 7),
+    ],
+    ids=["position-past-the-stored-offset", "position-before-the-stored-offset"],
+)
+async def test_the_stored_offset_decides_what_is_applied(
+    kafka_settings: KafkaSettings,
+    database_settings: DatabaseSettings,
+    stored: int,
+    position: int,
+    applied: range,
+    counter: Any,
+    counted: int,
 ) -> None:
-    """The client's position jumping ahead of the stored offset (what a rebalance mid-batch can do) loses nothing:
-    the batch after the gap is not applied, the consumer seeks back to the stored offset and applies from there."""
     pool = await _sink(database_settings)
     try:
         partition = await _one_partition_of_ten(kafka_settings)
-        await _store_offset(pool, partition, 0)
-        before = _counter(GAPS, "job.lifecycle", "guarded")
+        await _store_offset(pool, partition, stored)
+        before = _counter(counter, "job.lifecycle", "guarded")
 
         async def all_applied() -> bool:
             return await _stored_offset(pool, partition) == 10
 
-        await _consume_from(kafka_settings, pool, partition, 6, all_applied)
+        await _consume_from(kafka_settings, pool, partition, position, all_applied)
         rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
-        assert rows == {f"evt-{i}": 1 for i in range(10)}
-        assert _counter(GAPS, "job.lifecycle", "guarded") == before + 1
-    finally:
-        await pool.close()
-
-
-async def test_records_before_the_stored_offset_are_not_applied_again(
-    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
-) -> None:
-    """A fresh consumer (nothing remembered as seen) whose position is behind the stored offset skips the
-    records the offset says were applied, by offset, and applies only the rest."""
-    pool = await _sink(database_settings)
-    try:
-        partition = await _one_partition_of_ten(kafka_settings)
-        await _store_offset(pool, partition, 7)
-        before = _counter(REDELIVERED, "job.lifecycle", "guarded")
-
-        async def rest_applied() -> bool:
-            return await _stored_offset(pool, partition) == 10
-
-        await _consume_from(kafka_settings, pool, partition, 0, rest_applied)
-        rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
-        assert rows == {f"evt-{i}": 1 for i in (7, 8, 9)}
-        assert _counter(REDELIVERED, "job.lifecycle", "guarded") == before + 7
+        assert rows == {f"evt-{i}": 1 for i in applied}
+        assert _counter(counter, "job.lifecycle", "guarded") == before + counted
     finally:
         await pool.close()
 

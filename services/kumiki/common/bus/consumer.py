@@ -128,16 +128,20 @@ class EventConsumer:
                 else:
                     await self._process_in_transaction(partition, records)
 
+    async def _stored_offsets(self) -> dict[TopicPartition, int]:
+        assert self.pool is not None
+        rows = await self.pool.fetch(
+            "SELECT topic, partition, next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = $1",
+            self.group_id,
+        )
+        return {TopicPartition(row["topic"], row["partition"]): row["next_offset"] for row in rows}
+
     async def _seek_to_stored(self, assigned: list[TopicPartition]) -> None:
         """Positions every assigned partition at its Postgres-stored offset; `assigned` is set once they are."""
         if self.pool is None or not assigned:
             self.assigned.set()
             return
-        rows = await self.pool.fetch(
-            "SELECT topic, partition, next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = $1",
-            self.group_id,
-        )
-        stored = {TopicPartition(row["topic"], row["partition"]): row["next_offset"] for row in rows}
+        stored = await self._stored_offsets()
         for partition in assigned:
             if partition in stored:
                 self._consumer.seek(partition, stored[partition])
@@ -211,11 +215,7 @@ class EventConsumer:
         assigned = self._consumer.assignment()
         if not assigned:
             return
-        rows = await self.pool.fetch(
-            "SELECT topic, partition, next_offset FROM kumiki_bus.consumer_offsets WHERE group_id = $1",
-            self.group_id,
-        )
-        stored = {TopicPartition(row["topic"], row["partition"]): row["next_offset"] for row in rows}
+        stored = await self._stored_offsets()
         for partition in assigned:
             try:
                 position = await self._consumer.position(partition)
