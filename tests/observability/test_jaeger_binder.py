@@ -14,21 +14,33 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.scheduling_v1 import PriorityClass
 
 from kumiki.binder import core
 from kumiki.cli.trace import find_traces
 from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.common.tracing import shutdown_tracing
 from kumiki.devstack.kube import KubeStack
 from kumiki.devstack.observability import JaegerProcess
+from kumiki.sdk import Job
 from tests.binder.support import Processes, create_all, namespace, node_object, pod_object, podgroup_object, pods_in
 from tests.conftest import wait_until
 from tests.observability.support import Tree, collected, live_stack
+from tests.observability.test_jaeger_preemption import (
+    command_sends,
+    decision_to_checkpoint,
+    requeue_and_rebind,
+    resumed,
+    stack_env,
+)
 from tests.observability.test_trace_cli import kumiki
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 BINDING = "POST /api/v1/namespaces/{namespace}/pods/{name}/binding"
+EVICTION = "POST /api/v1/namespaces/{namespace}/pods/{name}/eviction"
 CONSUMERS = ("kumiki-quota", "kumiki-forecast", "kumiki-preemption")
 
 
@@ -223,3 +235,146 @@ def find_traces_by_service(jaeger: JaegerProcess, service: str, ns: str) -> list
         for data in body.get("data") or []
         if any(tag.get("value") == ns for span in data["spans"] for tag in span.get("tags", []))
     ]
+
+
+def condition(pod: dict[str, Any]) -> dict[str, Any]:
+    for item in (pod.get("status") or {}).get("conditions") or []:
+        if item.get("type") == "PodScheduled":
+            return dict(item)
+    return {}
+
+
+async def told_unschedulable(kube: AsyncClient, ns: str, name: str) -> bool:
+    pods = [pod for pod in await pods_in(kube, ns) if pod["metadata"]["name"] == name]
+    return bool(pods) and not pods[0]["spec"].get("nodeName") and condition(pods[0]).get("status") == "False"
+
+
+async def gone(kube: AsyncClient, ns: str, name: str) -> bool:
+    return not any(pod["metadata"]["name"] == name for pod in await pods_in(kube, ns))
+
+
+async def preemption_trace(jaeger: JaegerProcess, beneficiary: str) -> int:
+    """The one trace of the beneficiary's decisions that preempts (its later bind may be a trace of its own)."""
+    found: list[list[dict[str, Any]]] = []
+
+    def one() -> bool:
+        traces = find_traces(jaeger.query_url, beneficiary, 600, 20)
+        found[:] = [[data for data in traces if any(s["operationName"] == "preempt" for s in data["spans"])]]
+        return bool(found[0])
+
+    await wait_until(one, timeout_s=30, interval_s=0.3, what=f"{beneficiary}'s preempting decision in Jaeger")
+    assert len(found[0]) == 1, f"{len(found[0])} traces preempt for {beneficiary}"
+    return int(found[0][0]["traceID"], 16)
+
+
+async def test_a_preemption_through_the_binder_is_one_trace_to_the_rebinds_binding(
+    kube: AsyncClient,
+    kube_stack: KubeStack,
+    kafka: KafkaSettings,
+    database_settings: DatabaseSettings,
+    jaeger: JaegerProcess,
+    tmp_path: Path,
+) -> None:
+    """An urgent pod (a PriorityClass) finds both nodes full: the binder's span for it -> Placement.Bind ->
+    schedule -> preempt (the victim) -> PREEMPT -> the coordinator's CHECKPOINT -> the job's Report (the SDK,
+    in this process) -> EVICT -> the binder's `process` span for the command -> its eviction of the victim's
+    pod (the Eviction API) and the coordinator's Placement.Release -> requeue; once the other job's pod is
+    deleted, the pass rebinds the victim's next generation (its pod made again, as its job controller would)
+    and the binder's Binding of that pod, from the BOUND event's context, is in the same trace."""
+    await create_all(kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
+    await kube.create(PriorityClass(metadata=ObjectMeta(name="kumiki-urgent"), value=1))
+    try:
+        await wait_until(lambda: nodes_ready(kube, 2), timeout_s=60, interval_s=0.3, what="KWOK nodes Ready")
+        await _preemption_through_the_binder(kube, kube_stack, kafka, database_settings, jaeger, tmp_path)
+    finally:
+        await kube.delete(PriorityClass, "kumiki-urgent")
+
+
+async def _preemption_through_the_binder(
+    kube: AsyncClient,
+    kube_stack: KubeStack,
+    kafka: KafkaSettings,
+    database_settings: DatabaseSettings,
+    jaeger: JaegerProcess,
+    tmp_path: Path,
+) -> None:
+    prefix = kafka.topic_prefix
+    env = {**stack_env(jaeger, deadline_s=120.0), "OTEL_BSP_SCHEDULE_DELAY": "100", "KUMIKI_PLACEMENT_CYCLE_S": "0.2"}
+    with live_stack(kafka, database_settings, tmp_path / "stack", env, names=("placement", "preemption")) as stack:
+        await wait_until(stack.ready, timeout_s=120, interval_s=0.3, what="placement and preemption ready")
+        binder = Processes(kube_stack, kafka, tmp_path)
+        binder.placement_port = stack.services["placement"].grpc_port
+        try:
+            await binder.start_binder(True, **tracing_env(jaeger))
+            ns = await namespace(kube)
+            victim = f"{ns}/train"
+            filler = pod_object(ns, "filler", gpus=8)
+            await create_all(kube, [filler])
+            await wait_until(lambda: bound(kube, ns, "filler", 1), timeout_s=60, interval_s=0.3, what="filler bound")
+            train = pod_object(ns, "train-0", gpus=8, group="train", labels={core.PREEMPTIBLE_LABEL: "true"})
+            await create_all(kube, [podgroup_object(ns, "train", 1), train])
+            await wait_until(lambda: bound(kube, ns, "train-", 1), timeout_s=60, interval_s=0.3, what="victim bound")
+            job = Job(victim, 1, stack.services["preemption"].grpc_address)  # the victim's training process
+            try:
+                urgent = pod_object(ns, "urgent", gpus=8)
+                urgent["spec"]["priorityClassName"] = "kumiki-urgent"
+                await create_all(kube, [urgent])
+                await wait_until(job.should_checkpoint, timeout_s=30, what="CHECKPOINT over Watch")
+                assert job.report_checkpoint(f"file://{tmp_path}/step-42.npz", 42)
+                await wait_until(lambda: gone(kube, ns, "train-0"), timeout_s=60, what="the victim's pod evicted")
+                await wait_until(lambda: bound(kube, ns, "urgent", 1), timeout_s=60, what="the urgent pod bound")
+            finally:
+                job.close()
+            # its job controller makes the pod again: the binder sends it as the requeued next generation
+            await create_all(kube, [train])
+            await wait_until(lambda: told_unschedulable(kube, ns, "train-0"), timeout_s=60, what="train-0 told")
+            await kube.delete(Pod, "filler", namespace=ns, grace_period=0)  # the other job ends
+            await wait_until(lambda: bound(kube, ns, "train-", 1), timeout_s=60, interval_s=0.3, what="rebound")
+            shutdown_tracing()  # the job's Report span goes to Jaeger now
+            trace_id = await preemption_trace(jaeger, f"{ns}/pod/urgent")
+
+            def whole(tree: Tree) -> bool:  # the last spans of each process (the test's Report is flushed last)
+                return (
+                    bool(resumed(prefix)(tree))
+                    and bool(spans_named(tree, BINDING, "kumiki-binder"))
+                    and bool(spans_named(tree, "kumiki.v1.Checkpoints/Report", "kumiki-test"))
+                )
+
+            tree = await collected(jaeger, trace_id, whole, "the preemption's trace to the rebind's Binding")
+        finally:
+            binder.stop()
+            print(binder.logs())
+        placed = {pod["metadata"]["name"]: pod["spec"]["nodeName"] for pod in await pods_in(kube, ns)}
+
+    print(tree.describe())
+    checkpoint = decision_to_checkpoint(tree, prefix, victim, caller="kumiki-binder", beneficiary=f"{ns}/pod/urgent")
+    report_client = tree.find("kumiki.v1.Checkpoints/Report", "kumiki-test", checkpoint)
+    report_server = tree.find("kumiki.v1.Checkpoints/Report", "kumiki-preemption", report_client)
+    evict = tree.find("evict command", "kumiki-preemption", report_server)
+    (command,) = command_sends(tree, prefix, evict)
+    # the binder handles the EVICT command: its consumer span, its eviction, the Eviction API's answer
+    handled = tree.find(f"process {prefix}preemption.commands", "kumiki-binder", command)
+    assert tree.tags(handled)["messaging.consumer.group.name"] == "kumiki-binder"
+    evicting = tree.find("evict pod group", "kumiki-binder", handled)
+    assert tree.tags(evicting)["kumiki.job.id"] == victim and tree.tags(evicting)["kumiki.evicted"] is True
+    eviction = tree.find(EVICTION, "kumiki-binder", evicting)
+    tags = tree.tags(eviction)
+    assert tree.spans[eviction]["kind"] == "client" and tags["http.response.status_code"] == 201
+    assert (tags["k8s.namespace.name"], tags["k8s.pod.name"]) == (ns, "train-0")
+    # the coordinator's Release requeues, the pass rebinds the next generation
+    requeue_and_rebind(tree, prefix, evict, victim)
+    release_server = tree.find("kumiki.v1.Placement/Release", "kumiki-placement")
+    rebind = tree.find("schedule", "kumiki-placement", release_server, **{"kumiki.job.id": victim})
+    bound_event = tree.find("send", "kumiki-placement", rebind)
+    # -> the binder binds the rebound pod, continuing the BOUND event's trace
+    rebinding = tree.find("reconcile pod group", "kumiki-binder", bound_event)
+    assert tree.tags(rebinding)["kumiki.binder.trigger"] == "cycle"
+    assert tree.tags(rebinding)["kumiki.job.generation"] == 2
+    binding = tree.find(BINDING, "kumiki-binder", rebinding)
+    assert tree.tags(binding)["k8s.pod.name"] == "train-0"
+    assert tree.tags(binding)["k8s.node.name"] == placed["train-0"]
+    services = {span["service"] for span in tree.spans.values()}
+    assert {"kumiki-binder", "kumiki-placement", "kumiki-preemption", "kumiki-test"} <= services, services
+    shown = kumiki("trace", victim, "--jaeger", jaeger.query_url, "--since", "1h")
+    assert f"trace {trace_id:032x}" in shown.stdout, shown.stdout + shown.stderr
+    print(shown.stdout)  # docs/observability.md shows this output

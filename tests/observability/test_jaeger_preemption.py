@@ -90,18 +90,22 @@ def requeue_and_rebind(tree: Tree, prefix: str, evict: str, victim: str) -> None
     assert len(command_sends(tree, prefix, resume)) == 1
 
 
-def decision_to_checkpoint(tree: Tree, prefix: str, victim: str) -> str:
+def decision_to_checkpoint(
+    tree: Tree, prefix: str, victim: str, caller: str = "kumiki-test", beneficiary: str = "team/urgent"
+) -> str:
     """caller -> Bind -> schedule (the beneficiary) -> preempt (the victim) -> send PREEMPT -> the coordinator's
-    process span -> checkpoint command -> its send; returns the checkpoint command's span."""
-    root = tree.find("reconcile pod group", "kumiki-test")
-    client = tree.find("kumiki.v1.Placement/Bind", "kumiki-test", root)
+    process span -> checkpoint command -> its send; returns the checkpoint command's span. `caller`: the
+    service whose `reconcile pod group` span is the root (the binder's, or this test's standing in for it)."""
+    (root,) = [i for i, s in tree.spans.items() if s["name"] == "reconcile pod group" and s["parent"] is None]
+    assert tree.spans[root]["service"] == caller
+    client = tree.find("kumiki.v1.Placement/Bind", caller, root)
     server = tree.find("kumiki.v1.Placement/Bind", "kumiki-placement", client)
     schedule = tree.find("schedule", "kumiki-placement", server)
-    assert tree.tags(schedule)["kumiki.job.id"] == "team/urgent"
+    assert tree.tags(schedule)["kumiki.job.id"] == beneficiary
     assert tree.tags(schedule)["kumiki.outcome"] == "pending"
     preempt = tree.find("preempt", "kumiki-placement", schedule)
     chosen = tree.tags(preempt)
-    assert chosen["kumiki.job.id"] == victim and chosen["kumiki.preemption.beneficiary"] == "team/urgent"
+    assert chosen["kumiki.job.id"] == victim and chosen["kumiki.preemption.beneficiary"] == beneficiary
     assert chosen["kumiki.preemption.reason"] == "priority"
     send = tree.find(f"send {prefix}scheduling.decisions", "kumiki-placement", preempt)
     assert tree.spans[send]["kind"] == "producer" and tree.tags(send)["messaging.system"] == "kafka"
