@@ -56,7 +56,7 @@ BINDER_SOURCE_PREFIX = "//kumiki/binder/"
 def gang_attributes(gang: Gang, generation: int, pods: int, trigger: str) -> dict[str, str | int]:
     """The binder's span for a gang: the same job keys as Placement's `schedule` span, and what started it
     (`submit`: the binder asked Placement; `cycle`: Placement's scheduling pass bound it later, on job.lifecycle;
-    `repair`: bound as logged after a restart)."""
+    `preemption`: an EVICT command)."""
     attributes: dict[str, str | int] = {
         "kumiki.job.id": gang.job_id,
         "kumiki.job.generation": generation,
