@@ -157,7 +157,11 @@ async def test_preemption_is_one_trace_in_jaeger_from_the_decision_to_the_resume
         finally:
             job.close()
         shutdown_tracing()  # the job's Report span goes to Jaeger now
-        tree = await collected(jaeger, trace_id, resumed(prefix), "the preemption's trace up to RESUME")
+        # the job's Report is flushed last, from this process: wait for it as well as for RESUME
+        reported = has("kumiki.v1.Checkpoints/Report", "kumiki-test")
+        tree = await collected(
+            jaeger, trace_id, lambda t: resumed(prefix)(t) and reported(t), "the preemption's trace up to RESUME"
+        )
 
     checkpoint = decision_to_checkpoint(tree, prefix, VICTIM)
     # the job answers the command it was sent: its Report continues the command's step
