@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
 
+from kumiki.common.config import DatabaseSettings
 from kumiki.common.contracts.v1 import common_pb2, placement_pb2
 from kumiki.common.grpcutil import LogBudget, RequestGuard, Undecodable, guarded_deserializer, undecodable_reason
+from tests.conftest import wait_until
 
 BIND = placement_pb2.BindRequest.DESCRIPTOR
 
@@ -111,3 +114,41 @@ def test_a_nul_in_any_string_is_refused_naming_the_field() -> None:
     assert rejected.reason == "pods[1].gpu_model: contains a NUL character (U+0000), which no Kumiki name may hold"
     del request.pods[1]  # a zero byte in a double is not a NUL in a string
     assert isinstance(deserialize(request.SerializeToString()), placement_pb2.BindRequest)
+
+
+async def test_a_handler_that_loses_its_database_answers_unavailable(database_settings: DatabaseSettings) -> None:
+    """A session the database ends mid-call (a fast shutdown or pg_terminate_backend, as a Postgres restart
+    does) is UNAVAILABLE, which callers retry, not UNKNOWN with the exception's text."""
+    connection = await asyncpg.connect(database_settings.url)
+    pid = connection.get_server_pid()
+
+    async def slow(request: placement_pb2.BindRequest, context: grpc.aio.ServicerContext) -> bytes:
+        await connection.fetchval("SELECT pg_sleep(30)")
+        return b""
+
+    handlers = grpc.method_handlers_generic_handler(
+        "t.T", {"Slow": grpc.unary_unary_rpc_method_handler(slow, placement_pb2.BindRequest.FromString, lambda b: b)}
+    )
+    server = grpc.aio.server(interceptors=[RequestGuard("test")])
+    server.add_generic_rpc_handlers((handlers,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    admin = await asyncpg.connect(database_settings.url)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = asyncio.ensure_future(channel.unary_unary("/t.T/Slow")(_valid(), timeout=20))
+
+            async def sleeping() -> bool:
+                query = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'SELECT pg_sleep%'"
+                return bool(await admin.fetchval(query, pid))
+
+            await wait_until(sleeping, what="the handler's query to be running")
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call
+            assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert raised.value.details() == "the database is unavailable; retry"
+    finally:
+        await admin.close()
+        await connection.close()
+        await server.stop(None)

@@ -21,6 +21,16 @@ from kumiki.common.config import DatabaseSettings
 
 log = logging.getLogger(__name__)
 
+# The database could not be reached or went away mid-call (a restart, a failover): retry later, not a bug.
+UNREACHABLE = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,  # starting up or shutting down
+    asyncpg.AdminShutdownError,  # the session was terminated (a fast shutdown, pg_terminate_backend)
+    asyncpg.CrashShutdownError,  # another backend crashed: every session is reset
+)
+
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 

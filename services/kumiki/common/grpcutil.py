@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import Counter
 
+from kumiki.common.db import UNREACHABLE
 from kumiki.common.metrics import labelled
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ def timestamp(moment: datetime | None = None) -> Timestamp:
 REJECTED = Counter(
     "kumiki_grpc_rejected_requests_total",
     "gRPC requests rejected before the handler: bytes that do not decode as the method's request, or a NUL in a string",
+    ["method"],
+)
+UNAVAILABLE = Counter(
+    "kumiki_grpc_unavailable_total",
+    "gRPC calls answered UNAVAILABLE because the handler lost its database (callers retry)",
     ["method"],
 )
 _MAX_DEPTH = 100  # protobuf's own recursion limit
@@ -225,7 +231,9 @@ class LogBudget:
 
 
 class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Every method's request deserializer guarded: undecodable bytes end the call with INVALID_ARGUMENT."""
+    """Every method's request deserializer guarded: undecodable bytes end the call with INVALID_ARGUMENT. A
+    handler that loses its database (a Postgres restart) ends the call with UNAVAILABLE, which callers retry,
+    instead of UNKNOWN with the exception's text."""
 
     def __init__(self, service: str, budget: LogBudget | None = None) -> None:
         self.service = service
@@ -241,13 +249,19 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             log.warning("rejected request before its handler", extra=extra)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
 
+    async def _unavailable(self, method: str, context: grpc.aio.ServicerContext, error: Exception) -> None:
+        labelled(UNAVAILABLE, method).inc()
+        if self.budget.take() is not None:
+            log.warning("database unavailable; call refused", extra={"method": method, "error": repr(error)})
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the database is unavailable; retry")
+
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
         method = handler_call_details.method
         deserializer = guarded_deserializer(handler.request_deserializer)
-        reject = self._reject
+        reject, unavailable = self._reject, self._unavailable
         serializer = handler.response_serializer
 
         async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -262,7 +276,10 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             async def guarded_unary_unary(request, context):  # type: ignore[no-untyped-def]
                 if isinstance(request, Undecodable):
                     await reject(method, context, request.reason)
-                return await unary_unary(request, context)
+                try:
+                    return await unary_unary(request, context)
+                except UNREACHABLE as error:
+                    await unavailable(method, context, error)
 
             return grpc.unary_unary_rpc_method_handler(guarded_unary_unary, deserializer, serializer)
         if handler.unary_stream is not None:
@@ -271,8 +288,11 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             async def guarded_unary_stream(request, context):  # type: ignore[no-untyped-def]
                 if isinstance(request, Undecodable):
                     await reject(method, context, request.reason)
-                async for response in unary_stream(request, context):
-                    yield response
+                try:
+                    async for response in unary_stream(request, context):
+                        yield response
+                except UNREACHABLE as error:
+                    await unavailable(method, context, error)
 
             return grpc.unary_stream_rpc_method_handler(guarded_unary_stream, deserializer, serializer)
         if handler.stream_unary is not None:

@@ -34,6 +34,7 @@ from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED, DUPLICATES, GAPS,
 from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import DEAD_LETTER, TopicSpec
 from kumiki.common.config import KafkaSettings
+from kumiki.common.db import UNREACHABLE
 from kumiki.common.metrics import labelled
 from kumiki.common.tracing import extract_context, process_attributes
 
@@ -42,7 +43,7 @@ tracer = trace.get_tracer("kumiki.bus")
 
 Handler = Callable[[Event, asyncpg.Connection | None], Awaitable[None]]
 VERIFY_EVERY_S = 2.0  # how often an idle transactional consumer compares its positions with the stored offsets
-INFRASTRUCTURE_ERRORS = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, KafkaError)
+INFRASTRUCTURE_ERRORS = (*UNREACHABLE, KafkaError)
 
 
 class EventRejected(Exception):
