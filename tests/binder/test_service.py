@@ -459,8 +459,11 @@ async def test_taints_tolerations_node_selector_and_required_affinity(kube: Asyn
         obj["spec"].update(spec)
         return obj
 
-    # a1 and a2 (8 GPUs) are filled exactly; the tainted node's 8 free GPUs are for pods that tolerate it
-    first = [
+    # a1 and a2 (8 GPUs) are filled exactly; the tainted node's 8 free GPUs are for pods that tolerate it. The
+    # pods tied to one zone go first: had the free-to-go pods come first, in whatever order the watch delivers
+    # them, they could take a2's four GPUs and leave the z2 pods nowhere (as with any scheduler that does not
+    # move running pods)
+    tied = [
         *(
             pod(f"in-z2-{i}", affinity=_required_affinity({"key": "zone", "operator": "In", "values": ["z2"]}))
             for i in range(2)
@@ -469,10 +472,14 @@ async def test_taints_tolerations_node_selector_and_required_affinity(kube: Asyn
             pod(f"not-z2-{i}", affinity=_required_affinity({"key": "zone", "operator": "NotIn", "values": ["z2"]}))
             for i in range(2)
         ),
+    ]
+    await create_all(kube, tied)
+    await until(lambda: all_bound(kube, ns, 4), timeout_s=60, what="the zone-tied pods bound")
+    free = [
         *(pod(f"zoned-{i}", affinity=_required_affinity({"key": "zone", "operator": "Exists"})) for i in range(2)),
         *(pod(f"plain-{i}") for i in range(2)),
     ]
-    await create_all(kube, first)
+    await create_all(kube, free)
     await until(lambda: all_bound(kube, ns, 8), timeout_s=60, what="the first 8 pods bound")
     placed = {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
     assert {placed["in-z2-0"], placed["in-z2-1"]} == {"a2"}
