@@ -148,21 +148,24 @@ def test_kumiki_lets_a_blocked_job_in_when_a_running_job_ages_past_it():
     assert [p.job_id for p in decisions.preemptions] == ["old"] and started(decisions) == ["new"]
 
 
-def test_kumiki_protects_full_node_jobs_after_their_first_intervals():
-    scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(2, 8)), "best-fit")
+def test_kumiki_protect_protects_full_node_jobs_after_their_first_intervals():
+    scheduler = Scheduler(POLICIES["kumiki-protect"], ClusterState.empty(uniform_cluster(2, 8)), "best-fit")
     full = consolidated_gang("full", 8, 8)
     single = consolidated_gang("single", 1, 8)
     pair = consolidated_gang("pair", 16, 8)
     assert scheduler.checkpoint_until(full, forecast_view("full", 8, 0.0, 10.0, 20.0)) == KUMIKI_PROTECT_AFTER_S
     assert scheduler.checkpoint_until(single, forecast_view("single", 1, 0.0, 10.0, 20.0)) == math.inf
     assert scheduler.checkpoint_until(pair, forecast_view("pair", 16, 0.0, 10.0, 20.0)) == 0.0
+    # `kumiki` itself keeps every single-node job preemptible, full-node ones included (as Tiresias)
+    default = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(2, 8)), "best-fit")
+    assert default.checkpoint_until(full, forecast_view("full", 8, 0.0, 10.0, 20.0)) == math.inf
     fifo = Scheduler(POLICIES["fifo"], ClusterState.empty(uniform_cluster(2, 8)), "best-fit")
     assert fifo.checkpoint_until(single, forecast_view("single", 1, 0.0, 10.0, 20.0)) == 0.0
 
 
-def test_kumiki_full_node_job_yields_early_but_not_once_protected():
+def test_kumiki_protect_full_node_job_yields_early_but_not_once_protected():
     def blocked_at(now: float) -> Scheduler:
-        scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
+        scheduler = Scheduler(POLICIES["kumiki-protect"], ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
         scheduler.submit(forecast_view("big", 8, 0.0, 100.0, 200.0), consolidated_gang("big", 8, 8))
         scheduler.schedule(0.0)
         scheduler.submit(forecast_view("small", 1, now, 100.0, 200.0), consolidated_gang("small", 1, 8), now=now)

@@ -125,14 +125,17 @@ def test_same_input_same_report_and_never_over_capacity(specs, policy, nodes, gp
 
 def test_kumiki_full_node_jobs_checkpoint_only_while_they_may_yield():
     interval = 1800.0
-    # an 8-GPU job checkpoints only below KUMIKI_PROTECT_AFTER_S; a 1-GPU job all its run
+    # under `kumiki-protect` an 8-GPU job checkpoints only below KUMIKI_PROTECT_AFTER_S; a 1-GPU job all its run
     duration = 2 * KUMIKI_PROTECT_AFTER_S + 500.0
-    (full,) = run([SimJobSpec("full", 0.0, 8, duration)], "kumiki", nodes=1, gpus=8).jobs
+    (full,) = run([SimJobSpec("full", 0.0, 8, duration)], "kumiki-protect", nodes=1, gpus=8).jobs
     checkpoints = math.ceil(KUMIKI_PROTECT_AFTER_S / interval) - 1
     assert full.jct_s == pytest.approx(duration + checkpoints * 60.0)
     assert full.checkpoint_gpu_s == pytest.approx(checkpoints * 60.0 * 8)
     (single,) = run([SimJobSpec("single", 0.0, 1, duration)], "kumiki", nodes=1, gpus=8).jobs
     assert single.jct_s == pytest.approx(duration + math.floor(duration / interval) * 60.0)
+    # `kumiki` keeps a full-node job preemptible, so it checkpoints all its run like a 1-GPU one
+    (always,) = run([SimJobSpec("full", 0.0, 8, duration)], "kumiki", nodes=1, gpus=8).jobs
+    assert always.jct_s == pytest.approx(duration + math.floor(duration / interval) * 60.0)
     (plain,) = run([SimJobSpec("full", 0.0, 8, duration)], "fifo", nodes=1, gpus=8).jobs
     assert plain.jct_s == duration
 
