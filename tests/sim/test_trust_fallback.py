@@ -56,3 +56,11 @@ def test_noise_forecasts_cost_nothing_and_true_ones_gain() -> None:
     assert trusting_noise > 1.1 * blind
     assert with_noise - blind < 0.2 * (trusting_noise - blind)
     assert with_truth < 0.8 * blind
+
+
+def test_forecast_free_fallback_is_not_behind_tiresias() -> None:
+    """What `kumiki` falls back to with no forecast (`kumiki-noforecast`) must not be behind Tiresias (on this
+    small trace both it and its 6 h-protected form are; on the Philly slice at 48 x 8 only the unprotected one
+    is, docs/simulator.md)."""
+    jobs = sim_jobs(load_jobs(TINY), max_gpus=32)
+    assert average_jct("kumiki-noforecast", jobs, None) <= average_jct("tiresias", jobs, None)
