@@ -695,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pause-s", type=float, default=defaults.pause_s, help="how long the paused service stops")
     parser.add_argument("--bad-records", type=int, default=defaults.bad_records, help="undecodable records injected")
     parser.add_argument("--timeout-s", type=float, default=defaults.timeout_s, help="the replay's deadline")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="jobs' queues and the bad records")
     parser.add_argument("--database", choices=("embedded", "system"), default=defaults.database)
     parser.add_argument("--out", type=Path, default=defaults.out, help="where results.json goes")
     args = parser.parse_args(argv)
@@ -710,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_s=args.timeout_s,
         out=args.out,
         database=args.database,
+        seed=args.seed,
     )
     try:
         settings.validate()
