@@ -75,12 +75,17 @@ def complete(prefix: str, pods: int) -> Any:
     )
 
 
-async def the_trace(jaeger: JaegerProcess, job_id: str) -> int:
-    """The one trace that holds the job's decision (a gang submitted twice would be two)."""
+async def the_trace(jaeger: JaegerProcess, job_id: str, operation: str | None = None) -> int:
+    """The one trace that holds the job's decision (a gang submitted twice would be two); with `operation`, the
+    one of its traces that holds a span of that name (a preempting decision: its later bind is a trace of its
+    own)."""
     found: list[list[dict[str, Any]]] = []
 
     def one() -> bool:
-        found[:] = [find_traces(jaeger.query_url, job_id, 600, 20)]
+        traces = find_traces(jaeger.query_url, job_id, 600, 20)
+        if operation is not None:
+            traces = [data for data in traces if any(s["operationName"] == operation for s in data["spans"])]
+        found[:] = [traces]
         return bool(found[0])
 
     await wait_until(one, timeout_s=30, interval_s=0.3, what=f"a decision trace for {job_id} in Jaeger")
@@ -253,20 +258,6 @@ async def gone(kube: AsyncClient, ns: str, name: str) -> bool:
     return not any(pod["metadata"]["name"] == name for pod in await pods_in(kube, ns))
 
 
-async def preemption_trace(jaeger: JaegerProcess, beneficiary: str) -> int:
-    """The one trace of the beneficiary's decisions that preempts (its later bind may be a trace of its own)."""
-    found: list[list[dict[str, Any]]] = []
-
-    def one() -> bool:
-        traces = find_traces(jaeger.query_url, beneficiary, 600, 20)
-        found[:] = [[data for data in traces if any(s["operationName"] == "preempt" for s in data["spans"])]]
-        return bool(found[0])
-
-    await wait_until(one, timeout_s=30, interval_s=0.3, what=f"{beneficiary}'s preempting decision in Jaeger")
-    assert len(found[0]) == 1, f"{len(found[0])} traces preempt for {beneficiary}"
-    return int(found[0][0]["traceID"], 16)
-
-
 async def test_a_preemption_through_the_binder_is_one_trace_to_the_rebinds_binding(
     kube: AsyncClient,
     kube_stack: KubeStack,
@@ -331,7 +322,7 @@ async def _preemption_through_the_binder(
             await kube.delete(Pod, "filler", namespace=ns, grace_period=0)  # the other job ends
             await wait_until(lambda: bound(kube, ns, "train-", 1), timeout_s=60, interval_s=0.3, what="rebound")
             shutdown_tracing()  # the job's Report span goes to Jaeger now
-            trace_id = await preemption_trace(jaeger, f"{ns}/pod/urgent")
+            trace_id = await the_trace(jaeger, f"{ns}/pod/urgent", "preempt")
 
             def whole(tree: Tree) -> bool:  # the last spans of each process (the test's Report is flushed last)
                 return (
