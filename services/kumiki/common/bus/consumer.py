@@ -183,9 +183,7 @@ class EventConsumer:
                 records = fresh
                 if not records:
                     return
-                if records[0].offset > stored and self._gap_checked.get(partition) != stored:
-                    self._gap_checked[partition] = stored
-                    self._go_back(partition, stored, records[0].offset)
+                if records[0].offset > stored and self._go_back_once(partition, stored, records[0].offset):
                     return
             for record in records:
                 await self._process_one(record, connection, handled)
@@ -223,13 +221,16 @@ class EventConsumer:
             except IllegalStateError:
                 continue  # revoked meanwhile
             kept = stored.get(partition, 0)
-            if kept < position and self._gap_checked.get(partition) != kept:
-                self._gap_checked[partition] = kept
-                self._go_back(partition, kept, position)
+            if kept < position:
+                self._go_back_once(partition, kept, position)
 
-    def _go_back(self, partition: TopicPartition, stored: int, ahead: int) -> None:
-        """Seek to the stored offset. What this process remembers as seen is forgotten too: those events may be
-        exactly the ones the database lost, and only the stored offset says what was applied."""
+    def _go_back_once(self, partition: TopicPartition, stored: int, ahead: int) -> bool:
+        """Seek to the stored offset, once per stored offset (False: already gone back there, so the range has
+        no records to fetch). What this process remembers as seen is forgotten too: those events may be exactly
+        the ones the database lost, and only the stored offset says what was applied."""
+        if self._gap_checked.get(partition) == stored:
+            return False
+        self._gap_checked[partition] = stored
         log.warning(
             "consumer is past the stored offset: going back for the records in between",
             extra={"topic": partition.topic, "partition": partition.partition, "stored": stored, "at": ahead},
@@ -238,6 +239,7 @@ class EventConsumer:
         self._seen.clear()
         if partition in self._consumer.assignment():  # revoked meanwhile: its next owner seeks to the stored offset
             self._consumer.seek(partition, stored)
+        return True
 
     async def _process_one(
         self, record: ConsumerRecord, connection: asyncpg.Connection | None, handled: list[str]
