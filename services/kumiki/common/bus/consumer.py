@@ -151,7 +151,7 @@ class EventConsumer:
         self.assigned.set()
 
     async def _process_committing_to_kafka(self, partition: TopicPartition, records: list[ConsumerRecord]) -> None:
-        handled: list[str] = []
+        handled: set[str] = set()
         for record in records:
             await self._process_one(record, None, handled)
         await self._consumer.commit({partition: records[-1].offset + 1})
@@ -165,7 +165,7 @@ class EventConsumer:
         crash) or the client's position jumped past them, so the consumer goes back for them once, and accepts
         the jump only when the broker hands the same batch again (a compacted or expired range has no records)."""
         assert self.pool is not None
-        handled: list[str] = []
+        handled: set[str] = set()
         async with self.pool.acquire() as connection, connection.transaction():
             stored = await connection.fetchval(
                 "SELECT next_offset FROM kumiki_bus.consumer_offsets"
@@ -242,7 +242,7 @@ class EventConsumer:
         return True
 
     async def _process_one(
-        self, record: ConsumerRecord, connection: asyncpg.Connection | None, handled: list[str]
+        self, record: ConsumerRecord, connection: asyncpg.Connection | None, handled: set[str]
     ) -> None:
         """`handled`: the ids of this batch's events handled so far, remembered as seen once the batch is kept."""
         spec = self._specs[record.topic]
@@ -267,7 +267,7 @@ class EventConsumer:
         if reason is not None:
             await self._dead_letter(record, reason)
             return
-        handled.append(event.attributes.id)
+        handled.add(event.attributes.id)
         self.handled += 1
         labelled(CONSUMED, spec.name, self.group_id).inc()
 
@@ -297,7 +297,7 @@ class EventConsumer:
                 labelled(HANDLER_SECONDS, event.topic.name, self.group_id).observe(time.perf_counter() - started)
         return None
 
-    def _remember(self, event_ids: list[str]) -> None:
+    def _remember(self, event_ids: set[str]) -> None:
         for event_id in event_ids:
             self._seen[event_id] = None
         while len(self._seen) > self.dedupe_window:
