@@ -208,11 +208,17 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
     for i in range(3):
         told = condition(pods[f"huge-{i}"]) or {}
         assert told["reason"] == "Unschedulable" and "GPU" in told["message"], told
-    events = [event async for event in kube.list(Event, namespace=ns2)]
-    assert any(event.reason == "FailedScheduling" and event.involvedObject.name == "sixteen" for event in events)
-    assert any(event.involvedObject.kind == "PodGroup" and event.involvedObject.name == "huge" for event in events)
-    group = await kube.get(PodGroup, "huge", namespace=ns2)
-    assert group.status["phase"] == "Pending"  # type: ignore[index]
+
+    async def told_in_events_and_phase() -> bool:  # Events go out from a queue, the phase after the pods
+        events = [event async for event in kube.list(Event, namespace=ns2)]
+        group = await kube.get(PodGroup, "huge", namespace=ns2)
+        return (
+            any(event.reason == "FailedScheduling" and event.involvedObject.name == "sixteen" for event in events)
+            and any(event.involvedObject.kind == "PodGroup" and event.involvedObject.name == "huge" for event in events)
+            and (group.status or {}).get("phase") == "Pending"
+        )
+
+    await until(told_in_events_and_phase, timeout_s=30, what="Events on the pod and the PodGroup, phase Pending")
 
     # when the bound gang ends, the waiting one of #3373 gets the GPUs
     for pod in bound(await pods_in(kube, ns)):
@@ -534,8 +540,12 @@ async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: Async
     assert not bound(pods)
     message = (condition(pods[0]) or {})["message"]
     assert "past its scheduleTimeoutSeconds (3)" in message and "GPU" in message, message
-    group = await kube.get(PodGroup, "slow", namespace=ns)
-    assert group.status["phase"] == "Failed"  # type: ignore[index]
+
+    async def group_failed() -> bool:  # the binder writes the group's phase after telling its pods
+        group = await kube.get(PodGroup, "slow", namespace=ns)
+        return group.status["phase"] == "Failed"  # type: ignore[index]
+
+    await until(group_failed, timeout_s=30, what="the PodGroup's phase Failed once its pods were told")
 
     async def group_told() -> bool:
         events = [event async for event in kube.list(Event, namespace=ns)]
