@@ -16,12 +16,14 @@ import grpc
 
 from kumiki.common.bus import ensure_topics
 from kumiki.common.bus.topics import NODE_INVENTORY
+from kumiki.common.config import env_float
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.telemetry.adapters.gc_policy import TimedCollection
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
 
 RECOVERY_TIMEOUT_S = 120.0
+COMMIT_STALL_S = 60.0  # records behind an unmoving committed offset this long: exit, a restart reads them again
 
 
 async def _watch(streams: TelemetryStreams) -> None:
@@ -43,11 +45,12 @@ async def _watch(streams: TelemetryStreams) -> None:
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     config = TelemetryConfig.from_env(os.environ)
+    stall_s = env_float(os.environ, "KUMIKI_TELEMETRY_COMMIT_STALL_S", COMMIT_STALL_S, minimum=0, maximum=86400)
     if runtime.settings.log_level != "DEBUG":  # faust and mode narrate every start step at INFO
         for name in ("faust", "mode"):
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     await ensure_topics(runtime.settings.kafka, [NODE_INVENTORY])
-    streams = TelemetryStreams(runtime.settings.kafka, config, runtime.producer)
+    streams = TelemetryStreams(runtime.settings.kafka, config, runtime.producer, commit_stall_s=stall_s)
     await streams.start()
     runtime.background.append(asyncio.create_task(_watch(streams), name="faust-telemetry"))
     # Ready means the tables are rebuilt from their changelogs: before that, state would be published from

@@ -35,3 +35,8 @@ STATE_LAG_SECONDS = Histogram(
     "Age of the newest sample of each chunk when it is folded into node state (end-to-end lag)",
     buckets=LAG_BUCKETS,
 )
+COMMIT_WAIT = Gauge(
+    "kumiki_telemetry_commit_wait_seconds",
+    "How long records have waited behind a committed offset of the faust group that does not move (0: caught up"
+    " or moving); at KUMIKI_TELEMETRY_COMMIT_STALL_S the service exits to read them again",
+)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import faust
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
 from kumiki.common.bus.codec import RejectedRecord, decode
@@ -53,6 +53,7 @@ from kumiki.common.metrics import labelled
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
 from kumiki.telemetry.adapters.codecs import NodeRecordJson
+from kumiki.telemetry.adapters.commits import CommitWatch
 from kumiki.telemetry.adapters.known_nodes import KnownNodes
 from kumiki.telemetry.adapters.samples import FastSamples
 
@@ -175,6 +176,7 @@ class TelemetryStreams:
         clock: Clock = time.time,
         front_end: str = "aiokafka",
         name: str = "telemetry-ingest",
+        commit_stall_s: float = 0.0,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -200,6 +202,8 @@ class TelemetryStreams:
         self._folded_changed = asyncio.Event()
         self.flow_waits = 0
         self._changelog_failure: BaseException | None = None
+        self.commit_stall_s = commit_stall_s  # 0: no watch on the group's commits
+        self.commits: CommitWatch | None = None
         self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
         self.app: Any = cast(Any, faust.App)(
             self.app_id,
@@ -333,8 +337,19 @@ class TelemetryStreams:
             )
             await self._front.start()
             self._front_task = asyncio.create_task(self._run_front(), name="telemetry-front-end")
+        if self.commit_stall_s > 0:
+            self.commits = CommitWatch(
+                self.settings,
+                self.app_id,
+                self._committed_partitions,
+                self.commit_stall_s,
+                describe=self._faust_commit_view,
+            )
+            await self.commits.start(lambda: self.recovered and not self.app.rebalancing)
 
     async def stop(self) -> None:
+        if self.commits is not None:
+            await self.commits.stop()
         if self._front_task is not None:
             self._front_task.cancel()
             await asyncio.gather(self._front_task, return_exceptions=True)
@@ -342,6 +357,25 @@ class TelemetryStreams:
             await self._front.stop()
         await self.app.stop()
         await self.known_nodes.stop()
+
+    def _committed_partitions(self) -> list[TopicPartition]:
+        """The partitions this worker holds of the topics its faust group commits on."""
+        topics = {topic.get_topic_name() for topic in (self.lifecycle_topic, self.node_input, self.usage_topic)}
+        return [TopicPartition(tp.topic, tp.partition) for tp in self.app.consumer.assignment() if tp.topic in topics]
+
+    def _faust_commit_view(self, partition: TopicPartition) -> str:
+        """What faust's own bookkeeping holds for a stalled partition, for the error that names it."""
+        consumer = self.app.consumer
+        tp = next((tp for tp in consumer.assignment() if (tp.topic, tp.partition) == partition), None)
+        if tp is None:
+            return "no longer assigned here"
+        acked = sorted(getattr(consumer, "_acked", {}).get(tp, ()))
+        gaps = getattr(consumer, "_gap", {}).get(tp)
+        return (
+            f"faust: committed {getattr(consumer, '_committed_offset', {}).get(tp)},"
+            f" read {getattr(consumer, '_read_offset', {}).get(tp)}, {len(acked)} acked from {acked[:3]},"
+            f" gaps {sorted((gap.begin, gap.end) for gap in gaps) if gaps else []}"
+        )
 
     async def _forget_folded(self, *args: Any, **kwargs: Any) -> None:
         """After a rebalance this worker may not hold the partitions it waited on: learn them again."""
@@ -425,6 +459,8 @@ class TelemetryStreams:
     def crash_reason(self) -> BaseException | None:
         if self._changelog_failure is not None:
             return self._changelog_failure
+        if self.commits is not None and self.commits.failure is not None:
+            return self.commits.failure
         task = self._front_task
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             return task.exception()
