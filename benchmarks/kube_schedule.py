@@ -14,6 +14,9 @@ Running / (last Running - first created), also from the first Binding on, and po
 created) (the scheduler's rate without KWOK's lag in marking pods Running). A gang is partial when some but not
 all of its pods are bound at the end of the phase. `--backlog`: every pod is created first, then the scheduler
 is started (Kumiki's binder restarted, kube-scheduler started), and latency and rates count from that start.
+`--ceiling` adds a phase with no scheduler at all: the same pods created with `spec.nodeName` already set
+(first fit by GPUs, in order), so no Binding is made. Its pods/s to Running is what the API server, etcd and
+KWOK on this machine allow any scheduler, an upper bound for both of the others.
 Creations and the phase's watch go through the binder's aiohttp lane, so the load generator costs both
 schedulers the same, and little.
 """
@@ -82,7 +85,7 @@ def workload(pod_limit: int, gpus_per_pod: int) -> Workload:
     return Workload(pods, groups, total)
 
 
-def pod_manifest(ns: str, name: str, gpus: int, group: str, scheduler: str) -> dict[str, Any]:
+def pod_manifest(ns: str, name: str, gpus: int, group: str, scheduler: str, node: str = "") -> dict[str, Any]:
     labels = {"scheduling.x-k8s.io/pod-group": group} if group else {}
     return {
         "apiVersion": "v1",
@@ -90,6 +93,7 @@ def pod_manifest(ns: str, name: str, gpus: int, group: str, scheduler: str) -> d
         "metadata": {"name": name, "namespace": ns, "labels": labels},
         "spec": {
             "schedulerName": scheduler,
+            **({"nodeName": node} if node else {}),
             "containers": [
                 {
                     "name": "main",
@@ -107,6 +111,19 @@ def pod_manifest(ns: str, name: str, gpus: int, group: str, scheduler: str) -> d
 def node_manifest(name: str) -> dict[str, Any]:
     """The replay's KWOK node (kumiki.replay.kube), with NVLink islands of 4 GPUs and 110 pods as kubelet's default."""
     return node_object(name, island=4, pods=110)
+
+
+def first_fit(load: Workload, nodes: int, gpus_per_node: int = 8) -> dict[str, str]:
+    """Pod -> node for the ceiling phase: each pod on the first node with its GPUs free, in arrival order."""
+    free = [gpus_per_node] * nodes
+    placed: dict[str, str] = {}
+    for name, gpus, _ in load.pods:
+        for index, left in enumerate(free):
+            if left >= gpus:
+                free[index] -= gpus
+                placed[name] = f"kwok-{index:05d}"
+                break
+    return placed
 
 
 async def bounded(coroutines: list[Any], limit: int) -> None:
@@ -184,8 +201,10 @@ async def run_phase(
     settle_s: float,
     timeout_s: float,
     start: Callable[[], Awaitable[None]] | None = None,
+    nodes: dict[str, str] | None = None,
 ) -> Phase:
-    """`start`: the pods are a backlog, all created before the scheduler is started (else it runs already)."""
+    """`start`: the pods are a backlog, all created before the scheduler is started (else it runs already).
+    `nodes`: pods created already bound to these nodes (the ceiling phase; a pod not in it is not created)."""
     ns = f"bench-{name}-{uuid.uuid4().hex[:4]}"
     await client.create(Namespace.from_dict({"metadata": {"name": ns}}))
     phase = Phase(name)
@@ -198,7 +217,7 @@ async def run_phase(
         )
 
     async def create(pod_name: str, gpus: int, group: str) -> None:
-        body = pod_manifest(ns, pod_name, gpus, group, scheduler)
+        body = pod_manifest(ns, pod_name, gpus, group, scheduler, (nodes or {}).get(pod_name, ""))
         for attempt in range(20):
             try:
                 await lane.request("POST", f"/api/v1/namespaces/{ns}/pods", body)
@@ -210,7 +229,8 @@ async def run_phase(
         phase.created[pod_name] = time.perf_counter()
 
     started = time.perf_counter()
-    await bounded([create(*pod) for pod in load.pods], creators)
+    pods = [pod for pod in load.pods if nodes is None or pod[0] in nodes]
+    await bounded([create(*pod) for pod in pods], creators)
     phase.create_s = time.perf_counter() - started
     if start is not None:
         phase.started = time.perf_counter()
@@ -218,7 +238,7 @@ async def run_phase(
     deadline = time.perf_counter() + timeout_s
     last_change, last_count = time.perf_counter(), -1
     while time.perf_counter() < deadline:
-        if len(phase.running) == len(load.pods):
+        if len(phase.running) == len(pods):
             break
         count = len(phase.running) + len(phase.bound)  # progress: a Binding, or KWOK marking a pod Running
         if count != last_count:
@@ -296,6 +316,11 @@ async def main() -> None:
     parser.add_argument("--settle", type=float, default=20.0, help="seconds without a new Running pod ends a phase")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--skip-kube-scheduler", action="store_true")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="a last phase without a scheduler: the pods created bound, what the control plane allows at most",
+    )
     parser.add_argument(
         "--backlog",
         action="store_true",
@@ -418,6 +443,15 @@ async def main() -> None:
             results.append(baseline.report(load))
             print(json.dumps(results[-1]))
             stop_component(stack, "scheduler")
+        if args.ceiling:
+            await delete_pods(client)
+            await asyncio.sleep(15.0)
+            ceiling = await run_phase(
+                client, lane, "ceiling", "none", load, args.creators, args.settle, args.timeout,
+                nodes=first_fit(load, args.nodes),
+            )  # fmt: skip
+            results.append(ceiling.report(load))
+            print(json.dumps(results[-1]))
         await client.close()
         await lane.close()
     finally:
@@ -428,18 +462,20 @@ async def main() -> None:
     print()
     print(
         "| scheduler | pods | running | pods/s | from first bind | bound/s | p50 ms | p99 ms | gangs | partial gangs "
-        "| vs kube-scheduler |"
+        "| vs kube-scheduler | of the ceiling |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    base = results[1]["pods_per_s"] if len(results) > 1 else 0.0
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    base = next((row["pods_per_s"] for row in results if row["phase"] == "kube"), 0.0)
+    top = next((row["pods_per_s"] for row in results if row["phase"] == "ceiling"), 0.0)
     for row in results:
         ratio = f"{row['pods_per_s'] / base:.2f}x" if base else ""
+        share = f"{row['pods_per_s'] / top:.0%}" if top else ""
         p50 = f"{row['p50_ms']:.0f}" if row["p50_ms"] is not None else "-"
         p99 = f"{row['p99_ms']:.0f}" if row["p99_ms"] is not None else "-"
         print(
             f"| {row['phase']} | {row['pods']} | {row['running']} | {row['pods_per_s']:.0f} "
             f"| {row['sched_pods_per_s']:.0f} | {row['bound_pods_per_s']:.0f} | {p50} | {p99} | {row['gangs']} "
-            f"| {row['partial_gangs']} | {ratio} |"
+            f"| {row['partial_gangs']} | {ratio} | {share} |"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
