@@ -1,0 +1,161 @@
+"""The binder's pure core: Kubernetes objects (as the API's JSON dicts) in, Kumiki requests and decisions out.
+
+No I/O and no asyncio here: the adapters watch the API server and talk to Placement, and hand every object to
+these functions. What a pod asks for is read the way users write it (`nvidia.com/gpu`, MIG resources such as
+`nvidia.com/mig-1g.10gb`, a GPU fraction and GPU memory by annotation, CPU and memory requests); nodes become
+`NodeState` records merged with telemetry's view; gangs come from the scheduler-plugins PodGroup CRD
+(`scheduling.x-k8s.io/v1alpha1`, `minMember`) or the `scheduling.x-k8s.io/pod-group` label.
+
+One module per concept, each importing only those before it: `names` (labels, annotations, resource names),
+`quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints, the NodeState record),
+`node_rules` (nodeSelector, required affinity, tolerations, the nodes Placement is told), `capacity` (why a pod
+could never fit), `requests` (what a pod asks for), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
+BindRequest, a gang's outcome), `writeback` (the Binding's annotations, the PodScheduled reason).
+This package re-exports all of their public names, so `core.Name` works whichever module holds it.
+"""
+
+from __future__ import annotations
+
+from kumiki.binder.core.capacity import (
+    ClusterCapacity,
+    capacity_changed,
+    never_fits,
+)
+from kumiki.binder.core.gangs import (
+    Gang,
+    bind_request_fields,
+    gang_outcome,
+    same_requests,
+)
+from kumiki.binder.core.names import (
+    GENERATION_ANNOTATION,
+    GPU_FRACTION_ANNOTATION,
+    GPU_INDICES_ANNOTATION,
+    GPU_MEMORY_ANNOTATION,
+    GPU_MODEL_ANNOTATION,
+    GPU_MODEL_SELECTOR,
+    GPU_RESOURCE,
+    GPU_UUIDS_ANNOTATION,
+    JOB_ANNOTATION,
+    MIG_RESOURCE_PREFIX,
+    MIG_SLICE_ANNOTATION,
+    NODE_GPU_UUIDS_ANNOTATION,
+    NODE_ISLAND_SIZE_LABEL,
+    NODE_RACK_LABELS,
+    NODE_SHARING_LABEL,
+    POD_GROUP_API,
+    POD_GROUP_LABEL,
+    PREEMPTIBLE_LABEL,
+    QUEUE_LABEL,
+    SCHEDULER_NAME,
+    TOPOLOGY_ANNOTATION,
+    TOPOLOGY_LEVELS,
+    TOPOLOGY_REQUIRED_ANNOTATION,
+)
+from kumiki.binder.core.node_rules import (
+    NODE_OPERATORS,
+    REQUIRED_AFFINITY,
+    NodeChoice,
+    NodeRules,
+    Requirement,
+    Toleration,
+    node_choice,
+    node_rules,
+    with_choice,
+)
+from kumiki.binder.core.nodes import (
+    BLOCKING_EFFECTS,
+    Node,
+    Taint,
+    gpu_model_name,
+    node_state,
+    node_taints,
+    parse_node,
+    same_node_state,
+)
+from kumiki.binder.core.pods import (
+    INT32_MAX,
+    Pod,
+    PodKey,
+    created_unix_s,
+    job_id_for,
+    parse_pod,
+)
+from kumiki.binder.core.quantities import (
+    MIB,
+    PodSpecError,
+    quantity,
+)
+from kumiki.binder.core.requests import (
+    pod_requests,
+    pod_resources,
+    topology_of,
+)
+from kumiki.binder.core.writeback import (
+    assignment_annotations,
+    reason_text,
+)
+
+__all__ = [
+    "BLOCKING_EFFECTS",
+    "GENERATION_ANNOTATION",
+    "GPU_FRACTION_ANNOTATION",
+    "GPU_INDICES_ANNOTATION",
+    "GPU_MEMORY_ANNOTATION",
+    "GPU_MODEL_ANNOTATION",
+    "GPU_MODEL_SELECTOR",
+    "GPU_RESOURCE",
+    "GPU_UUIDS_ANNOTATION",
+    "INT32_MAX",
+    "JOB_ANNOTATION",
+    "MIB",
+    "MIG_RESOURCE_PREFIX",
+    "MIG_SLICE_ANNOTATION",
+    "NODE_GPU_UUIDS_ANNOTATION",
+    "NODE_ISLAND_SIZE_LABEL",
+    "NODE_OPERATORS",
+    "NODE_RACK_LABELS",
+    "NODE_SHARING_LABEL",
+    "POD_GROUP_API",
+    "POD_GROUP_LABEL",
+    "PREEMPTIBLE_LABEL",
+    "QUEUE_LABEL",
+    "REQUIRED_AFFINITY",
+    "SCHEDULER_NAME",
+    "TOPOLOGY_ANNOTATION",
+    "TOPOLOGY_LEVELS",
+    "TOPOLOGY_REQUIRED_ANNOTATION",
+    "ClusterCapacity",
+    "Gang",
+    "Node",
+    "NodeChoice",
+    "NodeRules",
+    "Pod",
+    "PodKey",
+    "PodSpecError",
+    "Requirement",
+    "Taint",
+    "Toleration",
+    "assignment_annotations",
+    "bind_request_fields",
+    "capacity_changed",
+    "created_unix_s",
+    "gang_outcome",
+    "gpu_model_name",
+    "job_id_for",
+    "never_fits",
+    "node_choice",
+    "node_rules",
+    "node_state",
+    "node_taints",
+    "parse_node",
+    "parse_pod",
+    "pod_requests",
+    "pod_resources",
+    "quantity",
+    "reason_text",
+    "same_node_state",
+    "same_requests",
+    "topology_of",
+    "with_choice",
+]

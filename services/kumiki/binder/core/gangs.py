@@ -1,0 +1,92 @@
+"""A gang (a PodGroup's pods, or a pod alone): when it is ready to submit, the BindRequest it makes, whether
+Placement's logged request still stands, and how its pods' phases end the job."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiki.binder.core.pods import Pod, PodKey
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+
+
+@dataclass
+class Gang:
+    """The pods of one job (a PodGroup, or a pod alone) and where its scheduling stands."""
+
+    job_id: str
+    namespace: str
+    group: str
+    min_member: int = 0  # from the PodGroup (0: no PodGroup object seen)
+    pods: dict[PodKey, Pod] = field(default_factory=dict)
+    generation: int = 0  # the last generation submitted (0: never)
+    submitted: tuple[PodKey, ...] = ()  # the pods of the request, in its order
+    bound: bool = False
+    running_published: int = 0  # generation whose RUNNING was published
+    released: int = 0  # generation released in placement
+    reason: str = ""  # the last pending reason shown on the pods
+    last_join: float = 0.0  # monotonic time the last pod joined (a group without a PodGroup settles first)
+    timeout_s: int = 0  # the PodGroup's scheduleTimeoutSeconds (0: none)
+    waiting_since: float = 0.0  # monotonic time of the first submission of the unbound gang (0: none)
+    timed_out: bool = False  # scheduleTimeoutSeconds passed: not submitted again until its pods or group change
+
+    def waiting_count(self) -> int:
+        return sum(1 for pod in self.pods.values() if not pod.node and not pod.deleting and not pod.ended)
+
+    def waiting(self) -> list[Pod]:
+        return sorted(
+            (pod for pod in self.pods.values() if not pod.node and not pod.deleting and not pod.ended),
+            key=lambda pod: pod.key.name,
+        )
+
+    def ready_to_submit(self) -> bool:
+        """A PodGroup waits for minMember pods; a pod alone (or a labelled group without a PodGroup) goes now."""
+        waiting = self.waiting()
+        if not waiting:
+            return False
+        if self.group and self.min_member:
+            return len(waiting) >= self.min_member
+        return True
+
+
+def bind_request_fields(gang: Gang, pods: Sequence[Pod]) -> dict[str, Any]:
+    """The fields of the BindRequest for `pods` (all of them valid), in request order."""
+    first = pods[0]
+    return {
+        "queue": first.queue,
+        "pods": [pod.resources for pod in pods],
+        "min_members": min(gang.min_member, len(pods)) if gang.group and gang.min_member else 0,
+        "topology": first.topology,
+        "priority_tier": max(pod.priority for pod in pods),
+        "preemptible": all(pod.preemptible for pod in pods),
+        "name": gang.group or first.key.name,
+    }
+
+
+def same_requests(logged: Sequence[common_pb2.PodResources], pods: Sequence[common_pb2.PodResources | None]) -> bool:
+    """Whether Placement's logged request asks for what these pods ask for (node rules aside: they are
+    resolved against the nodes of the moment and change with them)."""
+    if len(logged) != len(pods):
+        return False
+    for before, now in zip(logged, pods, strict=True):
+        if now is None:
+            return False
+        if before.nodes or before.avoid_nodes:
+            stripped = common_pb2.PodResources()
+            stripped.CopyFrom(before)
+            stripped.ClearField("nodes")
+            stripped.ClearField("avoid_nodes")
+            before = stripped
+        if before != now:
+            return False
+    return True
+
+
+def gang_outcome(pods: Iterable[Pod]) -> int:
+    """How a gang's bound pods ended: COMPLETED when all succeeded, FAILED when any failed, else UNSPECIFIED
+    (some still run)."""
+    phases = [pod.phase for pod in pods]
+    if not phases or not all(phase in ("Succeeded", "Failed") for phase in phases):
+        return events_pb2.JOB_STATE_UNSPECIFIED
+    return events_pb2.JOB_STATE_FAILED if "Failed" in phases else events_pb2.JOB_STATE_COMPLETED

@@ -1,0 +1,129 @@
+"""A pod as the binder keeps it: its key, gang, phase, validated request and node rules (`parse_pod`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kumiki.binder.core.names import (
+    GENERATION_ANNOTATION,
+    JOB_ANNOTATION,
+    POD_GROUP_LABEL,
+    PREEMPTIBLE_LABEL,
+    QUEUE_LABEL,
+)
+from kumiki.binder.core.node_rules import NodeRules, node_rules
+from kumiki.binder.core.quantities import PodSpecError
+from kumiki.binder.core.requests import pod_resources, topology_of
+from kumiki.common.contracts.v1 import common_pb2
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """What the binder needs of one pod."""
+
+    key: PodKey
+    uid: str
+    group: str  # PodGroup name, or "" for a pod that is its own gang
+    node: str  # spec.nodeName ("" while unbound)
+    phase: str
+    deleting: bool
+    resources: common_pb2.PodResources | None  # None when the pod's request is invalid (see `invalid`)
+    invalid: str
+    queue: str
+    priority: int
+    preemptible: bool
+    topology: common_pb2.TopologyConstraint
+    job_annotation: str  # kumiki.io/job written at bind time ("" before)
+    generation_annotation: int
+    created_unix_s: float = 0.0  # metadata.creationTimestamp (whole seconds; 0: absent or unreadable)
+    rules: NodeRules = field(default_factory=lambda: NodeRules())  # nodeSelector, node affinity, tolerations
+
+    @property
+    def job_id(self) -> str:
+        return job_id_for(self.key.namespace, self.group, self.key.name)
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def job_id_for(namespace: str, group: str, pod_name: str) -> str:
+    """A gang's job id: `<namespace>/<podgroup>`; a pod without a group is `<namespace>/pod/<pod>`."""
+    return f"{namespace}/{group}" if group else f"{namespace}/pod/{pod_name}"
+
+
+def created_unix_s(metadata: Mapping[str, Any]) -> float:
+    """metadata.creationTimestamp (RFC 3339, whole seconds) as Unix seconds; 0.0 when absent or unreadable, so
+    a pod the API server stamped oddly is bound all the same and only left out of the latency histogram."""
+    raw = metadata.get("creationTimestamp")
+    if not isinstance(raw, str) or not raw:
+        return 0.0
+    try:
+        stamp = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return stamp.timestamp() if stamp.tzinfo is not None else 0.0
+
+
+def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
+    """A pod as the API returns it. Never raises for a bad request: the pod is kept with `invalid` set, so
+    the binder can tell the user on the pod itself. `known`: the same pod (same uid) as read before, whose
+    request is taken as it was (a pod's spec does not change; each of its watch events need not re-read it)."""
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    namespace = str(metadata.get("namespace") or "default")
+    uid = str(metadata.get("uid") or "")
+    invalid = ""
+    resources: common_pb2.PodResources | None = None
+    topology = common_pb2.TopologyConstraint()
+    rules = NodeRules()
+    if known is not None and uid and known.uid == uid:
+        resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules
+    else:
+        try:
+            resources = pod_resources(metadata, spec)
+            topology = topology_of(annotations)
+            rules = node_rules(spec)
+        except PodSpecError as error:
+            invalid = str(error)
+            resources = None
+    try:
+        generation = int(annotations.get(GENERATION_ANNOTATION) or 0)
+    except ValueError:
+        generation = 0
+    priority = spec.get("priority")
+    return Pod(
+        key=PodKey(namespace, str(metadata.get("name") or "")),
+        uid=uid,
+        group=str(labels.get(POD_GROUP_LABEL) or ""),
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        resources=resources,
+        invalid=invalid,
+        queue=str(labels.get(QUEUE_LABEL) or namespace),
+        priority=max(-INT32_MAX, min(INT32_MAX, int(priority))) if isinstance(priority, int) else 0,
+        preemptible=str(labels.get(PREEMPTIBLE_LABEL) or "").lower() == "true",
+        topology=topology,
+        job_annotation=str(annotations.get(JOB_ANNOTATION) or ""),
+        generation_annotation=generation,
+        created_unix_s=created_unix_s(metadata),
+        rules=rules,
+    )

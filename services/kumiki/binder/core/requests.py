@@ -1,0 +1,107 @@
+"""What a pod asks for, read the way users write it: `nvidia.com/gpu`, one MIG resource, a GPU fraction and
+GPU memory by annotation, CPU and memory requests, a topology constraint."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from kumiki.binder.core.names import (
+    GPU_FRACTION_ANNOTATION,
+    GPU_MEMORY_ANNOTATION,
+    GPU_MODEL_ANNOTATION,
+    GPU_MODEL_SELECTOR,
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    TOPOLOGY_ANNOTATION,
+    TOPOLOGY_LEVELS,
+    TOPOLOGY_REQUIRED_ANNOTATION,
+)
+from kumiki.binder.core.nodes import gpu_model_name
+from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
+from kumiki.common.contracts.v1 import common_pb2
+
+
+def _container_requests(container: Mapping[str, Any], index: int, kind: str) -> dict[str, float]:
+    resources = container.get("resources") or {}
+    requests = dict(resources.get("limits") or {})
+    requests.update(resources.get("requests") or {})  # requests win; limits stand in for extended resources
+    out: dict[str, float] = {}
+    for name, value in requests.items():
+        out[name] = quantity(value, f"spec.{kind}[{index}].resources.requests[{name}]")
+    return out
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, float]:
+    """Effective requests: the sum over containers, at least each init container's (as kube-scheduler does)."""
+    total: dict[str, float] = {}
+    for index, container in enumerate(spec.get("containers") or []):
+        for name, value in _container_requests(container, index, "containers").items():
+            total[name] = total.get(name, 0.0) + value
+    for index, container in enumerate(spec.get("initContainers") or []):
+        for name, value in _container_requests(container, index, "initContainers").items():
+            total[name] = max(total.get(name, 0.0), value)
+    return total
+
+
+def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> common_pb2.PodResources:
+    """The request of one pod, validated: exactly one GPU form (whole GPUs, one MIG slice, a fraction)."""
+    requests = pod_requests(spec)
+    annotations = metadata.get("annotations") or {}
+    resources = common_pb2.PodResources(
+        cpu_milli=math.ceil(requests.get("cpu", 0.0) * 1000),
+        memory_mib=math.ceil(requests.get("memory", 0.0) / MIB),
+    )
+    gpus = requests.get(GPU_RESOURCE, 0.0)
+    if gpus != int(gpus) or gpus < 0:
+        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"must be a whole number, got {gpus:g}")
+    resources.gpus = int(gpus)
+    migs = {
+        name[len(MIG_RESOURCE_PREFIX) :]: value
+        for name, value in requests.items()
+        if name.startswith(MIG_RESOURCE_PREFIX)
+    }
+    migs = {profile: value for profile, value in migs.items() if value > 0}
+    if migs:
+        if len(migs) > 1 or next(iter(migs.values())) != 1:
+            raise PodSpecError(f"resources[{MIG_RESOURCE_PREFIX}*]", f"exactly one MIG slice per pod, got {migs}")
+        resources.mig_profile = next(iter(migs))
+    fraction_text = annotations.get(GPU_FRACTION_ANNOTATION)
+    if fraction_text is not None:
+        try:
+            fraction = float(fraction_text)
+        except ValueError:
+            raise PodSpecError(GPU_FRACTION_ANNOTATION, f"not a number: {fraction_text!r}") from None
+        if not (math.isfinite(fraction) and 0 < fraction < 1):
+            raise PodSpecError(GPU_FRACTION_ANNOTATION, f"must be within (0, 1), got {fraction_text}")
+        resources.gpu_fraction = fraction
+    memory_text = annotations.get(GPU_MEMORY_ANNOTATION)
+    if memory_text is not None:
+        text = str(memory_text).strip()
+        mib = float(text) if text.isdigit() else quantity(text, GPU_MEMORY_ANNOTATION) / MIB
+        if mib <= 0:
+            raise PodSpecError(GPU_MEMORY_ANNOTATION, f"must be positive, got {memory_text!r}")
+        resources.gpu_memory_mib = math.ceil(mib)
+    forms = (resources.gpus > 0) + bool(resources.mig_profile) + (resources.gpu_fraction > 0)
+    if forms > 1:
+        raise PodSpecError("resources", "ask for only one of nvidia.com/gpu, a MIG resource, a GPU fraction")
+    if resources.gpu_fraction > 0 and resources.gpu_memory_mib == 0:
+        raise PodSpecError(GPU_MEMORY_ANNOTATION, f"required with {GPU_FRACTION_ANNOTATION} (the per-card memory cap)")
+    if resources.gpus > 64:
+        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {resources.gpus}")
+    model = annotations.get(GPU_MODEL_ANNOTATION) or (spec.get("nodeSelector") or {}).get(GPU_MODEL_SELECTOR)
+    if model:
+        resources.gpu_model = gpu_model_name(str(model))
+    return resources
+
+
+def topology_of(annotations: Mapping[str, str]) -> common_pb2.TopologyConstraint:
+    level_text = annotations.get(TOPOLOGY_ANNOTATION)
+    if not level_text:
+        return common_pb2.TopologyConstraint()
+    level = TOPOLOGY_LEVELS.get(level_text)
+    if level is None:
+        raise PodSpecError(TOPOLOGY_ANNOTATION, f"expected one of {', '.join(TOPOLOGY_LEVELS)}, got {level_text!r}")
+    required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION, "false").lower() == "true"
+    return common_pb2.TopologyConstraint(level=level, required=required)

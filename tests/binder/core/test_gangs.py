@@ -1,0 +1,28 @@
+"""How a gang's pods end its job, when it is ready to submit, its BindRequest."""
+
+from __future__ import annotations
+
+from kumiki.binder import core
+from kumiki.common.contracts.v1 import events_pb2
+from tests.binder.support import pod_object
+
+
+def test_gang_outcomes_and_readiness() -> None:
+    def pod(name: str, phase: str, node: str = "n") -> core.Pod:
+        obj = pod_object("ns", name, gpus=1, group="g")
+        obj["spec"]["nodeName"] = node
+        obj["status"] = {"phase": phase}
+        return core.parse_pod(obj)
+
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Succeeded")]) == events_pb2.JOB_STATE_COMPLETED
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Failed")]) == events_pb2.JOB_STATE_FAILED
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Running")]) == events_pb2.JOB_STATE_UNSPECIFIED
+    gang = core.Gang(job_id="ns/g", namespace="ns", group="g", min_member=3)
+    for name in ("a", "b"):
+        waiting = pod(name, "Pending", node="")
+        gang.pods[waiting.key] = waiting
+    assert not gang.ready_to_submit()
+    third = pod("c", "Pending", node="")
+    gang.pods[third.key] = third
+    assert gang.ready_to_submit()
+    assert core.bind_request_fields(gang, gang.waiting())["min_members"] == 3
