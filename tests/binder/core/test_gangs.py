@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from kumiki.binder import core
-from kumiki.common.contracts.v1 import events_pb2
 from tests.binder.support import pod_object
 
 
@@ -14,9 +13,11 @@ def test_gang_outcomes_and_readiness() -> None:
         obj["status"] = {"phase": phase}
         return core.parse_pod(obj)
 
-    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Succeeded")]) == events_pb2.JOB_STATE_COMPLETED
-    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Failed")]) == events_pb2.JOB_STATE_FAILED
-    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Running")]) == events_pb2.JOB_STATE_UNSPECIFIED
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Succeeded")]) == "completed"
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Failed")]) == "failed"
+    assert core.gang_outcome([pod("a", "Failed"), pod("b", "Running")]) is None  # not ended while one runs
+    assert core.gang_outcome([pod("a", "Succeeded"), pod("b", "Running")]) is None
+    assert core.gang_outcome([]) is None
     gang = core.Gang(job_id="ns/g", namespace="ns", group="g", min_member=3)
     for name in ("a", "b"):
         waiting = pod(name, "Pending", node="")

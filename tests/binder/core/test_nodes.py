@@ -1,40 +1,22 @@
-"""Nodes from the API, their NodeState record merged with telemetry's, GPU model names."""
+"""Nodes from the API (their NodeState record is tests/binder/adapters/test_convert.py), GPU model names."""
 
 from __future__ import annotations
 
 from kumiki.binder import core
-from kumiki.common.contracts.v1 import events_pb2
 from tests.binder.support import node_object, pod_object
 
 
-def test_node_from_the_api_and_its_record() -> None:
+def test_node_from_the_api() -> None:
     obj = node_object("n1", 8, island=4, rack="r7")
     obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     node = core.parse_node(obj)
     assert (node.gpus, node.island_size, node.rack, node.schedulable) == (8, 4, "r7", True)
-    state = core.node_state(node)
-    assert [gpu.nvlink_island for gpu in state.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert state.gpus[3].uuid == "GPU-n1-3" and state.healthy
+    assert node.gpu_uuids[3] == "GPU-n1-3"
     obj["spec"]["unschedulable"] = True
     cordoned = core.parse_node(obj)
     assert not cordoned.schedulable and "cordoned" in cordoned.why_not
-    assert not core.node_state(cordoned).healthy
     mig = core.parse_node(node_object("n2", 8, mig=True))
     assert mig.mig and mig.gpus == 8
-
-
-def test_telemetry_unhealthy_wins_and_an_api_cordon_wins_over_telemetry() -> None:
-    obj = node_object("n1", 8)
-    obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    node = core.parse_node(obj)
-    sick = events_pb2.NodeState(
-        node="n1", healthy=False, gpus=[events_pb2.GpuState(index=0, uuid="GPU-real", healthy=True)]
-    )
-    merged = core.node_state(node, sick)
-    assert not merged.healthy and merged.gpus[0].uuid == "GPU-real"
-    well = events_pb2.NodeState(node="n1", healthy=True)
-    obj["spec"]["unschedulable"] = True
-    assert not core.node_state(core.parse_node(obj), well).healthy
 
 
 def test_gpu_feature_discovery_product_labels_become_kumiki_model_names() -> None:

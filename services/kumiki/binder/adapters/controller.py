@@ -21,6 +21,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from kumiki.binder import core
+from kumiki.binder.adapters import convert
 from kumiki.binder.adapters.kube import KubeApi
 from kumiki.binder.adapters.placement import PlacementClient, PlacementUnavailable
 from kumiki.binder.core import Gang, Pod, PodKey
@@ -228,9 +229,9 @@ class Binder:
             node = self.nodes.get(name)
             if node is None:
                 continue
-            state = core.node_state(node, self.telemetry.get(name))
+            state = convert.node_state(node, self.telemetry.get(name))
             previous = self.published.get(name)
-            if not force and previous is not None and core.same_node_state(previous, state):
+            if not force and previous is not None and convert.same_node_state(previous, state):
                 continue
             state.last_seen.CopyFrom(timestamp())
             self.published[name] = state
@@ -348,13 +349,13 @@ class Binder:
                 self._spawn(self._publish_running(gang, present))  # never hold the pod watch on the broker
             return
         outcome = core.gang_outcome(present)
-        if outcome == events_pb2.JOB_STATE_UNSPECIFIED and not (deleted and all(pod.ended for pod in present)):
+        if outcome is None and not (deleted and all(pod.ended for pod in present)):
             return
-        state: int = outcome
-        if deleted and outcome == events_pb2.JOB_STATE_UNSPECIFIED:
+        state: int = convert.job_state(outcome)
+        if deleted and outcome is None:
             state, reason = events_pb2.JOB_STATE_RELEASED, "pods deleted"
         else:
-            reason = "pods succeeded" if outcome == events_pb2.JOB_STATE_COMPLETED else "a pod failed"
+            reason = "pods succeeded" if outcome == "completed" else "a pod failed"
         gang.released = gang.generation
         self._spawn(self._release(gang.job_id, gang.generation, reason, state))
         if gang.group and state != events_pb2.JOB_STATE_RELEASED:

@@ -3,11 +3,12 @@
 No I/O and no asyncio here: the adapters watch the API server and talk to Placement, and hand every object to
 these functions. What a pod asks for is read the way users write it (`nvidia.com/gpu`, MIG resources such as
 `nvidia.com/mig-1g.10gb`, a GPU fraction and GPU memory by annotation, CPU and memory requests); nodes become
-`NodeState` records merged with telemetry's view; gangs come from the scheduler-plugins PodGroup CRD
-(`scheduling.x-k8s.io/v1alpha1`, `minMember`) or the `scheduling.x-k8s.io/pod-group` label.
+`Node` values (their `NodeState` records, merged with telemetry's view, are built in `adapters.convert`);
+gangs come from the scheduler-plugins PodGroup CRD (`scheduling.x-k8s.io/v1alpha1`, `minMember`) or the
+`scheduling.x-k8s.io/pod-group` label.
 
 One module per concept, each importing only those before it: `names` (labels, annotations, resource names),
-`quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints, the NodeState record),
+`quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints),
 `node_rules` (nodeSelector, required affinity, tolerations, the nodes Placement is told), `capacity` (why a pod
 could never fit), `requests` (what a pod asks for), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
 BindRequest, a gang's outcome), `writeback` (the Binding's annotations, the PodScheduled reason).
@@ -23,6 +24,7 @@ from kumiki.binder.core.capacity import (
 )
 from kumiki.binder.core.gangs import (
     Gang,
+    GangOutcome,
     bind_request_fields,
     gang_outcome,
     same_requests,
@@ -68,10 +70,8 @@ from kumiki.binder.core.nodes import (
     Node,
     Taint,
     gpu_model_name,
-    node_state,
     node_taints,
     parse_node,
-    same_node_state,
 )
 from kumiki.binder.core.pods import (
     INT32_MAX,
@@ -127,6 +127,7 @@ __all__ = [
     "TOPOLOGY_REQUIRED_ANNOTATION",
     "ClusterCapacity",
     "Gang",
+    "GangOutcome",
     "Node",
     "NodeChoice",
     "NodeRules",
@@ -146,7 +147,6 @@ __all__ = [
     "never_fits",
     "node_choice",
     "node_rules",
-    "node_state",
     "node_taints",
     "parse_node",
     "parse_pod",
@@ -154,7 +154,6 @@ __all__ = [
     "pod_resources",
     "quantity",
     "reason_text",
-    "same_node_state",
     "same_requests",
     "topology_of",
     "with_choice",

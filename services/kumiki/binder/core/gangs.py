@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kumiki.binder.core.pods import Pod, PodKey
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.contracts.v1 import common_pb2
+
+GangOutcome = Literal["completed", "failed"]  # how a gang's bound pods ended (None: some still run)
 
 
 @dataclass
@@ -83,10 +85,10 @@ def same_requests(logged: Sequence[common_pb2.PodResources], pods: Sequence[comm
     return True
 
 
-def gang_outcome(pods: Iterable[Pod]) -> int:
-    """How a gang's bound pods ended: COMPLETED when all succeeded, FAILED when any failed, else UNSPECIFIED
-    (some still run)."""
+def gang_outcome(pods: Iterable[Pod]) -> GangOutcome | None:
+    """How a gang's bound pods ended: "completed" when all succeeded, "failed" when any failed once all have
+    ended, else None (some still run, or there are none). `adapters.convert.job_state` names it on the wire."""
     phases = [pod.phase for pod in pods]
     if not phases or not all(phase in ("Succeeded", "Failed") for phase in phases):
-        return events_pb2.JOB_STATE_UNSPECIFIED
-    return events_pb2.JOB_STATE_FAILED if "Failed" in phases else events_pb2.JOB_STATE_COMPLETED
+        return None
+    return "failed" if "Failed" in phases else "completed"

@@ -1,5 +1,5 @@
-"""A Node as the API describes it (inventory, readiness, taints) and the NodeState record Placement reads,
-merged with telemetry's view of the node."""
+"""A Node as the API describes it (inventory, readiness, taints). The NodeState record Placement reads (merged
+with telemetry's view) is built from it in `kumiki.binder.adapters.convert`, outside the core."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from kumiki.binder.core.names import (
     NODE_SHARING_LABEL,
 )
 from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule is a preference: never a reason to refuse
 
@@ -131,51 +130,3 @@ def node_taints(spec: Mapping[str, Any]) -> tuple[Taint, ...]:
         for item in spec.get("taints") or []
         if isinstance(item, Mapping)
     )
-
-
-def node_state(node: Node, telemetry: events_pb2.NodeState | None = None) -> events_pb2.NodeState:
-    """The record placement reads for a node: the API's inventory (or telemetry's GPUs when it has seen the
-    node), healthy only when telemetry says so AND the API has it schedulable and Ready."""
-    if telemetry is not None and telemetry.gpus:
-        gpus = [events_pb2.GpuState() for _ in telemetry.gpus]
-        for copy, gpu in zip(gpus, telemetry.gpus, strict=True):
-            copy.CopyFrom(gpu)
-    else:
-        gpus = [
-            events_pb2.GpuState(
-                index=index,
-                uuid=node.gpu_uuids[index] if index < len(node.gpu_uuids) else "",
-                model=node.gpu_model,
-                memory_mib=node.gpu_memory_mib,
-                nvlink_island=index // node.island_size,
-                mig_enabled=node.mig,
-                healthy=True,
-                shareable=node.shareable,
-            )
-            for index in range(node.gpus)
-        ]
-    healthy = node.schedulable and (telemetry.healthy if telemetry is not None else True)
-    labels = dict(telemetry.labels) if telemetry is not None else {}
-    labels.update({key: value for key, value in node.labels.items() if len(key) < 128})
-    labels["kumiki.io/source"] = "kubernetes"
-    return events_pb2.NodeState(
-        node=node.name,
-        rack=(telemetry.rack if telemetry is not None and telemetry.rack else node.rack),
-        gpus=gpus,
-        cpu_milli=node.cpu_milli,
-        memory_mib=node.memory_mib,
-        healthy=healthy,
-        version=common_pb2.EntityVersion(version=node.version),
-        labels=labels,
-    )
-
-
-def same_node_state(a: events_pb2.NodeState, b: events_pb2.NodeState) -> bool:
-    """Equal apart from the version and observation time (what makes a republication worth it)."""
-    left, right = events_pb2.NodeState(), events_pb2.NodeState()
-    left.CopyFrom(a)
-    right.CopyFrom(b)
-    for message in (left, right):
-        message.ClearField("version")
-        message.ClearField("last_seen")
-    return left == right

@@ -1,0 +1,62 @@
+"""Between the binder's core values and the wire (kumiki.v1 event messages): a node's `NodeState` record and a
+gang's `JobState`. The decisions stay in `kumiki.binder.core`; only their encoding lives here."""
+
+from __future__ import annotations
+
+from kumiki.binder.core import GangOutcome, Node
+from kumiki.common.contracts.v1 import common_pb2, events_pb2
+
+JOB_STATES = {"completed": events_pb2.JOB_STATE_COMPLETED, "failed": events_pb2.JOB_STATE_FAILED}
+
+
+def node_state(node: Node, telemetry: events_pb2.NodeState | None = None) -> events_pb2.NodeState:
+    """The record placement reads for a node: the API's inventory (or telemetry's GPUs when it has seen the
+    node), healthy only when telemetry says so AND the API has it schedulable and Ready."""
+    if telemetry is not None and telemetry.gpus:
+        gpus = [events_pb2.GpuState() for _ in telemetry.gpus]
+        for copy, gpu in zip(gpus, telemetry.gpus, strict=True):
+            copy.CopyFrom(gpu)
+    else:
+        gpus = [
+            events_pb2.GpuState(
+                index=index,
+                uuid=node.gpu_uuids[index] if index < len(node.gpu_uuids) else "",
+                model=node.gpu_model,
+                memory_mib=node.gpu_memory_mib,
+                nvlink_island=index // node.island_size,
+                mig_enabled=node.mig,
+                healthy=True,
+                shareable=node.shareable,
+            )
+            for index in range(node.gpus)
+        ]
+    healthy = node.schedulable and (telemetry.healthy if telemetry is not None else True)
+    labels = dict(telemetry.labels) if telemetry is not None else {}
+    labels.update({key: value for key, value in node.labels.items() if len(key) < 128})
+    labels["kumiki.io/source"] = "kubernetes"
+    return events_pb2.NodeState(
+        node=node.name,
+        rack=(telemetry.rack if telemetry is not None and telemetry.rack else node.rack),
+        gpus=gpus,
+        cpu_milli=node.cpu_milli,
+        memory_mib=node.memory_mib,
+        healthy=healthy,
+        version=common_pb2.EntityVersion(version=node.version),
+        labels=labels,
+    )
+
+
+def same_node_state(a: events_pb2.NodeState, b: events_pb2.NodeState) -> bool:
+    """Equal apart from the version and observation time (what makes a republication worth it)."""
+    left, right = events_pb2.NodeState(), events_pb2.NodeState()
+    left.CopyFrom(a)
+    right.CopyFrom(b)
+    for message in (left, right):
+        message.ClearField("version")
+        message.ClearField("last_seen")
+    return left == right
+
+
+def job_state(outcome: GangOutcome | None) -> events_pb2.JobState.ValueType:
+    """`core.gang_outcome` as the JobState a Release carries: UNSPECIFIED while some pod still runs."""
+    return JOB_STATES[outcome] if outcome is not None else events_pb2.JOB_STATE_UNSPECIFIED
