@@ -33,3 +33,30 @@ def test_invalid_requests_name_the_field(changes: dict, problem: str) -> None:  
     obj["metadata"]["annotations"].update(changes["annotations"])
     pod = core.parse_pod(obj)
     assert pod.resources is None and problem in pod.invalid
+
+
+@pytest.mark.parametrize(
+    ("resource", "value", "problem"),
+    [
+        ("cpu", "1e30", "resources[cpu]: at most 2**53 millicores"),
+        ("memory", "1e30", "resources[memory]: at most 2**53 MiB"),
+        ("memory", "20000000000000000Ei", "resources[memory]: at most 2**53 MiB"),
+        (core.GPU_MEMORY_ANNOTATION, "99999999999999999999999", "kumiki.io/gpu-memory: at most 2**53 MiB"),
+        (core.GPU_RESOURCE, "1e20", "resources[nvidia.com/gpu]: at most 64 GPUs per pod"),
+    ],
+)
+def test_a_request_past_what_placement_holds_is_invalid_not_a_crash(resource: str, value: str, problem: str) -> None:
+    """Past 2**64 the protobuf field raised a plain ValueError out of parse_pod (the watch dropped the pod
+    untold; at start it stopped the binder syncing); now the pod is kept, invalid, and told which field."""
+    if resource == core.GPU_MEMORY_ANNOTATION:
+        obj = pod_object("ns", "big", fraction=0.5, gpu_memory="1Gi")
+        obj["metadata"]["annotations"][resource] = value
+    else:
+        obj = pod_object("ns", "big", gpus=1)
+        obj["spec"]["containers"][0].setdefault("resources", {}).setdefault("requests", {})[resource] = value
+    pod = core.parse_pod(obj)
+    assert pod.resources is None and problem in pod.invalid
+    at_bound = pod_object("ns", "edge", gpus=1)
+    at_bound["spec"]["containers"][0].setdefault("resources", {}).setdefault("requests", {})["cpu"] = str(2**53 // 1000)
+    edge = core.parse_pod(at_bound)
+    assert edge.resources is not None and edge.resources.cpu_milli == 2**53 // 1000 * 1000

@@ -22,6 +22,17 @@ from kumiki.binder.core.nodes import gpu_model_name
 from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
 from kumiki.common.contracts.v1 import common_pb2
 
+MAX_AMOUNT = 2**53  # cpu_milli, memory_mib, gpu_memory_mib: Placement's bound (it holds them as doubles)
+
+
+def _amount(value: float, where: str, unit: str) -> int:
+    """A request rounded up to a whole unit, at most MAX_AMOUNT: past 2**64 the uint64 field itself would
+    raise (a plain ValueError, not PodSpecError), and from 2**53 Placement refuses it anyway."""
+    amount = math.ceil(value)
+    if amount > MAX_AMOUNT:
+        raise PodSpecError(where, f"at most 2**53 {unit}, got {amount}")
+    return amount
+
 
 def _container_requests(container: Mapping[str, Any], index: int, kind: str) -> dict[str, float]:
     resources = container.get("resources") or {}
@@ -50,12 +61,14 @@ def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> commo
     requests = pod_requests(spec)
     annotations = metadata.get("annotations") or {}
     resources = common_pb2.PodResources(
-        cpu_milli=math.ceil(requests.get("cpu", 0.0) * 1000),
-        memory_mib=math.ceil(requests.get("memory", 0.0) / MIB),
+        cpu_milli=_amount(requests.get("cpu", 0.0) * 1000, "resources[cpu]", "millicores"),
+        memory_mib=_amount(requests.get("memory", 0.0) / MIB, "resources[memory]", "MiB"),
     )
     gpus = requests.get(GPU_RESOURCE, 0.0)
     if gpus != int(gpus) or gpus < 0:
         raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"must be a whole number, got {gpus:g}")
+    if gpus >= 2**32:  # the uint32 field would raise: the answer of the 64-GPU bound below, given now
+        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {int(gpus)}")
     resources.gpus = int(gpus)
     migs = {
         name[len(MIG_RESOURCE_PREFIX) :]: value
@@ -82,7 +95,7 @@ def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> commo
         mib = float(text) if text.isdigit() else quantity(text, GPU_MEMORY_ANNOTATION) / MIB
         if mib <= 0:
             raise PodSpecError(GPU_MEMORY_ANNOTATION, f"must be positive, got {memory_text!r}")
-        resources.gpu_memory_mib = math.ceil(mib)
+        resources.gpu_memory_mib = _amount(mib, GPU_MEMORY_ANNOTATION, "MiB")
     forms = (resources.gpus > 0) + bool(resources.mig_profile) + (resources.gpu_fraction > 0)
     if forms > 1:
         raise PodSpecError("resources", "ask for only one of nvidia.com/gpu, a MIG resource, a GPU fraction")
