@@ -7,12 +7,20 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from kumiki.binder.adapters.controller import Binder
-from kumiki.binder.adapters.kube import KubeApi, client_from, config_from, identity, kubeconfig_from_env, server_of
+from kumiki.binder.adapters.kube import (
+    KubeApi,
+    client_from,
+    config_from,
+    identity,
+    is_transient,
+    kubeconfig_from_env,
+    server_of,
+)
 from kumiki.binder.adapters.lane import ApiLane
 from kumiki.binder.adapters.placement import PlacementClient
 from kumiki.common.bus import EventConsumer
@@ -22,6 +30,8 @@ from kumiki.common.config import ConfigError, env_bool, env_file, env_int, env_s
 from kumiki.common.service import Runtime, ServiceSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+SYNC_RETRY_S = 120.0  # how long the leader's first lists wait out a busy API server before the process exits
 
 
 class LostLeadership(RuntimeError):
@@ -38,6 +48,25 @@ async def _watch(
             await handle(kind, obj)
         except Exception:  # one bad object must not stop the watch
             log.exception("watch handler failed", extra={"watch": name})
+
+
+async def _until_answered(what: str, call: Callable[[], Awaitable[T]], deadline_s: float = SYNC_RETRY_S) -> T:
+    """The leader's first lists, asked again with backoff while the API server is busy or away (a 429 while
+    its watch cache fills, a 5xx, a lost connection): a new leader must not exit on a moment's overload,
+    which is exactly when a binder restarts (a restart would only ask again, later). Past `deadline_s`, or on
+    any other error, the error stands."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    delay = 0.2
+    while True:
+        try:
+            return await call()
+        except Exception as error:
+            if not is_transient(error) or loop.time() + delay > deadline:
+                raise
+            log.warning("API server busy: asking again", extra={"what": what, "reason": str(error), "in_s": delay})
+        await asyncio.sleep(delay)
+        delay = min(5.0, delay * 2)
 
 
 async def _hold_lease(kube: KubeApi, namespace: str, name: str, duration_s: int, stopping: asyncio.Event) -> None:
@@ -109,7 +138,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
 async def _lead(runtime: Runtime, kube: KubeApi, binder: Binder, lease: tuple[str, str, int]) -> None:
     """Once this replica holds the Lease: rebuild from Placement's log and the API, then run every loop."""
     namespace, name, duration_s = lease
-    while not await kube.try_lease(namespace, name, duration_s):
+    while not await _until_answered("take the lease", lambda: kube.try_lease(namespace, name, duration_s)):
         log.info("standby: waiting for the leader lease", extra={"lease": f"{namespace}/{name}"})
         try:
             await asyncio.wait_for(runtime.stopping.wait(), timeout=duration_s / 3)
@@ -135,18 +164,18 @@ async def _lead(runtime: Runtime, kube: KubeApi, binder: Binder, lease: tuple[st
     runtime.closers.append(telemetry.stop)
     await telemetry.catch_up()
     # the API's state, then watches from the lists' versions
-    nodes, nodes_version = await kube.list_nodes()
+    nodes, nodes_version = await _until_answered("list nodes", kube.list_nodes)
     for node in nodes:
         await binder.on_node("ADDED", node)
-    podgroups = await kube.podgroups_served()
+    podgroups = await _until_answered("PodGroup CRD served", kube.podgroups_served)
     groups_version = ""
     if podgroups:
-        groups, groups_version = await kube.list_podgroups()
+        groups, groups_version = await _until_answered("list podgroups", kube.list_podgroups)
         for group in groups:
             await binder.on_podgroup("ADDED", group)
     else:
         log.warning("the PodGroup CRD is not installed: gangs come from the pod-group label only")
-    pods, pods_version = await kube.list_pods()
+    pods, pods_version = await _until_answered("list pods", kube.list_pods)
     for pod in pods:
         await binder.on_pod("ADDED", pod)
     binder.reconcile()

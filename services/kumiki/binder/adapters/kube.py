@@ -55,6 +55,18 @@ def _status_of(error: BaseException) -> int | None:
     return None
 
 
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def is_transient(error: BaseException) -> bool:
+    """An answer worth asking again: the API server busy or starting ("storage is (re)initializing" is a 429
+    while its watch cache fills, after a restart or a burst of writes), or the connection lost."""
+    code = _status_of(error)
+    if code is not None:
+        return code in TRANSIENT_STATUS
+    return isinstance(error, OSError | httpx2.TransportError)
+
+
 def config_from(kubeconfig: Path | None) -> KubeConfig:
     """From a kubeconfig file, else the pod's service account (in a cluster)."""
     return KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_service_account()
