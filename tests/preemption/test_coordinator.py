@@ -26,7 +26,7 @@ CHECKPOINT = events_pb2.PREEMPTION_ACTION_CHECKPOINT
 
 
 def reclaim(job: str, decision_id: str) -> events_pb2.SchedulingDecision:
-    """Quota's RECLAIM: it names the job only (quota.adapters.publisher.reclaim_event)."""
+    """Quota's RECLAIM: it names the job only (quota.adapters.convert.reclaim_event)."""
     return events_pb2.SchedulingDecision(
         decision_id=decision_id,
         kind=events_pb2.DECISION_KIND_RECLAIM,

@@ -12,8 +12,9 @@ from opentelemetry import trace
 from kumiki.common.contracts.v1 import quota_pb2, quota_pb2_grpc
 from kumiki.common.grpcutil import InvalidRequest, abort_invalid
 from kumiki.quota.adapters.auth import Authenticator, Unauthenticated
+from kumiki.quota.adapters.convert import admission_response, admit_request, usage_response
 from kumiki.quota.adapters.store import NoConfig, NotOwner, QuotaStore, UnknownQueue
-from kumiki.quota.core import AdmitRequest, admission_response, may_submit, timestamp_micros, validate_admit
+from kumiki.quota.core import may_submit, timestamp_micros
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.quota")
@@ -36,19 +37,10 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
         self, request: quota_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> quota_pb2.AdmitResponse:
         try:
-            validate_admit(request)
+            admit = admit_request(request)
         except InvalidRequest as error:
             await abort_invalid(context, error)
         identity = await self._identity(context, request.queue)
-        admit = AdmitRequest(
-            job_id=request.job.job_id,
-            generation=request.job.generation,
-            queue=request.queue,
-            gpus=request.gpus,
-            gpu_model=request.gpu_model,
-            priority_tier=request.priority_tier,
-            preemptible=request.preemptible,
-        )
         try:
             with tracer.start_as_current_span(
                 "admit",
@@ -99,15 +91,4 @@ class QuotaServicer(quota_pb2_grpc.QuotaServicer):
         rows = await self.store.usage(since_us, until_us, now_us, request.queue)
         if identity is not None:  # owners see the queues they may submit to, nothing else
             rows = [row for row in rows if row.queue in config.queues and may_submit(config, identity, row.queue)]
-        return quota_pb2.UsageResponse(
-            usage=[
-                quota_pb2.QueueUsage(
-                    queue=row.queue,
-                    gpu_model=row.gpu_model,
-                    priority_tier=row.priority_tier,
-                    gpu_seconds=float(row.gpu_seconds),
-                    cost=float(row.cost),
-                )
-                for row in rows
-            ]
-        )
+        return usage_response(rows)

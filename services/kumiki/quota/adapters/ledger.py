@@ -15,6 +15,7 @@ import asyncpg
 
 from kumiki.common.bus import Event, EventRejected
 from kumiki.common.contracts.v1 import events_pb2
+from kumiki.quota.adapters.convert import lifecycle_state
 from kumiki.quota.core import Effect, gpus_decimal, lifecycle_effect, timestamp_micros
 
 OPEN_SQL = (
@@ -55,7 +56,7 @@ class LedgerHandler:
             raise RuntimeError("the quota ledger consumes job.lifecycle exactly once (Postgres offsets)")
         message = event.payload
         assert isinstance(message, events_pb2.JobLifecycle)
-        effect = lifecycle_effect(message.state)
+        effect = lifecycle_effect(lifecycle_state(message.state))
         if effect is Effect.NONE:
             return
         if not message.HasField("at"):

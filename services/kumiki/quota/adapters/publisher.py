@@ -17,8 +17,7 @@ from prometheus_client import Gauge
 
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import QUOTA_STATE, SCHEDULING_DECISIONS
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
-from kumiki.common.grpcutil import timestamp
+from kumiki.quota.adapters.convert import quota_state, reclaim_event
 from kumiki.quota.adapters.store import NoConfig, QuotaStore, unpublished_reclaims
 from kumiki.quota.core import QueueStatus, Resources, fair_shares, queue_statuses
 
@@ -50,31 +49,6 @@ def export_statuses(statuses: list[QueueStatus], exported: set[str]) -> set[str]
         for kind in QUEUE_GPU_KINDS:
             QUEUE_GPUS.remove(queue, kind)
     return current
-
-
-def reclaim_event(row: dict[str, object]) -> events_pb2.SchedulingDecision:
-    return events_pb2.SchedulingDecision(
-        decision_id=str(row["decision_id"]),
-        kind=events_pb2.DECISION_KIND_RECLAIM,
-        job=common_pb2.JobRef(job_id=str(row["victim_job"]), generation=int(row["victim_generation"])),  # type: ignore[call-overload]
-        queue=str(row["victim_queue"]),
-        beneficiary=common_pb2.JobRef(
-            job_id=str(row["beneficiary_job"]),
-            generation=int(row["beneficiary_generation"]),  # type: ignore[call-overload]
-        ),
-        reasons=[
-            common_pb2.PendingReason(
-                code="reclaim",
-                resource="gpus",
-                message=(
-                    f"queue {row['beneficiary_queue']} is below its guarantee and needs its lent GPUs back;"
-                    f" {row['victim_queue']} is over its guarantee (borrowed {row['gpus']:g} GPUs)"
-                ),
-            )
-        ],
-        policy="kumiki-quota",
-        at=timestamp(),
-    )
 
 
 class Publisher:
@@ -137,19 +111,7 @@ class Publisher:
         if not changed:
             return 0
         version = now_us
-        items = []
-        for status in changed:
-            message = events_pb2.QuotaState(
-                queue=status.queue,
-                guaranteed_gpus=status.guaranteed_gpus,
-                limit_gpus=status.limit_gpus,
-                used_gpus=status.used_gpus,
-                borrowed_gpus=status.borrowed_gpus,
-                lent_gpus=status.lent_gpus,
-                fair_share_gpus=status.fair_share_gpus,
-                version=common_pb2.EntityVersion(version=version, observed_at=timestamp()),
-            )
-            items.append((status.queue, message))
+        items = [(status.queue, quota_state(status, version)) for status in changed]
         await self.producer.publish_many(QUOTA_STATE, items)
         for status in changed:
             self._last[status.queue] = status

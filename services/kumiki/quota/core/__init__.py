@@ -16,7 +16,9 @@ Semantics in one place:
   guarantee is protected and never a reason to stop looking elsewhere (kai-scheduler/KAI-Scheduler#1750).
 
 Modules: resources (ANY_MODEL, EPSILON, Resources), tree (the queue file and its invariants), admission,
-reclaim, fairshare, status (what quota.state publishes), ledger.
+reclaim, fairshare, status (what quota.state publishes), ledger (with its own LifecycleState). Nothing here
+reads or builds wire messages (protobuf): quota.adapters.convert turns requests, responses and lifecycle states
+into these values and back.
 """
 
 from __future__ import annotations
@@ -27,13 +29,11 @@ from kumiki.quota.core.admission import (
     Holding,
     Outcome,
     UsageView,
-    admission_response,
     decide_admission,
     guarantee_headroom,
     idle_gpus,
     may_submit,
     usage_view,
-    validate_admit,
 )
 from kumiki.quota.core.fairshare import decay_factor, decayed_usage, fair_shares, usage_factor
 from kumiki.quota.core.ledger import (
@@ -44,6 +44,7 @@ from kumiki.quota.core.ledger import (
     Effect,
     Ledger,
     LedgerEntry,
+    LifecycleState,
     OpenInterval,
     cost,
     gpu_seconds,
@@ -71,6 +72,7 @@ __all__ = [
     "Holding",
     "Ledger",
     "LedgerEntry",
+    "LifecycleState",
     "OpenInterval",
     "Outcome",
     "Queue",
@@ -79,7 +81,6 @@ __all__ = [
     "QuotaConfig",
     "Resources",
     "UsageView",
-    "admission_response",
     "build_config",
     "choose_victims",
     "cost",
@@ -102,6 +103,5 @@ __all__ = [
     "timestamp_micros",
     "usage_factor",
     "usage_view",
-    "validate_admit",
     "with_reclaiming",
 ]

@@ -4,13 +4,10 @@ caps a whole subtree, borrowed work included."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from kumiki.common.contracts.v1 import common_pb2, quota_pb2
-from kumiki.common.grpcutil import InvalidRequest, require_job
 from kumiki.quota.core.resources import ANY_MODEL, EPSILON
 from kumiki.quota.core.tree import Queue, QuotaConfig
 
@@ -59,14 +56,6 @@ class Admission:
     @property
     def admitted(self) -> bool:
         return self.outcome is not Outcome.DENIED
-
-
-def validate_admit(request: quota_pb2.AdmitRequest) -> None:
-    require_job(request.job)
-    if not request.queue:
-        raise InvalidRequest("queue", "required")
-    if not math.isfinite(request.gpus) or request.gpus < 0:
-        raise InvalidRequest("gpus", f"must be a finite number >= 0, got {request.gpus}")
 
 
 def may_submit(config: QuotaConfig, identity: str, path: str) -> bool:
@@ -193,12 +182,4 @@ def decide_admission(config: QuotaConfig, holdings: Iterable[Holding], request: 
         Outcome.DENIED,
         "insufficient_gpus",
         f"{max(0.0, idle):g} idle GPUs, {request.gpus:g} needed to borrow beyond queue {queue.path}'s guarantee",
-    )
-
-
-def admission_response(admission: Admission) -> quota_pb2.AdmitResponse:
-    return quota_pb2.AdmitResponse(
-        admitted=admission.admitted,
-        borrowed=admission.outcome is Outcome.BORROWED,
-        reason=common_pb2.PendingReason(code=admission.code, resource=admission.resource, message=admission.message),
     )

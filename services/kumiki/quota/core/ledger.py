@@ -1,6 +1,6 @@
 """Ledger arithmetic: which lifecycle states open and close a job's meter, exact GPU-seconds in whole
 microseconds, cost, and the in-memory book the simulator keeps (the service keeps the same rows in
-Postgres)."""
+Postgres). States are the core's own `LifecycleState`; quota.adapters.convert maps the wire's onto it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import Enum
 
-from kumiki.common.contracts.v1 import events_pb2
 from kumiki.quota.core.resources import ANY_MODEL
 
 
@@ -18,25 +17,33 @@ class Effect(Enum):
     NONE = "none"
 
 
+class LifecycleState(Enum):
+    """The job lifecycle states the ledger tells apart. Every other state (submitted, admitted, checkpointing,
+    resumed, unspecified, or one this build does not know) is OTHER and changes nothing."""
+
+    OTHER = "other"
+    BOUND = "bound"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RELEASED = "released"
+
+
 # What a team pays for is what placement allocated to it: the meter opens at BOUND (placement published the
 # allocation, whatever integration asked for it). RUNNING opens it only where no BOUND came first (a cluster
 # integration that binds outside placement); after a BOUND it changes nothing, so a job is never billed twice.
-OPENING_STATES = frozenset({events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING})
+OPENING_STATES = frozenset({LifecycleState.BOUND, LifecycleState.RUNNING})
 CLOSING_STATES = frozenset(
-    {
-        events_pb2.JOB_STATE_COMPLETED,
-        events_pb2.JOB_STATE_FAILED,
-        events_pb2.JOB_STATE_PREEMPTED,
-        events_pb2.JOB_STATE_RELEASED,
-    }
+    {LifecycleState.COMPLETED, LifecycleState.FAILED, LifecycleState.PREEMPTED, LifecycleState.RELEASED}
 )
 # States that end an admission (the quota it held is free again).
 RELEASING_STATES = CLOSING_STATES
 
 
-def lifecycle_effect(state: int) -> Effect:
+def lifecycle_effect(state: LifecycleState) -> Effect:
     """BOUND (or RUNNING, whichever comes first) starts the meter; completed, failed, preempted and released
-    stop it. RESUMED is a requeue (the next generation's BOUND starts the meter again): nothing here."""
+    stop it. RESUMED (OTHER here) is a requeue (the next generation's BOUND starts the meter again): nothing."""
     if state in OPENING_STATES:
         return Effect.OPEN
     if state in CLOSING_STATES:
@@ -91,7 +98,7 @@ class LedgerEntry:
     gpus: Decimal
     start_us: int
     end_us: int
-    final_state: int
+    final_state: LifecycleState
 
     @property
     def gpu_seconds(self) -> Decimal:
@@ -112,7 +119,7 @@ class Ledger:
         *,
         job_id: str,
         generation: int,
-        state: int,
+        state: LifecycleState,
         at_us: int,
         queue: str = "",
         gpu_model: str = ANY_MODEL,
