@@ -67,6 +67,12 @@ async def test_invalid_report_names_the_field(stub: checkpoints_pb2_grpc.Checkpo
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stub.Report(report(1, "s3://x", 1_700_000_000, generation=0))
     assert error.value.details() == "job.generation: must be >= 1"
+    # a completion time past a Timestamp's range (found by tests/fuzz: it crashed the handler, UNKNOWN)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Report(report(1, "s3://x", 2**63 - 1))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("completed_at: must be before year 10000 (<= 253402300799 s)")
+    assert (await stub.Report(report(1, "s3://x", 253_402_300_799))).recorded  # the last second of year 9999
 
 
 async def test_resume_point_is_the_newest_checkpoint_of_an_earlier_or_same_attempt(

@@ -27,6 +27,9 @@ class CheckpointRecord:
     completed_unix_s: float
 
 
+MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the end of protobuf's Timestamp range
+
+
 def validate_report(
     job_id: str, generation: int, uri: str, completed_unix_s: float, step: int = 0
 ) -> list[tuple[str, str]]:
@@ -43,6 +46,9 @@ def validate_report(
         problems.append(("uri", "required"))
     if completed_unix_s <= 0:
         problems.append(("completed_at", "required"))
+    elif completed_unix_s > MAX_TIMESTAMP_S:  # past a Timestamp's range, and datetime's (found by tests/fuzz)
+        limit = f"must be before year 10000 (<= {MAX_TIMESTAMP_S} s)"
+        problems.append(("completed_at", f"{limit}, got {completed_unix_s:.0f}"))
     return problems
 
 
