@@ -99,6 +99,10 @@ class CommitWatch:
                 log.warning("commit watch: cannot read the group's offsets", extra={"error": repr(error)})
                 self.progress = {}
                 continue
+            except Exception:  # a bug here must not end the watch unseen, nor the service
+                log.exception("commit watch: the check failed")
+                self.progress = {}
+                continue
             if stuck:
                 parts = [
                     f"{tp.topic}[{tp.partition}] committed {state.committed}, end {state.end} ({self.describe(tp)})"
