@@ -57,3 +57,24 @@ def test_a_bad_runtime_is_not_scored() -> None:
     book.submitted(features("a"))
     assert book.finished("a", 0.0, 1.0, features("a")) is None
     assert book.last_accuracy is None
+
+
+@dataclass
+class ListensForStarts(Fixed):
+    starts: list[tuple[str, float]] = field(default_factory=list)
+
+    def started(self, job_id: str, start_s: float) -> None:
+        self.starts.append((job_id, start_s))
+
+
+def test_a_bound_open_job_is_passed_to_a_forecaster_that_listens_for_starts() -> None:
+    listening = ListensForStarts()
+    book = ForecastBook(listening)
+    book.submitted(features("a"))
+    book.started("a", 12.0)
+    book.started("never-submitted", 13.0)  # nothing to count a miss against
+    assert listening.starts == [("a", 12.0)]
+    deaf = ForecastBook(Fixed())  # most models do not listen: a start is simply not passed on
+    deaf.submitted(features("a"))
+    deaf.started("a", 12.0)
+    assert deaf.finished("a", 50.0, 62.0, features("a")) is not None

@@ -23,13 +23,15 @@ from kumiki.forecast.models import (
     build_default_forecaster,
     job_keys,
 )
-from kumiki.sched.forecasting import JobFeatures
+from kumiki.sched.forecasting import JobFeatures, tell_started
 
 from .synthetic import keyed_trace, trace_job
 
 
-def features(job_id: str, *, queue: str = "a", gpus: float = 1.0, user: str = "", name: str = "") -> JobFeatures:
-    return JobFeatures(job_id=job_id, queue=queue, user=user, gpus=gpus, name=name, submit_s=0.0)
+def features(
+    job_id: str, *, queue: str = "a", gpus: float = 1.0, user: str = "", name: str = "", submit_s: float = 0.0
+) -> JobFeatures:
+    return JobFeatures(job_id=job_id, queue=queue, user=user, gpus=gpus, name=name, submit_s=submit_s)
 
 
 def test_rolling_window_quantiles_match_numpy_over_the_last_values() -> None:
@@ -278,3 +280,50 @@ def test_quantreg_extrapolating_wildly_is_capped_at_a_year_not_an_overflow() -> 
     forecaster.regression.predict = lambda row: (1000.0, 1001.0)  # type: ignore[method-assign]
     forecast = forecaster.predict(features("j1"))
     assert forecast.p50_s == forecast.p90_s == pytest.approx(365 * 86400.0)
+
+
+def test_a_running_job_past_its_p90_is_counted_a_miss_before_it_ends() -> None:
+    calibration = residuals_fed([random.Random(2).gauss(0.0, 0.3) for _ in range(300)])
+    calibration.started("long", log_p90=math.log(100.0), start_s=0.0)
+    calibration.advance(99.0)
+    assert calibration.correction == 0.0  # not yet past its p90
+    calibration.advance(101.0)
+    missed = calibration.correction
+    assert missed == pytest.approx(CalibrationConfig().step * 0.9)
+    calibration.advance(10_000.0)  # counted once, however long it runs
+    calibration.update(features("long"), 3.0, covered=False)  # the miss it ended with was already counted
+    assert calibration.correction == pytest.approx(missed)
+
+
+def test_a_miss_counted_while_running_becomes_a_cover_if_the_job_ends_within_its_p90() -> None:
+    # wall time since the start overstates run time when a job is preempted: the ending corrects the count
+    calibration = residuals_fed([0.0] * 300)
+    calibration.started("paused", log_p90=math.log(100.0), start_s=0.0)
+    calibration.advance(500.0)
+    calibration.update(features("paused"), 0.0, covered=True)
+    step = CalibrationConfig().step
+    assert calibration.correction == pytest.approx(-step * 0.1)  # exactly one covered outcome
+    calibration.started("finished", log_p90=math.log(100.0), start_s=600.0)
+    calibration.update(features("finished"), 0.0, covered=True)
+    calibration.advance(5_000.0)  # already ended: nothing to count
+    assert calibration.correction == pytest.approx(-step * 0.2)
+
+
+def test_a_sweep_of_long_runs_widens_the_p90_before_any_of_them_finishes() -> None:
+    # A key whose runs take ~100 s; then a sweep of 10x longer jobs, one submitted every 100 s. Told when
+    # they start, the forecaster widens the p90 of the later ones while all of the sweep is still running.
+    def run(listens: bool) -> float:
+        rng = random.Random(4)
+        forecaster = build_default_forecaster()
+        for index in range(400):
+            job = features(f"w{index}", submit_s=float(index))
+            forecaster.predict(job)
+            forecaster.observe(job, 100.0 * math.exp(rng.gauss(0.0, 0.2)), float(index) + 0.5)
+        for index in range(60):
+            job = features(f"sweep{index}", submit_s=1_000.0 + 100.0 * index)
+            last = forecaster.predict(job)
+            if listens:
+                tell_started(forecaster, job.job_id, job.submit_s)
+        return last.p90_s
+
+    assert run(listens=True) > 1.2 * run(listens=False)

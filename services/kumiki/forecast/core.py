@@ -9,7 +9,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started
 
 ACCURACY_WINDOW = 200  # endings per model in the rolling accuracy figures
 
@@ -65,6 +65,11 @@ class ForecastBook:
         forecast = self.forecaster.predict(features)
         self.given[features.job_id] = forecast
         return forecast
+
+    def started(self, job_id: str, at_s: float) -> None:
+        """An open job's pods were bound: a forecaster that listens counts it a miss once it outruns its p90."""
+        if job_id in self.open_jobs:
+            tell_started(self.forecaster, job_id, at_s)
 
     def finished(self, job_id: str, runtime_s: float, finished_s: float, fallback: JobFeatures) -> FinishedJob | None:
         """Learn from a finished job (the submit-time features if we saw the submit); None for a bad runtime.

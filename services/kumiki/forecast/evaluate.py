@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
 from kumiki.forecast.models import log_runtime, median, model_factories
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster, tell_started
 from kumiki.sim.trace import TraceJob
 
 ForecasterFactory = Callable[[], RuntimeForecaster]
@@ -135,6 +135,7 @@ def replay(
         scored = start_s is None or now >= start_s
         for name, forecaster in forecasters.items():
             forecast = forecaster.predict(features)
+            tell_started(forecaster, job.job_id, now)  # a trace job runs from its submit
             if scored:
                 predictions.append(
                     Prediction(
@@ -244,6 +245,7 @@ def warm_up(forecaster: RuntimeForecaster, jobs: Sequence[TraceJob], until_s: fl
         drain(job.submit_s)
         features = job_features(job)
         forecaster.predict(features)
+        tell_started(forecaster, job.job_id, job.submit_s)
         heapq.heappush(running, (job.submit_s + job.duration_s, sequence, features, job.duration_s))
     drain(until_s)
     return learned

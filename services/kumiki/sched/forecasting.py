@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 # The belief a scheduler forms from a forecast, shared by the forecaster (which measures how well that
 # belief has explained each key's runs) and the policies (which order jobs by it). A forecast says: log
@@ -93,3 +93,17 @@ class RuntimeForecaster(Protocol):
     def predict(self, job: JobFeatures) -> RuntimeForecast: ...
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None: ...
+
+
+@runtime_checkable
+class ObservesStarts(Protocol):
+    """A forecaster that also hears when a forecast job begins running: one still running past its p90 is a
+    miss known before it ends (censored feedback), so calibration need not wait a whole run time."""
+
+    def started(self, job_id: str, start_s: float) -> None: ...
+
+
+def tell_started(forecaster: RuntimeForecaster | None, job_id: str, start_s: float) -> None:
+    """Pass a job's start to the forecaster, if it listens for starts (most models do not)."""
+    if isinstance(forecaster, ObservesStarts):
+        forecaster.started(job_id, start_s)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
 import warnings
 from collections import deque
@@ -32,6 +33,8 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 # Run times below a second carry no information beyond "very short"; clamping keeps logs finite.
 MIN_RUNTIME_S = 1.0
+# Ten years: a p90 beyond it is "never" for the wall clock (and keeps exp() finite).
+MAX_LOG_RUNTIME = math.log(10 * 365 * 86400.0)
 P90_LEVEL = 0.9
 # Before any job has finished: half an hour, and a p90 e^2 (~7x) above it.
 PRIOR_LOG_S = math.log(1800.0)
@@ -307,6 +310,29 @@ class ConformalP90:
         self.config = config
         self._residuals: dict[Key, RollingWindow] = {}
         self.correction = 0.0
+        # Censored feedback: a started job still running past its calibrated p90 is a miss already known, so
+        # the correction hears of it then, not a whole run time later when it ends (which is when a sweep of
+        # long runs in a short key would otherwise be noticed: after every job of the sweep has been forecast).
+        self._due: list[tuple[float, str]] = []  # (start + p90 in wall seconds, job): when a running job misses
+        self._running: dict[str, bool] = {}  # started jobs with a calibrated p90 -> already counted as a miss
+
+    def started(self, job_id: str, log_p90: float, start_s: float) -> None:
+        """A job given a calibrated p90 began running (its first start counts: wall time past it only grows)."""
+        if job_id in self._running:
+            return
+        remember(self._running, job_id, False)
+        heapq.heappush(self._due, (start_s + math.exp(min(log_p90, MAX_LOG_RUNTIME)), job_id))
+        if len(self._due) > 2 * MAX_OPEN_FORECASTS:  # entries of jobs forgotten by the bound
+            self._due = [entry for entry in self._due if entry[1] in self._running]
+            heapq.heapify(self._due)
+
+    def advance(self, now_s: float) -> None:
+        """Count as misses the started jobs that are still running past their p90 at `now_s`."""
+        while self._due and self._due[0][0] <= now_s:
+            _, job_id = heapq.heappop(self._due)
+            if self._running.get(job_id) is False:
+                self._running[job_id] = True
+                self._nudge(self.config.step * self.config.target)  # a miss: 1 - (1 - target)
 
     def offset(self, job: JobFeatures) -> float:
         for key in job_keys(job):
@@ -365,11 +391,17 @@ class ConformalP90:
             if window is None:
                 window = self._residuals[key] = RollingWindow(self.config.window)
             window.add(residual)
-        if covered is not None:
-            miss = 0.0 if covered else 1.0
-            step = self.config.step * (miss - (1.0 - self.config.target))
-            limit = self.config.max_correction
-            self.correction = min(limit, max(-limit, self.correction + step))
+        counted = self._running.pop(job.job_id, False)
+        if covered is None or (counted and not covered):
+            return  # nothing to learn, or a miss already counted while the job ran
+        if counted:  # counted as a miss while it ran, yet covered (it waited or was preempted in between):
+            self._nudge(-self.config.step)  # the one outcome becomes a cover
+        else:
+            self._nudge(self.config.step * ((0.0 if covered else 1.0) - (1.0 - self.config.target)))
+
+    def _nudge(self, step: float) -> None:
+        limit = self.config.max_correction
+        self.correction = min(limit, max(-limit, self.correction + step))
 
 
 @dataclass(frozen=True, slots=True)

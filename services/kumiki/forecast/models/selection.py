@@ -123,6 +123,7 @@ class WeightedSelection:
         return {name: 1.0 / len(names) for name in names}
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
+        self.calibration.advance(job.submit_s)
         values = tuple(math.log(max(expert.predict(job).p50_s, 1e-9)) for expert in self.experts.values())
         weights = self.weights(job)
         log_p50 = weighted_median(values, tuple(weights.values()))
@@ -141,7 +142,14 @@ class WeightedSelection:
             error_sigma=self.calibration.calibrated_sigma(job),
         )
 
+    def started(self, job_id: str, start_s: float) -> None:
+        """The job began running: past its p90 from now, the calibration counts it a miss before it ends."""
+        issued = self._issued.get(job_id)
+        if issued is not None and issued.calibrated:
+            self.calibration.started(job_id, issued.log_p90, start_s)
+
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        self.calibration.advance(finished_s)
         actual = log_runtime(runtime_s)
         issued = self._issued.pop(job.job_id, None)
         if issued is not None:
