@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import math
 import random
 import statistics
@@ -46,7 +47,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
-from kumiki.sched.forecasting import UNINFORMED_P50_S, Z90, JobFeatures, RuntimeForecast, RuntimeForecaster
+from kumiki.sched.forecasting import (
+    UNINFORMED_P50_S,
+    Z90,
+    JobFeatures,
+    RuntimeForecast,
+    RuntimeForecaster,
+    tell_started,
+)
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
 from kumiki.sim.report import forecast_value, summarize, write_json
@@ -131,6 +139,9 @@ class Scored:
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         self.inner.observe(job, runtime_s, finished_s)
 
+    def started(self, job_id: str, start_s: float) -> None:
+        tell_started(self.inner, job_id, start_s)  # a pass-through: the default forecaster listens for starts
+
 
 # ---- the rows -------------------------------------------------------------------------------------
 @dataclass
@@ -195,7 +206,7 @@ def simulate(
                 jobs,
                 SimConfig(POLICIES[row.policy]),
                 forecaster=scored,
-                progress=advancer(progress, jobs_task),
+                progress=functools.partial(progress.advance, jobs_task),
             ).run()
             run: dict[str, Any] = {
                 "seed": seed,
@@ -223,13 +234,6 @@ def simulate(
     out[NOFORECAST]["note"] = "median_abs_log_error is the uninformed prior's (p50 1,800 s) error"
     out[ORACLE]["median_abs_log_error"] = 0.0
     return out
-
-
-def advancer(progress: Progress, task: Any) -> Callable[[int], None]:
-    def advance(done: int) -> None:
-        progress.advance(task, done)
-
-    return advance
 
 
 def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -33,8 +33,6 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 # Run times below a second carry no information beyond "very short"; clamping keeps logs finite.
 MIN_RUNTIME_S = 1.0
-# Ten years: a p90 beyond it is "never" for the wall clock (and keeps exp() finite).
-MAX_LOG_RUNTIME = math.log(10 * 365 * 86400.0)
 P90_LEVEL = 0.9
 # Before any job has finished: half an hour, and a p90 e^2 (~7x) above it.
 PRIOR_LOG_S = math.log(1800.0)
@@ -321,7 +319,7 @@ class ConformalP90:
         if job_id in self._running:
             return
         remember(self._running, job_id, False)
-        heapq.heappush(self._due, (start_s + math.exp(min(log_p90, MAX_LOG_RUNTIME)), job_id))
+        heapq.heappush(self._due, (start_s + math.exp(min(log_p90, MAX_LOG_S)), job_id))
         if len(self._due) > 2 * MAX_OPEN_FORECASTS:  # entries of jobs forgotten by the bound
             self._due = [entry for entry in self._due if entry[1] in self._running]
             heapq.heapify(self._due)
@@ -332,7 +330,7 @@ class ConformalP90:
             _, job_id = heapq.heappop(self._due)
             if self._running.get(job_id) is False:
                 self._running[job_id] = True
-                self._nudge(self.config.step * self.config.target)  # a miss: 1 - (1 - target)
+                self._nudge(self._outcome(missed=True))
 
     def offset(self, job: JobFeatures) -> float:
         for key in job_keys(job):
@@ -395,9 +393,13 @@ class ConformalP90:
         if covered is None or (counted and not covered):
             return  # nothing to learn, or a miss already counted while the job ran
         if counted:  # counted as a miss while it ran, yet covered (it waited or was preempted in between):
-            self._nudge(-self.config.step)  # the one outcome becomes a cover
+            self._nudge(self._outcome(missed=False) - self._outcome(missed=True))  # the one outcome, a cover
         else:
-            self._nudge(self.config.step * ((0.0 if covered else 1.0) - (1.0 - self.config.target)))
+            self._nudge(self._outcome(missed=not covered))
+
+    def _outcome(self, *, missed: bool) -> float:
+        """The correction's step for one issued p90 (ACI: up by step x (miss - (1 - target)))."""
+        return self.config.step * ((1.0 if missed else 0.0) - (1.0 - self.config.target))
 
     def _nudge(self, step: float) -> None:
         limit = self.config.max_correction
