@@ -97,13 +97,28 @@ class RuntimeForecaster(Protocol):
 
 @runtime_checkable
 class ObservesStarts(Protocol):
-    """A forecaster that also hears when a forecast job begins running: one still running past its p90 is a
-    miss known before it ends (censored feedback), so calibration need not wait a whole run time."""
+    """A forecaster that also hears when a forecast job begins (or, after a stop, resumes) running: one still
+    running past its p90 is a miss known before it ends, and one running long is a lower bound on its run time
+    (censored feedback), so learning need not wait a whole run time."""
 
     def started(self, job_id: str, start_s: float) -> None: ...
 
 
-def tell_started(forecaster: RuntimeForecaster | None, job_id: str, start_s: float) -> None:
-    """Pass a job's start to the forecaster, if it listens for starts (most models do not)."""
+@runtime_checkable
+class ObservesStops(Protocol):
+    """A forecaster that also hears when a started job stops without ending (preempted, to run again later), so
+    that the time it then waits is not counted as run time."""
+
+    def stopped(self, job_id: str, stop_s: float) -> None: ...
+
+
+def tell_started(forecaster: object, job_id: str, start_s: float) -> None:
+    """Pass a job's (re)start to the forecaster, if it listens for starts (most models do not)."""
     if isinstance(forecaster, ObservesStarts):
         forecaster.started(job_id, start_s)
+
+
+def tell_stopped(forecaster: object, job_id: str, stop_s: float) -> None:
+    """Pass a job's stop short of its end to the forecaster, if it listens for stops."""
+    if isinstance(forecaster, ObservesStops):
+        forecaster.stopped(job_id, stop_s)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster, tell_started
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster, tell_started, tell_stopped
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
 from kumiki.sched.preemption import OnDemand
@@ -320,7 +320,7 @@ class Simulator:
             job.checkpointing = job.checkpoint_until_s > job.progress_s
             if job.first_start_s < 0:
                 job.first_start_s = now
-                tell_started(self.forecaster, job.spec.job_id, now)
+            tell_started(self.forecaster, job.spec.job_id, now)
             self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
             if self.policy.order in ("las", "las-forecast"):
                 self._schedule_demotion(job, now)
@@ -403,6 +403,7 @@ class Simulator:
         )
 
     def _preempted(self, job: _SimJob, now: float) -> None:
+        tell_stopped(self.forecaster, job.spec.job_id, now)
         was_checkpointing = job.checkpointing
         reached = self._stop(job, now)
         on_demand = self.config.on_demand

@@ -3,12 +3,14 @@
 - `experts`: the individual models (per-key rolling medians, the burst + median-of-experts ensemble, the
   statsmodels quantile regression) and their building blocks (key hierarchy, rolling windows, the
   conformal p90 and spread).
+- `censored`: a per-key median that counts the runs still going (Kaplan-Meier), an expert to choose.
 - `selection`: the default forecaster, which weighs the experts and both baselines online per key by
   their own recent error.
 - `trust`: how far each key's forecasts have earned a scheduler's trust (a decayed likelihood ratio
   against the uninformed prior), carried on every forecast.
 """
 
+from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median
 from kumiki.forecast.models.experts import (
     DEFAULT_EXPERTS,
     EXPERT_FEATURES,
@@ -43,6 +45,7 @@ from kumiki.forecast.models.experts import (
     remember,
 )
 from kumiki.forecast.models.selection import (
+    DEFAULT_SELECTION,
     SelectionConfig,
     WeightedSelection,
     build_default_forecaster,
@@ -54,6 +57,7 @@ from kumiki.forecast.models.trust import ForecastTrust, TrustConfig
 
 __all__ = [
     "DEFAULT_EXPERTS",
+    "DEFAULT_SELECTION",
     "EXPERTS",
     "EXPERT_FEATURES",
     "FEATURE_NAMES",
@@ -65,6 +69,7 @@ __all__ = [
     "PRIOR_P90_OFFSET",
     "BurstSiblings",
     "CalibrationConfig",
+    "CensoredHistory",
     "ConformalP90",
     "ForecastTrust",
     "HistoryConfig",
@@ -86,6 +91,7 @@ __all__ = [
     "expert_factories",
     "job_keys",
     "job_vector",
+    "kaplan_meier_median",
     "log_runtime",
     "median",
     "model_factories",

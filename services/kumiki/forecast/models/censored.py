@@ -1,0 +1,161 @@
+"""The censored-history expert: a key's recent median that counts the runs still going.
+
+Rolling medians learn only from finished jobs. When a key's runs turn long (on the Philly slice, sweeps of
+40-67 jobs that ran 16,000-64,000 s in a key whose runs usually take ~1,000 s) they go on forecasting the old
+run time until the first long run ends, hours after the sweep and everything submitted behind it was
+forecast. Yet by then the scheduler has watched the sweep's first jobs run far past that: each is a
+*censored* observation (its run time is at least what it has run so far). This expert forecasts the
+Kaplan-Meier median of the key's last `window` started jobs, finished ones at their run time and running
+ones censored at their run time so far, so a regime change is seen while its jobs run, not after they end.
+A short regime is seen as early as before: its jobs finish.
+
+The run time so far is the time since the job's latest start plus what it ran before it was stopped
+(`stopped`, for preemptions the job survives), so a preempted job is not counted as running while it waits.
+Like every expert it is weighed by its own record per key (`WeightedSelection`), so it is only followed
+where censoring helps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from kumiki.forecast.models.experts import (
+    GLOBAL_KEY,
+    MAX_LOG_S,
+    PRIOR_LOG_S,
+    PRIOR_P90_OFFSET,
+    HistoryConfig,
+    Key,
+    job_keys,
+    log_runtime,
+    remember,
+)
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
+
+_HISTORY = HistoryConfig()  # the same window and minimum as the rolling-median experts
+
+
+def kaplan_meier_median(samples: list[tuple[float, bool]]) -> float | None:
+    """Median of (value, exact) samples, censored ones (exact False) known only to exceed their value.
+
+    None when the survival estimate never falls to 1/2 (more than half may still run past every value)."""
+    ordered = sorted(samples, key=lambda sample: (sample[0], not sample[1]))  # an event precedes a tie's censoring
+    survival = 1.0
+    index = 0
+    while index < len(ordered):
+        value, exact = ordered[index]
+        if not exact:
+            index += 1
+            continue
+        at_risk = len(ordered) - index
+        events = 0
+        while index < len(ordered) and ordered[index] == (value, True):
+            events += 1
+            index += 1
+        survival *= 1.0 - events / at_risk
+        if survival <= 0.5 + 1e-12:
+            return value
+    return None
+
+
+@dataclass(slots=True)
+class _Run:
+    """A started job's run so far: seconds banked before its last stop, the running start, its end."""
+
+    banked_s: float = 0.0
+    since_s: float | None = None  # running since (None: stopped, or finished)
+    log_runtime_s: float | None = None  # set when it finished
+    lanes: int = 0  # key lanes still holding it (forgotten at 0)
+
+    def sample(self, now_s: float) -> tuple[float, bool]:
+        if self.log_runtime_s is not None:
+            return self.log_runtime_s, True
+        running = self.banked_s + (max(0.0, now_s - self.since_s) if self.since_s is not None else 0.0)
+        return log_runtime(running), False
+
+
+@dataclass(slots=True)
+class CensoredHistory:
+    """Kaplan-Meier median of log run time over each key level's last `window` started jobs (module docstring)."""
+
+    window: int = _HISTORY.short_window
+    min_count: int = _HISTORY.min_count  # a key level needs this many started jobs, one of them finished
+    name: str = "history-censored"
+    version: int = 0
+    _pending: dict[str, JobFeatures] = field(default_factory=dict)  # forecast, not started yet
+    _lanes: dict[Key, deque[str]] = field(default_factory=dict)
+    _runs: dict[str, _Run] = field(default_factory=dict)
+
+    def predict(self, job: JobFeatures) -> RuntimeForecast:
+        if job.job_id not in self._runs:
+            remember(self._pending, job.job_id, job)
+        log_p50 = self.log_median(job, job.submit_s)
+        return RuntimeForecast(
+            math.exp(min(log_p50, MAX_LOG_S)),
+            math.exp(min(log_p50 + PRIOR_P90_OFFSET, MAX_LOG_S)),
+            self.name,
+            self.version,
+        )
+
+    def log_median(self, job: JobFeatures, now_s: float) -> float:
+        """The most specific key level's censored median. Where a level's median is still unknown (more than half
+        of its runs outlast every end), the longest run so far is a lower bound: the answer is then the next
+        level's median, but no less than that bound; with no level's median known, the bound itself."""
+        floor = -math.inf
+        for key in job_keys(job):
+            lane = self._lanes.get(key)
+            needed = 1 if key == GLOBAL_KEY else self.min_count
+            if lane is None or len(lane) < needed:
+                continue
+            samples = [self._runs[job_id].sample(now_s) for job_id in lane]
+            if not any(exact for _, exact in samples):
+                floor = max(floor, max(value for value, _ in samples))
+                continue
+            median = kaplan_meier_median(samples)
+            if median is not None:
+                return max(median, floor)
+            floor = max(floor, max(value for value, _ in samples))
+        return floor if floor > -math.inf else PRIOR_LOG_S
+
+    def started(self, job_id: str, start_s: float) -> None:
+        run = self._runs.get(job_id)
+        if run is None:
+            job = self._pending.pop(job_id, None)
+            if job is None:
+                return  # never forecast here (or forgotten): nothing to place it in
+            run = self._enter(job)
+        if run.log_runtime_s is None and run.since_s is None:
+            run.since_s = start_s
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        run = self._runs.get(job_id)
+        if run is not None and run.since_s is not None:
+            run.banked_s += max(0.0, stop_s - run.since_s)
+            run.since_s = None
+
+    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        self._pending.pop(job.job_id, None)
+        run = self._runs.get(job.job_id) or self._enter(job)  # a run it never saw start (history): exact only
+        run.since_s = None
+        run.log_runtime_s = log_runtime(runtime_s)
+        self.version += 1
+
+    def _enter(self, job: JobFeatures) -> _Run:
+        run = self._runs[job.job_id] = _Run()
+        for key in job_keys(job):
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = deque()
+            if len(lane) >= self.window:
+                self._leave(lane.popleft())
+            lane.append(job.job_id)
+            run.lanes += 1
+        return run
+
+    def _leave(self, job_id: str) -> None:
+        run = self._runs[job_id]
+        run.lanes -= 1
+        if run.lanes == 0:
+            del self._runs[job_id]
