@@ -95,6 +95,9 @@ def test_window_and_seed_are_applied(tmp_path):
         (["--policy", "fifo,bogus"], "--policy: unknown 'bogus'"),
         (["--policy", "fifo", "--placement", "worst-fit"], "--placement: unknown"),
         (["--policy", "fifo", "--seed", "x"], "--seed must be a whole number"),
+        (["--policy", "fifo", "--seeds", "0,1,0"], "--seeds repeats a seed"),
+        (["--policy", "fifo", "--seeds", "1,-2"], "--seeds must be >= 0"),
+        (["--policy", "fifo", "--seeds", ","], "--seeds must name at least one seed"),
         (["--policy", "fifo", "--start-s", "5", "--end-s", "1"], "--end-s"),
         (["--policy", "fifo", "--checkpoint-cost-s", "-1"], "--checkpoint-cost-s must be >= 0"),
     ],
@@ -204,3 +207,27 @@ def test_day_windows_and_the_share_of_the_oracles_gain_the_forecasts_recover(tmp
         assert set(window["forecast_value"]) >= {"recovered_share", "noforecast_avg_jct_s"}
     assert report["windows_spread"]["kumiki_over_kumiki-noforecast"]["windows"] == 2
     assert "## Day windows" in (out / "report.md").read_text()
+
+
+def test_seeds_report_every_seed_their_mean_and_the_share_of_the_means(tmp_path):
+    policies = "kumiki,kumiki-noforecast,kumiki-oracle"
+    code, out = simulate(tmp_path, "--policy", policies, "--seeds", "0,3", "--no-plots")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["seeds"] == [0, 3] and report["config"]["seed"] == 0
+    spread = report["seeds"]
+    assert spread["seeds"] == [0, 3]
+    for name in policies.split(","):
+        row = spread["policies"][name]
+        by_seed = row["avg_jct_s_by_seed"]
+        assert len(by_seed) == 2
+        assert by_seed[0] == report["policies"][name]["avg_jct_s"]  # the per-run table is the first seed's
+        assert row["avg_jct_s"] == pytest.approx(sum(by_seed) / 2)
+    # the headline share is the one of the mean JCTs, and each seed's is its own runs'
+    value = report["forecast_value"]
+    means = {name: spread["policies"][name]["avg_jct_s"] for name in policies.split(",")}
+    assert value["noforecast_avg_jct_s"] == means["kumiki-noforecast"]
+    assert value["oracle_avg_jct_s"] == means["kumiki-oracle"]
+    assert len(spread["recovered_share_by_seed"]) == 2
+    markdown = (out / "report.md").read_text()
+    assert "## Average JCT over seeds 0, 3 (s)" in markdown and "| kumiki-oracle |" in markdown

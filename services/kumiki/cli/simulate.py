@@ -43,6 +43,12 @@ def register(subparsers: Any) -> None:
     simulate.add_argument("--out", required=True, help="output directory")
     simulate.add_argument("--placement", default="best-fit", help=f"placement strategy ({', '.join(STRATEGIES)})")
     simulate.add_argument("--seed", default="0", help="orders jobs submitted at the same second (default 0)")
+    simulate.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds: repeat every run (and day window) with each and report the spread over them"
+        " (overrides --seed; the first one's runs give the per-run table and plots)",
+    )
     simulate.add_argument("--start-s", default=None, help="only jobs submitted at or after this time")
     simulate.add_argument("--end-s", default=None, help="only jobs submitted before this time")
     simulate.add_argument("--queues", default=None, help="JSON/YAML mapping queue -> guaranteed GPUs (fair share)")
@@ -112,6 +118,15 @@ def _names(value: str, option: str, known: tuple[str, ...]) -> list[str]:
     return names
 
 
+def _seeds(value: str) -> list[int]:
+    seeds = [_int(part.strip(), "--seeds", 0) for part in value.split(",") if part.strip()]
+    if not seeds:
+        raise UsageError("--seeds must name at least one seed, e.g. 0,1,2")
+    if len(set(seeds)) != len(seeds):
+        raise UsageError("--seeds repeats a seed")
+    return seeds
+
+
 def load_queue_shares(path: str) -> dict[str, float]:
     """A mapping queue -> guaranteed GPUs, JSON or YAML; every value a positive number."""
     import yaml
@@ -155,7 +170,16 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sim.engine import SimConfig, Simulator
-    from kumiki.sim.report import forecast_value, markdown_table, plot_results, summarize, window_table, write_json
+    from kumiki.sim.report import (
+        forecast_value,
+        markdown_table,
+        over_seeds,
+        plot_results,
+        seed_table,
+        summarize,
+        window_table,
+        write_json,
+    )
     from kumiki.sim.trace import TraceError, load_jobs, window
     from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -165,7 +189,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     placement = _names(args.placement, "--placement", STRATEGIES)
     if len(placement) != 1:
         raise UsageError("--placement takes one strategy for simulate")
-    seed = _int(args.seed, "--seed", 0)
+    seeds = _seeds(args.seeds) if args.seeds is not None else [_int(args.seed, "--seed", 0)]
+    seed = seeds[0]
     start_s = _float(args.start_s, "--start-s", None)
     end_s = _float(args.end_s, "--end-s", None)
     if start_s is not None and end_s is not None and end_s <= start_s:
@@ -181,9 +206,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     shares = load_queue_shares(args.queues) if args.queues else None
     try:
         trace = window(load_jobs(args.trace), start_s, end_s)
-        jobs = sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=seed)
+        jobs_by_seed = {each: sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=each) for each in seeds}
     except (TraceError, WorkloadError) as error:
         raise UsageError(f"--trace: {error}") from None
+    jobs = jobs_by_seed[seed]
     if not jobs:
         raise UsageError("--trace: no jobs in the chosen window")
     if shares is not None:
@@ -208,6 +234,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             "placement": placement[0],
             "consolidated": True,
             "seed": seed,
+            "seeds": seeds,
             "start_s": start_s,
             "end_s": end_s,
             "queues": shares,
@@ -219,29 +246,39 @@ def run_simulate(args: argparse.Namespace) -> int:
         },
     }
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
     with Progress(*columns, console=console, transient=False) as progress:
-        for name in policies:
-            task = progress.add_task(f"{name:>18}", total=len(jobs))
-            config = SimConfig(POLICIES[name], placement=placement[0], checkpoint=checkpoint, queue_shares=shares)
-            started = time.perf_counter()
-            simulator = Simulator(
-                spec,
-                jobs,
-                config,
-                # a fresh forecaster per policy: it learns online, and one run must not learn from another's
-                forecaster=default_forecaster() if POLICIES[name].uses_forecast else None,
-                progress=_advancer(progress, task),
-            )
-            result = simulator.run()
-            summary = summarize(result, large_gpus=gpus_per_node)
-            summary["wall_s"] = round(time.perf_counter() - started, 3)
-            report["policies"][name] = summary
-            results.append(result)
-    report["forecast_value"] = forecast_value(report["policies"])
+        for each in seeds:
+            by_seed[each] = {}
+            for name in policies:
+                label = f"{name:>18}" + (f" seed {each}" if len(seeds) > 1 else "")
+                task = progress.add_task(label, total=len(jobs_by_seed[each]))
+                config = SimConfig(POLICIES[name], placement=placement[0], checkpoint=checkpoint, queue_shares=shares)
+                started = time.perf_counter()
+                simulator = Simulator(
+                    spec,
+                    jobs_by_seed[each],
+                    config,
+                    # a fresh forecaster per run: it learns online, and one run must not learn from another's
+                    forecaster=default_forecaster() if POLICIES[name].uses_forecast else None,
+                    progress=_advancer(progress, task),
+                )
+                result = simulator.run()
+                summary = summarize(result, large_gpus=gpus_per_node)
+                summary["wall_s"] = round(time.perf_counter() - started, 3)
+                by_seed[each][name] = summary
+                if each == seed:
+                    report["policies"][name] = summary
+                    results.append(result)
+    if len(seeds) > 1:
+        report["seeds"] = over_seeds(by_seed)
+        report["forecast_value"] = report["seeds"]["forecast_value"]
+    else:
+        report["forecast_value"] = forecast_value(report["policies"])
     windows_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
-            load_jobs(args.trace), trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seed
+            load_jobs(args.trace), trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds
         )
         report["windows_spread"] = _window_spread(report["windows"])
         windows_md = (
@@ -253,10 +290,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     per_queue = _queue_table(report["policies"])
     value = report["forecast_value"]
     value_md = ""
+    if len(seeds) > 1:
+        table += f"\n## Average JCT over seeds {', '.join(map(str, seeds))} (s)\n\n{seed_table(report['seeds'])}"
     if value is not None:
         share = value["recovered_share"]
+        over = f" (of the mean over {len(seeds)} seeds)" if len(seeds) > 1 else ""
         value_md = (
-            f"\nShare of the oracle's gain over `kumiki-noforecast` that the forecasts recover: "
+            f"\nShare of the oracle's gain over `kumiki-noforecast` that the forecasts recover{over}: "
             f"{'n/a (no gap)' if share is None else f'{100 * share:.1f}%'}\n"
         )
     (out / "report.md").write_text(
@@ -282,13 +322,14 @@ def _day_windows(
     checkpoint: CheckpointModel,
     shares: dict[str, float] | None,
     gpus_per_node: int,
-    seed: int,
+    seeds: list[int],
 ) -> dict[str, Any]:
-    """Each day of the (windowed) trace simulated on its own. A forecaster starts with what a live one would
-    hold then: every job of the trace file that finished before the day began (`warm_up`)."""
+    """Each day of the (windowed) trace simulated on its own, once per seed (rows: the mean over seeds). A
+    forecaster starts with what a live one would hold then: every job of the trace file that finished before
+    the day began (`warm_up`)."""
     from kumiki.forecast.evaluate import DAY_S, warm_up
     from kumiki.sim.engine import SimConfig, Simulator
-    from kumiki.sim.report import forecast_value, summarize
+    from kumiki.sim.report import forecast_value, over_seeds, summarize
     from kumiki.sim.trace import window
     from kumiki.sim.workload import sim_jobs
 
@@ -297,29 +338,34 @@ def _day_windows(
     windows: dict[str, Any] = {}
     for day in range(first_day, last_day + 1):
         start, end = day * DAY_S, (day + 1) * DAY_S
-        jobs = sim_jobs(window(trace, start, end), max_gpus=spec.total_gpus, seed=seed)
-        if not jobs:
+        day_jobs = window(trace, start, end)
+        count = len(sim_jobs(day_jobs, max_gpus=spec.total_gpus, seed=seeds[0]))
+        if not count:
             continue
-        rows: dict[str, Any] = {}
+        by_seed: dict[int, dict[str, dict[str, Any]]] = {}
         warmed = None
-        for name in policies:
-            forecaster = None
-            if POLICIES[name].uses_forecast:
-                if warmed is None:
-                    warmed = default_forecaster()
-                    warm_up(warmed, full_trace, start)
-                forecaster = copy.deepcopy(warmed)  # each run learns on its own from the same history
-            config = SimConfig(POLICIES[name], placement=placement, checkpoint=checkpoint, queue_shares=shares)
-            result = Simulator(spec, jobs, config, forecaster=forecaster).run()
-            summary = summarize(result, large_gpus=gpus_per_node)
-            rows[name] = {key: summary[key] for key in ("jobs", "avg_jct_s", "p99_jct_s", "preemptions")}
-        windows[f"day {day}"] = {
-            "start_s": start,
-            "end_s": end,
-            "jobs": len(jobs),
-            "policies": rows,
-            "forecast_value": forecast_value(rows),
-        }
+        for seed in seeds:
+            jobs = sim_jobs(day_jobs, max_gpus=spec.total_gpus, seed=seed)
+            rows: dict[str, Any] = by_seed.setdefault(seed, {})
+            for name in policies:
+                forecaster = None
+                if POLICIES[name].uses_forecast:
+                    if warmed is None:
+                        warmed = default_forecaster()
+                        warm_up(warmed, full_trace, start)
+                    forecaster = copy.deepcopy(warmed)  # each run learns on its own from the same history
+                config = SimConfig(POLICIES[name], placement=placement, checkpoint=checkpoint, queue_shares=shares)
+                result = Simulator(spec, jobs, config, forecaster=forecaster).run()
+                summary = summarize(result, large_gpus=gpus_per_node)
+                rows[name] = {key: summary[key] for key in ("jobs", "avg_jct_s", "p99_jct_s", "preemptions")}
+        entry: dict[str, Any] = {"start_s": start, "end_s": end, "jobs": count}
+        if len(seeds) > 1:
+            spread = over_seeds(by_seed)
+            entry.update(policies=spread["policies"], forecast_value=spread["forecast_value"])
+            entry["recovered_share_by_seed"] = spread["recovered_share_by_seed"]
+        else:
+            entry.update(policies=by_seed[seeds[0]], forecast_value=forecast_value(by_seed[seeds[0]]))
+        windows[f"day {day}"] = entry
     return windows
 
 
