@@ -1,6 +1,7 @@
 """How good, and what kind of, forecasts `kumiki` needs to recover half of the oracle's gain (issue 14).
 
     .venv/bin/python benchmarks/forecast_value_bounds.py [--nodes 48,64] [--trace philly-slice] [--quick]
+        [--order-seeds 0,1,2]
         [--out out/forecast-value-bounds]
 
 Replays the trace under `kumiki` with synthetic forecasters and reports, per cluster size, each one's median
@@ -20,6 +21,8 @@ bounds, not models. Rows:
 - `burst oracle`: the same within +-600 s (jobs submitted together). A job alone in its window gets its own
   run time, so this row knows more than a burst model could; report.json gives the share of such jobs.
 
+`--order-seeds` repeats every run per seed ordering the jobs submitted in the same second; a row's share is
+then that of its mean JCT over the seeds (the references' too), its range the spread of the per-seed shares.
 `--quick` runs only the references, `noisy truth s=0.6` seed 0 and the two window oracles. Writes report.json
 and recovered.png (x: median |log error|, y: recovered share) into --out; prints one markdown table per size.
 """
@@ -54,6 +57,7 @@ from kumiki.sched.forecasting import (
     RuntimeForecast,
     RuntimeForecaster,
     tell_started,
+    tell_stopped,
 )
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
@@ -141,6 +145,9 @@ class Scored:
 
     def started(self, job_id: str, start_s: float) -> None:
         tell_started(self.inner, job_id, start_s)  # a pass-through: the default forecaster listens for starts
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        tell_stopped(self.inner, job_id, stop_s)  # and for stops
 
 
 # ---- the rows -------------------------------------------------------------------------------------
@@ -266,7 +273,7 @@ def markdown(nodes: int, table: Mapping[str, Any]) -> str:
         if "recovered_share_range" in row:
             low, high = row["recovered_share_range"]
             share_cell += f" ({100 * low:.1f}-{100 * high:.1f}%)"
-        seeds = f", {len(row['runs'])} seeds" if len(row["runs"]) > 1 else ""
+        seeds = f", {len(row['runs'])} runs" if len(row["runs"]) > 1 else ""
         name = f"{label} [reads truth{seeds}]" if row["kind"] == "reads truth" else label
         lines.append(f"| {name} | {error_cell} | {row['avg_jct_s']:,.0f} | {share_cell} |")
     return "\n".join(lines) + "\n"
@@ -327,7 +334,50 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def over_order_seeds(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """One table from the same rows run under several ordering seeds. A row's avg JCT is the mean of all its runs,
+    its recovered share that of the mean JCTs (one seed's share is a ratio of two small differences of chaotic
+    runs: `kumiki-noforecast` alone moves by 7.6% between seeds 0 and 1 at 48 x 8), and its range the spread of
+    the per-seed shares. With one seed, that seed's table as it is."""
+    seeds = list(per_seed)
+    if len(seeds) == 1:
+        return dict(per_seed[seeds[0]])
+    first = per_seed[seeds[0]]
+    out: dict[str, Any] = {}
+    for label in first:
+        runs = [{**run, "order_seed": seed} for seed in seeds for run in per_seed[seed][label]["runs"]]
+        entry: dict[str, Any] = {"kind": first[label]["kind"], "policy": first[label]["policy"], "runs": runs}
+        entry.update(aggregate(runs))
+        for key in ("median_abs_log_error", "note"):
+            if key in first[label]:
+                entry.setdefault(key, first[label][key])
+        shares = [per_seed[seed][label].get("recovered_share") for seed in seeds]
+        entry.pop("recovered_share_range", None)
+        if all(share is not None for share in shares):
+            entry["recovered_share_range"] = [min(shares), max(shares)]
+        entry["recovered_share_by_order_seed"] = shares
+        out[label] = entry
+    references = {name: {"avg_jct_s": out[name]["avg_jct_s"]} for name in (NOFORECAST, ORACLE)}
+    for label, entry in out.items():
+        value = forecast_value({**references, label: entry}, forecast=label)
+        entry["recovered_share"] = None if value is None else value["recovered_share"]
+    return out
+
+
 # ---- command line ---------------------------------------------------------------------------------
+def parse_seeds(text: str, parser: argparse.ArgumentParser) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            parser.error(f"--order-seeds: expected a comma-separated list of whole numbers >= 0, got {part!r}")
+        if value < 0 or value in seeds:
+            parser.error(f"--order-seeds: {value} is negative or given twice")
+        seeds.append(value)
+    return seeds
+
+
 def parse_nodes(text: str, parser: argparse.ArgumentParser) -> list[int]:
     sizes: list[int] = []
     for part in text.split(","):
@@ -349,9 +399,16 @@ def main() -> int:
     parser.add_argument("--nodes", default="48,64", help="cluster sizes in 8-GPU nodes, comma-separated (48,64)")
     parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
     parser.add_argument("--quick", action="store_true", help="references, noisy s=0.6 seed 0 and the two oracles")
+    parser.add_argument(
+        "--order-seeds",
+        default="0",
+        help="seeds that order jobs submitted in the same second (kumiki simulate --seeds), comma-separated: every"
+        " run is repeated per seed and each row's share is that of its mean JCT over them (default 0)",
+    )
     parser.add_argument("--out", default="out/forecast-value-bounds", help="folder for report.json and recovered.png")
     args = parser.parse_args()
     sizes = parse_nodes(args.nodes, parser)
+    order_seeds = parse_seeds(args.order_seeds, parser)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f"--out: {out} exists and is not a folder")
@@ -359,14 +416,15 @@ def main() -> int:
         trace = load_jobs(args.trace)
     except (TraceError, OSError) as error:
         parser.error(f"--trace: {error}")
-    workloads: dict[int, list[SimJobSpec]] = {}
+    workloads: dict[tuple[int, int], list[SimJobSpec]] = {}
     for nodes in sizes:
-        try:
-            workloads[nodes] = sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=0)
-        except WorkloadError as error:
-            parser.error(f"--nodes {nodes} / --trace: {error}")
-        if not workloads[nodes]:
-            parser.error("--trace: the trace has no jobs")
+        for seed in order_seeds:
+            try:
+                workloads[(nodes, seed)] = sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=seed)
+            except WorkloadError as error:
+                parser.error(f"--nodes {nodes} / --trace: {error}")
+            if not workloads[(nodes, seed)]:
+                parser.error("--trace: the trace has no jobs")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -379,6 +437,7 @@ def main() -> int:
             "nodes": sizes,
             "gpus_per_node": GPUS_PER_NODE,
             "quick": args.quick,
+            "order_seeds": order_seeds,
             "noise_sigmas": [0.6] if args.quick else list(NOISE_SIGMAS),
             "noise_seeds": [0] if args.quick else list(NOISE_SEEDS),
             "regime_window_s": REGIME_WINDOW_S,
@@ -390,9 +449,12 @@ def main() -> int:
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True)) as progress:
-        overall = progress.add_task("runs", total=run_count(table) * len(sizes))
+        overall = progress.add_task("runs", total=run_count(table) * len(sizes) * len(order_seeds))
         for nodes in sizes:
-            report["clusters"][str(nodes)] = simulate(nodes, workloads[nodes], table, progress, overall)
+            per_seed = {
+                seed: simulate(nodes, workloads[(nodes, seed)], table, progress, overall) for seed in order_seeds
+            }
+            report["clusters"][str(nodes)] = over_order_seeds(per_seed)
     report["wall_s"] = round(time.perf_counter() - started, 1)
     write_json(out / "report.json", report)
     plot(report, out / "recovered.png")
