@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,10 +37,43 @@ def can_bind(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+# Ports handed out by this process, never handed out again by it (two calls before either port is bound must differ).
+_HANDED_OUT: set[int] = set()
+# Listening ports are chosen at or above this, below the kernel's ephemeral range (well-known services sit lower).
+LISTEN_PORTS_FROM = 10_000
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux default 32768-60999)."""
+    try:
+        low, high = (int(value) for value in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32_768, 60_999
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    """A port free to listen on now, for a process that will bind it later.
+
+    Chosen below the kernel's ephemeral range where there is room: a port the kernel hands out for bind(0) is an
+    ephemeral one, which any outgoing connection may take as its source port before the process it was meant
+    for binds it (CI saw a service fail with `address already in use` that way, on a machine busy with Kafka,
+    Postgres, etcd and the API server's connections)."""
+    low, _ = ephemeral_ports()
+    if low - LISTEN_PORTS_FROM >= 1_000:
+        chooser = random.SystemRandom()
+        for _ in range(64):
+            port = chooser.randrange(LISTEN_PORTS_FROM, low)
+            if port not in _HANDED_OUT and can_bind(port, host):
+                _HANDED_OUT.add(port)
+                return port
+    while True:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def alive(pid: int | None) -> bool:
