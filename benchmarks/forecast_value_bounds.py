@@ -49,6 +49,7 @@ from _support import PHILLY
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kumiki.common.config import ConfigError, whole_numbers
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import (
@@ -365,33 +366,11 @@ def over_order_seeds(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any
 
 
 # ---- command line ---------------------------------------------------------------------------------
-def parse_seeds(text: str, parser: argparse.ArgumentParser) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        try:
-            value = int(part.strip())
-        except ValueError:
-            parser.error(f"--order-seeds: expected a comma-separated list of whole numbers >= 0, got {part!r}")
-        if value < 0 or value in seeds:
-            parser.error(f"--order-seeds: {value} is negative or given twice")
-        seeds.append(value)
-    return seeds
-
-
-def parse_nodes(text: str, parser: argparse.ArgumentParser) -> list[int]:
-    sizes: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            value = int(part)
-        except ValueError:
-            parser.error(f"--nodes: expected a comma-separated list of whole numbers >= 1, got {part!r}")
-        if value < 1:
-            parser.error(f"--nodes: every size must be >= 1, got {value}")
-        if value in sizes:
-            parser.error(f"--nodes: {value} is given twice")
-        sizes.append(value)
-    return sizes
+def whole_numbers_or_exit(text: str, option: str, minimum: int, parser: argparse.ArgumentParser) -> list[int]:
+    try:
+        return whole_numbers(text, option, minimum=minimum)
+    except ConfigError as error:
+        parser.error(str(error))
 
 
 def main() -> int:
@@ -409,8 +388,8 @@ def main() -> int:
     )
     parser.add_argument("--out", default="out/forecast-value-bounds", help="folder for report.json and recovered.png")
     args = parser.parse_args()
-    sizes = parse_nodes(args.nodes, parser)
-    order_seeds = parse_seeds(args.order_seeds, parser)
+    sizes = whole_numbers_or_exit(args.nodes, "--nodes", 1, parser)
+    order_seeds = whole_numbers_or_exit(args.order_seeds, "--order-seeds", 0, parser)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f"--out: {out} exists and is not a folder")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kumiki.common.config import ConfigError, Settings
+from kumiki.common.config import ConfigError, Settings, whole_numbers
 
 
 def settings(**env: str) -> Settings:
@@ -72,3 +72,22 @@ def test_service_exits_with_one_line_naming_the_variable() -> None:
     assert lines == [
         "kumiki-placement: configuration error: KUMIKI_PLACEMENT_GRPC_PORT: expected an integer in 0..65535, got 'abc'"
     ]
+
+
+def test_whole_numbers_keep_their_order_and_skip_blanks() -> None:
+    assert whole_numbers(" 3, 0,,12 ", "--seeds", minimum=0) == [3, 0, 12]
+
+
+@pytest.mark.parametrize(
+    ("text", "minimum", "message"),
+    [
+        ("1,a", 0, "--x must list whole numbers, got 'a'"),
+        ("2,0", 1, "--x must be >= 1, got 0"),
+        ("4,5,4", 0, "--x repeats 4"),
+        (" , ", 0, "--x must list at least one whole number"),
+        ("1.5", 0, "--x must list whole numbers, got '1.5'"),
+    ],
+)
+def test_whole_numbers_name_the_option_and_the_bad_part(text: str, minimum: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        whole_numbers(text, "--x", minimum=minimum)

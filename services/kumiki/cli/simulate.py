@@ -119,12 +119,12 @@ def _names(value: str, option: str, known: tuple[str, ...]) -> list[str]:
 
 
 def _seeds(value: str) -> list[int]:
-    seeds = [_int(part.strip(), "--seeds", 0) for part in value.split(",") if part.strip()]
-    if not seeds:
-        raise UsageError("--seeds must name at least one seed, e.g. 0,1,2")
-    if len(set(seeds)) != len(seeds):
-        raise UsageError("--seeds repeats a seed")
-    return seeds
+    from kumiki.common.config import ConfigError, whole_numbers
+
+    try:
+        return whole_numbers(value, "--seeds", minimum=0)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
 
 
 def load_queue_shares(path: str) -> dict[str, float]:
@@ -171,7 +171,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sim.engine import SimConfig, Simulator
     from kumiki.sim.report import (
-        forecast_value,
         markdown_table,
         over_seeds,
         plot_results,
@@ -270,11 +269,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                 if each == seed:
                     report["policies"][name] = summary
                     results.append(result)
-    if len(seeds) > 1:
-        report["seeds"] = over_seeds(by_seed)
-        report["forecast_value"] = report["seeds"]["forecast_value"]
-    else:
-        report["forecast_value"] = forecast_value(report["policies"])
+    report["seeds"] = over_seeds(by_seed)
+    report["forecast_value"] = report["seeds"]["forecast_value"]
     windows_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
@@ -329,7 +325,7 @@ def _day_windows(
     the day began (`warm_up`)."""
     from kumiki.forecast.evaluate import DAY_S, warm_up
     from kumiki.sim.engine import SimConfig, Simulator
-    from kumiki.sim.report import forecast_value, over_seeds, summarize
+    from kumiki.sim.report import over_seeds, summarize
     from kumiki.sim.trace import window
     from kumiki.sim.workload import sim_jobs
 
@@ -359,12 +355,9 @@ def _day_windows(
                 summary = summarize(result, large_gpus=gpus_per_node)
                 rows[name] = {key: summary[key] for key in ("jobs", "avg_jct_s", "p99_jct_s", "preemptions")}
         entry: dict[str, Any] = {"start_s": start, "end_s": end, "jobs": count}
-        if len(seeds) > 1:
-            spread = over_seeds(by_seed)
-            entry.update(policies=spread["policies"], forecast_value=spread["forecast_value"])
-            entry["recovered_share_by_seed"] = spread["recovered_share_by_seed"]
-        else:
-            entry.update(policies=by_seed[seeds[0]], forecast_value=forecast_value(by_seed[seeds[0]]))
+        spread = over_seeds(by_seed)
+        entry.update(policies=spread["policies"], forecast_value=spread["forecast_value"])
+        entry["recovered_share_by_seed"] = spread["recovered_share_by_seed"]
         windows[f"day {day}"] = entry
     return windows
 

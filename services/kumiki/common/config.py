@@ -26,6 +26,27 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+def whole_numbers(text: str, name: str, *, minimum: int) -> list[int]:
+    """A comma-separated list of distinct whole numbers >= minimum (seeds, cluster sizes); `name` is the
+    option or variable the text came from, for the error."""
+    numbers: list[int] = []
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        try:
+            number = int(part)
+        except ValueError:
+            raise ConfigError(f"{name} must list whole numbers, got {part!r}") from None
+        if number < minimum:
+            raise ConfigError(f"{name} must be >= {minimum}, got {number}")
+        if number in numbers:
+            raise ConfigError(f"{name} repeats {number}")
+        numbers.append(number)
+    if not numbers:
+        raise ConfigError(f"{name} must list at least one whole number, e.g. {minimum},{minimum + 1}")
+    return numbers
+
+
 def env_str(env: Environ, name: str, default: str | None = None) -> str:
     value = env.get(name)
     if value is None or value == "":

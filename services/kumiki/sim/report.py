@@ -176,7 +176,8 @@ def over_seeds(by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[s
 
     One seed's recovered share is a ratio of two small differences of chaotic runs (on the Philly slice at 48 x
     8, `kumiki-noforecast` alone moves by 7.6% from seed 0 to seed 1), so it is reported over seeds, not alone.
-    Rows hold every numeric field the runs share, averaged, and `avg_jct_s_by_seed`.
+    Rows hold every numeric field the runs share, averaged, and `avg_jct_s_by_seed`; with one seed, that seed's
+    numeric fields as they are.
     """
     seeds = list(by_seed)
     names = [name for name in by_seed[seeds[0]] if all(name in by_seed[seed] for seed in seeds)]
