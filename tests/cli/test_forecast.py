@@ -70,7 +70,13 @@ def test_evaluate_writes_the_report_and_predictions_contract(
     (day,) = report["versus_better_baseline"]["kumiki"]["days"]
     assert day["test_day"] is False and day["better_baseline"] in ("global-median", "last-two")
     assert day["jobs"] == window_jobs
-    assert set(report["per_queue"]) and "Rolling origin" in (out / "report.md").read_text()
+    markdown = (out / "report.md").read_text()
+    assert set(report["per_queue"]) == {"vc-fast", "vc-slow"} and "Rolling origin" in markdown
+    # per queue, busiest first: vc-fast has two jobs of every three
+    per_queue = markdown.split("## Per queue")[1]
+    assert per_queue.index("| vc-fast |") < per_queue.index("| vc-slow |")
+    fast = report["per_queue"]["vc-fast"]["kumiki"]
+    assert f"| vc-fast | {fast['jobs']} | {fast['median_abs_log_error']:.3f} |" in per_queue
     assert (out / "forecast_errors.png").read_bytes().startswith(b"\x89PNG")
     # The keys differ by 30x: Kumiki's per-key history must beat the global median.
     assert (

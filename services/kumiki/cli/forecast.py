@@ -24,6 +24,7 @@ from kumiki.forecast import demand as demand_model
 from kumiki.forecast.evaluate import (
     Evaluation,
     Prediction,
+    WindowVerdict,
     baseline_factories,
     default_factories,
     replay,
@@ -253,19 +254,31 @@ def _evaluation_markdown(evaluation: Evaluation, args: argparse.Namespace) -> st
     if best is not None:
         lines += ["", f"Better baseline here: {best[0]} ({best[1]:.3f})."]
     if "kumiki" in evaluation.scores:
+        by_queue = verdicts(scores_by(evaluation.predictions, lambda p: p.queue or "(none)"), "kumiki")
         lines += [
             "",
             "## Rolling origin: each day scored on forecasts from the days before (kumiki vs the better baseline)",
             "",
-            "| day | jobs | kumiki | better baseline | its error | ratio | p90 coverage |",
-            "|---|---:|---:|---|---:|---:|---:|",
+            *_verdict_table("day", verdicts(rolling_origin(evaluation), "kumiki")),
+            "",
+            "## Per queue: kumiki against the better baseline on that queue's jobs (busiest first)",
+            "",
+            *_verdict_table("queue", sorted(by_queue, key=lambda verdict: -verdict.jobs)),
         ]
-        for verdict in verdicts(rolling_origin(evaluation), "kumiki"):
-            lines.append(
-                f"| {verdict.label} | {verdict.jobs} | {verdict.model_error:.3f} | {verdict.better_baseline} | "
-                f"{verdict.baseline_error:.3f} | {verdict.ratio:.2f} | {100.0 * verdict.p90_coverage:.1f}% |"
-            )
     return "\n".join(lines) + "\n"
+
+
+def _verdict_table(window: str, rows: Sequence[WindowVerdict]) -> list[str]:
+    lines = [
+        f"| {window} | jobs | kumiki | better baseline | its error | ratio | p90 coverage |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for verdict in rows:
+        lines.append(
+            f"| {verdict.label} | {verdict.jobs} | {verdict.model_error:.3f} | {verdict.better_baseline} | "
+            f"{verdict.baseline_error:.3f} | {verdict.ratio:.2f} | {100.0 * verdict.p90_coverage:.1f}% |"
+        )
+    return lines
 
 
 def _print_scores(evaluation: Evaluation) -> None:
