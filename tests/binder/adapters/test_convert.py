@@ -73,3 +73,104 @@ def test_gang_outcome_as_the_job_state_of_its_release() -> None:
     assert state("Succeeded", "Failed") == events_pb2.JOB_STATE_FAILED
     assert state("Failed", "Running") == events_pb2.JOB_STATE_UNSPECIFIED
     assert state() == events_pb2.JOB_STATE_UNSPECIFIED
+
+
+def _set_fields(messages: list[Any]) -> set[str]:
+    return {descriptor.name for message in messages for descriptor, _ in message.ListFields()}
+
+
+def test_pod_resources_round_trip_through_the_cores_pod_request() -> None:
+    samples = [
+        common_pb2.PodResources(
+            gpus=8,
+            gpu_memory_mib=81920,
+            cpu_milli=16000,
+            memory_mib=65536,
+            gpu_model="A100-80GB",
+            nodes=["n1", "n2"],
+            avoid_nodes=["n3"],
+        ),
+        common_pb2.PodResources(mig_profile="1g.10gb", cpu_milli=500, memory_mib=1024),
+        common_pb2.PodResources(gpu_fraction=0.3, gpu_memory_mib=12345),
+    ]
+    # every field is set in some sample: one the conversion dropped would fail the round trip
+    assert _set_fields(samples) == {field.name for field in common_pb2.PodResources.DESCRIPTOR.fields}
+    for message in samples:
+        request = convert.pod_request(message)
+        assert request is not None
+        assert convert.pod_resources(request) == message
+
+
+def test_gpu_memory_is_exact_in_whole_mib_both_ways() -> None:
+    for mib in (1, 1023, 1025, 12345, 20480, 2**40 + 1, 2**53 - 1, 2**53):
+        message = common_pb2.PodResources(gpu_fraction=0.5, gpu_memory_mib=mib)
+        request = convert.pod_request(message)
+        assert request is not None and convert.pod_resources(request).gpu_memory_mib == mib
+    share = core.parse_pod(pod_object("ns", "f", fraction=0.25, gpu_memory="20Gi"))
+    assert share.resources is not None
+    wire = convert.pod_resources(share.resources)
+    assert (wire.gpu_fraction, wire.gpu_memory_mib) == (0.25, 20480)
+    odd = pod_object("ns", "o", fraction=0.5, gpu_memory="12345")
+    parsed = core.parse_pod(odd).resources
+    assert parsed is not None and convert.pod_resources(parsed).gpu_memory_mib == 12345
+
+
+def test_a_pod_parsed_from_the_api_reads_back_the_same_from_the_wire() -> None:
+    for obj in (
+        pod_object("ns", "w", gpus=4, cpu="1500m", memory="2Gi"),
+        pod_object("ns", "m", mig="3g.40gb"),
+        pod_object("ns", "f", fraction=0.125, gpu_memory="10Gi"),
+    ):
+        pod = core.parse_pod(obj)
+        assert pod.resources is not None
+        request = core.with_choice(pod.resources, core.NodeChoice(avoid=("n9", "n1")))
+        message = convert.pod_resources(request)
+        assert list(message.avoid_nodes) == ["n1", "n9"]
+        assert convert.pod_request(message) == request
+        assert core.same_requests([convert.pod_request(message)], [pod.resources])
+
+
+def test_a_logged_request_that_is_not_one_reads_as_none() -> None:
+    assert convert.pod_request(common_pb2.PodResources(gpus=2, mig_profile="1g.10gb")) is None
+    assert not core.same_requests([convert.pod_request(common_pb2.PodResources(gpus=1, gpu_fraction=0.5))], [None])
+
+
+def test_topology_round_trip_for_every_wire_level() -> None:
+    for level in common_pb2.TopologyLevel.values():
+        for required in (False, True):
+            message = common_pb2.TopologyConstraint(level=level, required=required)
+            assert convert.topology_constraint(convert.topology(message)) == message
+    assert convert.topology_constraint(core.Topology()) == common_pb2.TopologyConstraint()
+    obj = pod_object("ns", "t", gpus=1)
+    obj["metadata"]["annotations"] = {
+        core.TOPOLOGY_ANNOTATION: "nvlink-island",
+        core.TOPOLOGY_REQUIRED_ANNOTATION: "true",
+    }
+    assert convert.topology_constraint(core.parse_pod(obj).topology) == common_pb2.TopologyConstraint(
+        level=common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND, required=True
+    )
+
+
+def _same_fields(message: Any, value: Any) -> None:
+    """Every field of the message, set, reads the same on the core value (a dropped field fails)."""
+    names = {field.name for field in message.DESCRIPTOR.fields}
+    assert _set_fields([message]) == names
+    for name in names:
+        wire = getattr(message, name)
+        assert getattr(value, name) == (tuple(wire) if not isinstance(wire, str | int | float) else wire), name
+
+
+def test_placements_answers_keep_every_field() -> None:
+    assignment = common_pb2.PodAssignment(
+        pod_index=3, node="n7", gpu_indices=[4, 5], mig_slice="1g.10gb@2", gpu_fraction=0.5
+    )
+    _same_fields(assignment, convert.pod_assignment(assignment))
+    assert convert.pod_assignments([assignment, assignment]) == [convert.pod_assignment(assignment)] * 2
+    reason = common_pb2.PendingReason(
+        code="insufficient_gpus", resource="gpus", node_shape="8x A100-80GB", message="needs 8 free GPUs"
+    )
+    _same_fields(reason, convert.pending_reason(reason))
+    assert core.reason_text([convert.pending_reason(reason)], 2) == (
+        "Unschedulable",
+        "needs 8 free GPUs; position 2 in its queue",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kumiki.binder import core
+from kumiki.sched.jobs import PodRequest
 from tests.binder.support import pod_object
 
 
@@ -27,3 +28,12 @@ def test_gang_outcomes_and_readiness() -> None:
     gang.pods[third.key] = third
     assert gang.ready_to_submit()
     assert core.bind_request_fields(gang, gang.waiting())["min_members"] == 3
+
+
+def test_same_requests_ignores_node_rules_and_refuses_what_it_cannot_compare() -> None:
+    logged = PodRequest(gpus=2, cpu_milli=1000, nodes=frozenset({"n1"}), avoid_nodes=frozenset({"n2"}))
+    assert core.same_requests([logged], [PodRequest(gpus=2, cpu_milli=1000)])
+    assert not core.same_requests([logged], [PodRequest(gpus=2, cpu_milli=2000)])
+    assert not core.same_requests([None], [PodRequest(gpus=2)])  # a logged request that was not one
+    assert not core.same_requests([logged], [None])  # an invalid pod
+    assert not core.same_requests([logged], [])

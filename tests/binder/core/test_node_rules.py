@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kumiki.binder import core
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.sched.jobs import PodRequest
 from tests.binder.core.support import node_named
 from tests.binder.support import pod_object
 
@@ -114,7 +114,7 @@ def test_node_choice_tells_placement_the_shorter_list_or_why_none() -> None:
         }
     )
     assert not model.rules.restricts and model.resources is not None and model.resources.gpu_model == "A100-80GB"
-    request = core.with_choice(common_pb2.PodResources(gpus=1), few)
-    assert list(request.nodes) == ["n0", "n1", "n2"]
-    assert core.same_requests([request], [common_pb2.PodResources(gpus=1)])
-    assert not core.same_requests([request], [common_pb2.PodResources(gpus=2)])
+    request = core.with_choice(PodRequest(gpus=1), few)
+    assert request.nodes == {"n0", "n1", "n2"} and not request.avoid_nodes
+    assert core.same_requests([request], [PodRequest(gpus=1)])
+    assert not core.same_requests([request], [PodRequest(gpus=2)])

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from kumiki.binder import core
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.sched.jobs import PodRequest
 from tests.binder.support import pod_object
 
 
 def test_whole_gpus_cpu_and_memory_and_the_gang_label() -> None:
     pod = core.parse_pod(pod_object("ns", "p", gpus=4, cpu="1500m", memory="2Gi", group="g"))
     assert pod.invalid == ""
-    assert pod.resources == common_pb2.PodResources(gpus=4, cpu_milli=1500, memory_mib=2048)
+    assert pod.resources == PodRequest(gpus=4, cpu_milli=1500, memory_mib=2048)
     assert pod.job_id == "ns/g" and pod.queue == "ns"
     alone = core.parse_pod(pod_object("ns", "solo", gpus=1, labels={core.QUEUE_LABEL: "team-a"}))
     assert alone.job_id == "ns/pod/solo" and alone.queue == "team-a"

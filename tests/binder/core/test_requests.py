@@ -13,7 +13,7 @@ def test_mig_and_fraction_requests() -> None:
     assert mig.resources is not None and mig.resources.mig_profile == "1g.10gb" and mig.resources.gpus == 0
     share = core.parse_pod(pod_object("ns", "f", fraction=0.25, gpu_memory="20Gi"))
     assert share.resources is not None
-    assert share.resources.gpu_fraction == 0.25 and share.resources.gpu_memory_mib == 20480
+    assert share.resources.gpu_fraction == 0.25 and share.resources.gpu_memory_gb == 20.0
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,16 @@ def test_a_request_past_what_placement_holds_is_invalid_not_a_crash(resource: st
     at_bound["spec"]["containers"][0].setdefault("resources", {}).setdefault("requests", {})["cpu"] = str(2**53 // 1000)
     edge = core.parse_pod(at_bound)
     assert edge.resources is not None and edge.resources.cpu_milli == 2**53 // 1000 * 1000
+
+
+def test_topology_annotations_become_the_scheduling_cores_levels() -> None:
+    def topology(annotations: dict[str, str]) -> core.Topology:
+        obj = pod_object("ns", "t", gpus=1)
+        obj["metadata"].setdefault("annotations", {}).update(annotations)
+        return core.parse_pod(obj).topology
+
+    assert topology({}) == core.Topology()
+    assert topology({core.TOPOLOGY_ANNOTATION: "nvlink-island", core.TOPOLOGY_REQUIRED_ANNOTATION: "true"}) == (
+        core.Topology("nvlink_island", required=True)
+    )
+    assert topology({core.TOPOLOGY_ANNOTATION: "rack"}) == core.Topology("rack", required=False)

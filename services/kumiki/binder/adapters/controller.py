@@ -30,6 +30,7 @@ from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import timestamp
 from kumiki.common.tracing import extract_context, recording
+from kumiki.sched.jobs import PodRequest
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.binder")
@@ -76,8 +77,8 @@ class LoggedJob:
 
     generation: int
     state: int
-    assignments: list[common_pb2.PodAssignment]
-    pods: list[common_pb2.PodResources]
+    assignments: list[core.PodAssignment]
+    pods: list[PodRequest | None]  # None: a logged request that is not one (never the same as a pod's)
 
 
 class Binder:
@@ -145,7 +146,10 @@ class Binder:
         if current is not None and message.job.generation < current.generation:
             return
         self.logged[job_id] = LoggedJob(
-            message.job.generation, message.state, list(message.assignments), list(message.pods)
+            message.job.generation,
+            message.state,
+            convert.pod_assignments(message.assignments),
+            [convert.pod_request(pod) for pod in message.pods],
         )
         if message.state == events_pb2.JOB_STATE_PREEMPTED:
             self._evicted(job_id, message.job.generation)
@@ -160,7 +164,11 @@ class Binder:
         ):
             self._spawn(
                 self._apply_traced(
-                    gang, message.job.generation, list(message.assignments), "cycle", extract_context(event.headers)
+                    gang,
+                    message.job.generation,
+                    convert.pod_assignments(message.assignments),
+                    "cycle",
+                    extract_context(event.headers),
                 )
             )
 
@@ -168,7 +176,7 @@ class Binder:
         self,
         gang: Gang,
         generation: int,
-        placed: list[common_pb2.PodAssignment],
+        placed: list[core.PodAssignment],
         how: str,
         parent: otel_context.Context,
     ) -> None:
@@ -380,7 +388,7 @@ class Binder:
             queue=first.queue,
             priority_tier=first.priority,
             preemptible=first.preemptible,
-            pods=[pod.resources for pod in pods if pod.resources is not None],
+            pods=[convert.pod_resources(pod.resources) for pod in pods if pod.resources is not None],
             gpus=sum(
                 (pod.resources.gpus or pod.resources.gpu_fraction or (1.0 if pod.resources.mig_profile else 0.0))
                 for pod in pods
@@ -547,10 +555,11 @@ class Binder:
         fields = core.bind_request_fields(gang, pods)
         request.queue = fields["queue"]
         request.pods.extend(
-            core.with_choice(resources, choice) for resources, choice in zip(fields["pods"], choices, strict=True)
+            convert.pod_resources(core.with_choice(resources, choice))
+            for resources, choice in zip(fields["pods"], choices, strict=True)
         )
         request.min_members = fields["min_members"]
-        request.topology.CopyFrom(fields["topology"])
+        request.topology.CopyFrom(convert.topology_constraint(fields["topology"]))
         request.priority_tier = fields["priority_tier"]
         request.preemptible = fields["preemptible"]
         request.name = fields["name"]
@@ -586,12 +595,12 @@ class Binder:
             if response.outcome == placement_pb2.BindResponse.OUTCOME_BOUND:
                 GANGS.labels("bound").inc()
                 span.set_attribute("kumiki.outcome", "bound")
-                await self._apply(gang, generation, list(response.assignments), "answer")
+                await self._apply(gang, generation, convert.pod_assignments(response.assignments), "answer")
                 BIND_SECONDS.observe(time.perf_counter() - started)
                 return
             GANGS.labels("pending").inc()
             span.set_attribute("kumiki.outcome", "pending")
-            reason, message = core.reason_text(response.reasons)
+            reason, message = core.reason_text(convert.pending_reason(reason) for reason in response.reasons)
             ruled = [choice for choice in choices if choice.nodes or choice.avoid]
             if ruled:  # Placement looked only at the nodes the rules admit: say so, the cluster may have room
                 admitted = len(ruled[0].nodes) or len(candidates) - len(ruled[0].avoid)
@@ -693,7 +702,7 @@ class Binder:
         await asyncio.gather(*(worker(index == 0) for index in range(workers)))
 
     # ---- binding --------------------------------------------------------------------------------------
-    async def _apply(self, gang: Gang, generation: int, placed: list[common_pb2.PodAssignment], how: str) -> None:
+    async def _apply(self, gang: Gang, generation: int, placed: list[core.PodAssignment], how: str) -> None:
         """Create each pod's Binding as Placement assigned it; a node the API no longer has schedulable sends
         the gang back (released, then submitted again with the next generation)."""
         if gang.bound and gang.generation == generation:
@@ -723,7 +732,7 @@ class Binder:
             self.binding += 1
             self.quiet.clear()
 
-            async def bind_one(assignment: common_pb2.PodAssignment) -> bool:
+            async def bind_one(assignment: core.PodAssignment) -> bool:
                 key = gang.submitted[assignment.pod_index]
                 pod = gang.pods.get(key)
                 if pod is None:
@@ -798,7 +807,7 @@ class Binder:
         finally:
             self.busy.discard(gang.job_id)
 
-    async def _retry_apply(self, gang: Gang, generation: int, placed: list[common_pb2.PodAssignment], how: str) -> None:
+    async def _retry_apply(self, gang: Gang, generation: int, placed: list[core.PodAssignment], how: str) -> None:
         await asyncio.sleep(1.0)
         await self._apply(gang, generation, placed, how)
 

@@ -7,6 +7,10 @@ these functions. What a pod asks for is read the way users write it (`nvidia.com
 gangs come from the scheduler-plugins PodGroup CRD (`scheduling.x-k8s.io/v1alpha1`, `minMember`) or the
 `scheduling.x-k8s.io/pod-group` label.
 
+No generated contracts either: a pod's request is the scheduling core's `PodRequest` (kumiki.sched.jobs), its
+topology a `Topology`, Placement's answers `PodAssignment` and `PendingReason` values; `adapters.convert` turns
+them into kumiki.v1 messages and back.
+
 One module per concept, each importing only those before it: `names` (labels, annotations, resource names),
 `quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints),
 `node_rules` (nodeSelector, required affinity, tolerations, the nodes Placement is told), `capacity` (why a pod
@@ -87,11 +91,15 @@ from kumiki.binder.core.quantities import (
     quantity,
 )
 from kumiki.binder.core.requests import (
+    MIB_PER_GB,
+    Topology,
     pod_requests,
     pod_resources,
     topology_of,
 )
 from kumiki.binder.core.writeback import (
+    PendingReason,
+    PodAssignment,
     assignment_annotations,
     reason_text,
 )
@@ -109,6 +117,7 @@ __all__ = [
     "INT32_MAX",
     "JOB_ANNOTATION",
     "MIB",
+    "MIB_PER_GB",
     "MIG_RESOURCE_PREFIX",
     "MIG_SLICE_ANNOTATION",
     "NODE_GPU_UUIDS_ANNOTATION",
@@ -131,12 +140,15 @@ __all__ = [
     "Node",
     "NodeChoice",
     "NodeRules",
+    "PendingReason",
     "Pod",
+    "PodAssignment",
     "PodKey",
     "PodSpecError",
     "Requirement",
     "Taint",
     "Toleration",
+    "Topology",
     "assignment_annotations",
     "bind_request_fields",
     "capacity_changed",

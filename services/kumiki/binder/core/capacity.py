@@ -6,10 +6,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kumiki.binder.core.nodes import BLOCKING_EFFECTS, Node
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.sched.jobs import PodRequest
 
 
-def never_fits(resources: common_pb2.PodResources, nodes: Iterable[Node]) -> str:
+def never_fits(resources: PodRequest, nodes: Iterable[Node]) -> str:
     """Why no node in the cluster, even empty, could ever hold this pod ("" when some node could)."""
     return ClusterCapacity.of(nodes).never_fits(resources)
 
@@ -42,7 +42,7 @@ class ClusterCapacity:
             tainted=any(taint.effect in BLOCKING_EFFECTS for node in candidates for taint in node.taints),
         )
 
-    def never_fits(self, resources: common_pb2.PodResources) -> str:
+    def never_fits(self, resources: PodRequest) -> str:
         """Why no node in the cluster, even empty, could ever hold this pod ("" when some node could)."""
         if not self.nodes:
             return "no nodes in the cluster"

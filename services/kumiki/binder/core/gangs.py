@@ -4,11 +4,11 @@ Placement's logged request still stands, and how its pods' phases end the job.""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kumiki.binder.core.pods import Pod, PodKey
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.sched.jobs import PodRequest
 
 GangOutcome = Literal["completed", "failed"]  # how a gang's bound pods ended (None: some still run)
 
@@ -66,20 +66,16 @@ def bind_request_fields(gang: Gang, pods: Sequence[Pod]) -> dict[str, Any]:
     }
 
 
-def same_requests(logged: Sequence[common_pb2.PodResources], pods: Sequence[common_pb2.PodResources | None]) -> bool:
+def same_requests(logged: Sequence[PodRequest | None], pods: Sequence[PodRequest | None]) -> bool:
     """Whether Placement's logged request asks for what these pods ask for (node rules aside: they are
-    resolved against the nodes of the moment and change with them)."""
+    resolved against the nodes of the moment and change with them). None: a request that could not be read."""
     if len(logged) != len(pods):
         return False
     for before, now in zip(logged, pods, strict=True):
-        if now is None:
+        if before is None or now is None:
             return False
-        if before.nodes or before.avoid_nodes:
-            stripped = common_pb2.PodResources()
-            stripped.CopyFrom(before)
-            stripped.ClearField("nodes")
-            stripped.ClearField("avoid_nodes")
-            before = stripped
+        if before.node_rules:
+            before = replace(before, nodes=frozenset(), avoid_nodes=frozenset())
         if before != now:
             return False
     return True

@@ -3,8 +3,6 @@ so the binder, the replay driver and the tests spell them alike."""
 
 from __future__ import annotations
 
-from kumiki.common.contracts.v1 import common_pb2
-
 SCHEDULER_NAME = "kumiki"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
@@ -29,8 +27,9 @@ NODE_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # time-slicing or mps: f
 NODE_RACK_LABELS = ("kumiki.io/rack", "topology.kubernetes.io/rack", "topology.kubernetes.io/zone")
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# the topology annotation's words -> the scheduling core's levels (kumiki.sched.jobs.TOPOLOGY_LEVELS)
 TOPOLOGY_LEVELS = {
-    "nvlink-island": common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND,
-    "node": common_pb2.TOPOLOGY_LEVEL_NODE,
-    "rack": common_pb2.TOPOLOGY_LEVEL_RACK,
+    "nvlink-island": "nvlink_island",
+    "node": "node",
+    "rack": "rack",
 }

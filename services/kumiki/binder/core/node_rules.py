@@ -4,13 +4,13 @@ resolved against the schedulable nodes into the node names Placement is told."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kumiki.binder.core.names import GPU_MODEL_SELECTOR
 from kumiki.binder.core.nodes import BLOCKING_EFFECTS, Node, Taint
 from kumiki.binder.core.quantities import PodSpecError
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.sched.jobs import PodRequest
 
 REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 
@@ -167,12 +167,12 @@ def node_choice(rules: NodeRules, candidates: Sequence[Node], tainted: bool) -> 
     return NodeChoice(avoid=tuple(sorted(refused)))
 
 
-def with_choice(resources: common_pb2.PodResources, choice: NodeChoice) -> common_pb2.PodResources:
+def with_choice(resources: PodRequest, choice: NodeChoice) -> PodRequest:
     """The pod's request as Placement gets it: its resources and its node rules as node names."""
     if not choice.nodes and not choice.avoid:
         return resources
-    out = common_pb2.PodResources()
-    out.CopyFrom(resources)
-    out.nodes.extend(choice.nodes)
-    out.avoid_nodes.extend(choice.avoid)
-    return out
+    return replace(
+        resources,
+        nodes=resources.nodes | frozenset(choice.nodes),
+        avoid_nodes=resources.avoid_nodes | frozenset(choice.avoid),
+    )

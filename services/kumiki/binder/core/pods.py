@@ -16,8 +16,8 @@ from kumiki.binder.core.names import (
 )
 from kumiki.binder.core.node_rules import NodeRules, node_rules
 from kumiki.binder.core.quantities import PodSpecError
-from kumiki.binder.core.requests import pod_resources, topology_of
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.binder.core.requests import Topology, pod_resources, topology_of
+from kumiki.sched.jobs import PodRequest
 
 INT32_MAX = 2**31 - 1
 
@@ -41,12 +41,12 @@ class Pod:
     node: str  # spec.nodeName ("" while unbound)
     phase: str
     deleting: bool
-    resources: common_pb2.PodResources | None  # None when the pod's request is invalid (see `invalid`)
+    resources: PodRequest | None  # None when the pod's request is invalid (see `invalid`)
     invalid: str
     queue: str
     priority: int
     preemptible: bool
-    topology: common_pb2.TopologyConstraint
+    topology: Topology
     job_annotation: str  # kumiki.io/job written at bind time ("" before)
     generation_annotation: int
     created_unix_s: float = 0.0  # metadata.creationTimestamp (whole seconds; 0: absent or unreadable)
@@ -91,8 +91,8 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     namespace = str(metadata.get("namespace") or "default")
     uid = str(metadata.get("uid") or "")
     invalid = ""
-    resources: common_pb2.PodResources | None = None
-    topology = common_pb2.TopologyConstraint()
+    resources: PodRequest | None = None
+    topology = Topology()
     rules = NodeRules()
     if known is not None and uid and known.uid == uid:
         resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kumiki.binder.core.names import (
@@ -20,8 +21,9 @@ from kumiki.binder.core.names import (
 )
 from kumiki.binder.core.nodes import gpu_model_name
 from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
-from kumiki.common.contracts.v1 import common_pb2
+from kumiki.sched.jobs import PodRequest, RequestError
 
+MIB_PER_GB = 1024.0  # PodRequest holds GPU memory in GB (GiB): MiB / 1024
 MAX_AMOUNT = 2**53  # cpu_milli, memory_mib, gpu_memory_mib: Placement's bound (it holds them as doubles)
 
 
@@ -56,30 +58,29 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, float]:
     return total
 
 
-def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> common_pb2.PodResources:
+def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> PodRequest:
     """The request of one pod, validated: exactly one GPU form (whole GPUs, one MIG slice, a fraction)."""
     requests = pod_requests(spec)
     annotations = metadata.get("annotations") or {}
-    resources = common_pb2.PodResources(
-        cpu_milli=_amount(requests.get("cpu", 0.0) * 1000, "resources[cpu]", "millicores"),
-        memory_mib=_amount(requests.get("memory", 0.0) / MIB, "resources[memory]", "MiB"),
-    )
+    cpu_milli = _amount(requests.get("cpu", 0.0) * 1000, "resources[cpu]", "millicores")
+    memory_mib = _amount(requests.get("memory", 0.0) / MIB, "resources[memory]", "MiB")
     gpus = requests.get(GPU_RESOURCE, 0.0)
     if gpus != int(gpus) or gpus < 0:
         raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"must be a whole number, got {gpus:g}")
-    if gpus >= 2**32:  # the uint32 field would raise: the answer of the 64-GPU bound below, given now
+    if gpus >= 2**32:  # the wire's uint32 would not hold it: the answer of the 64-GPU bound below, given now
         raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {int(gpus)}")
-    resources.gpus = int(gpus)
     migs = {
         name[len(MIG_RESOURCE_PREFIX) :]: value
         for name, value in requests.items()
         if name.startswith(MIG_RESOURCE_PREFIX)
     }
     migs = {profile: value for profile, value in migs.items() if value > 0}
+    mig_profile = ""
     if migs:
         if len(migs) > 1 or next(iter(migs.values())) != 1:
             raise PodSpecError(f"resources[{MIG_RESOURCE_PREFIX}*]", f"exactly one MIG slice per pod, got {migs}")
-        resources.mig_profile = next(iter(migs))
+        mig_profile = next(iter(migs))
+    fraction = 0.0
     fraction_text = annotations.get(GPU_FRACTION_ANNOTATION)
     if fraction_text is not None:
         try:
@@ -88,33 +89,52 @@ def pod_resources(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> commo
             raise PodSpecError(GPU_FRACTION_ANNOTATION, f"not a number: {fraction_text!r}") from None
         if not (math.isfinite(fraction) and 0 < fraction < 1):
             raise PodSpecError(GPU_FRACTION_ANNOTATION, f"must be within (0, 1), got {fraction_text}")
-        resources.gpu_fraction = fraction
+    gpu_memory_mib = 0
     memory_text = annotations.get(GPU_MEMORY_ANNOTATION)
     if memory_text is not None:
         text = str(memory_text).strip()
         mib = float(text) if text.isdigit() else quantity(text, GPU_MEMORY_ANNOTATION) / MIB
         if mib <= 0:
             raise PodSpecError(GPU_MEMORY_ANNOTATION, f"must be positive, got {memory_text!r}")
-        resources.gpu_memory_mib = _amount(mib, GPU_MEMORY_ANNOTATION, "MiB")
-    forms = (resources.gpus > 0) + bool(resources.mig_profile) + (resources.gpu_fraction > 0)
+        gpu_memory_mib = _amount(mib, GPU_MEMORY_ANNOTATION, "MiB")
+    forms = (gpus > 0) + bool(mig_profile) + (fraction > 0)
     if forms > 1:
         raise PodSpecError("resources", "ask for only one of nvidia.com/gpu, a MIG resource, a GPU fraction")
-    if resources.gpu_fraction > 0 and resources.gpu_memory_mib == 0:
+    if fraction > 0 and gpu_memory_mib == 0:
         raise PodSpecError(GPU_MEMORY_ANNOTATION, f"required with {GPU_FRACTION_ANNOTATION} (the per-card memory cap)")
-    if resources.gpus > 64:
-        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {resources.gpus}")
+    if gpus > 64:
+        raise PodSpecError(f"resources[{GPU_RESOURCE}]", f"at most 64 GPUs per pod, got {int(gpus)}")
     model = annotations.get(GPU_MODEL_ANNOTATION) or (spec.get("nodeSelector") or {}).get(GPU_MODEL_SELECTOR)
-    if model:
-        resources.gpu_model = gpu_model_name(str(model))
-    return resources
+    try:
+        return PodRequest(
+            gpus=int(gpus),
+            gpu_fraction=fraction,
+            # whole MiB up to 2**53 over a power of two: exact, and exactly the same MiB on the wire again
+            gpu_memory_gb=gpu_memory_mib / MIB_PER_GB,
+            mig_profile=mig_profile,
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
+            gpu_model=gpu_model_name(str(model)) if model else "",
+        )
+    except RequestError as error:  # the checks above leave nothing for it to refuse; named all the same
+        raise PodSpecError("resources", str(error)) from None
 
 
-def topology_of(annotations: Mapping[str, str]) -> common_pb2.TopologyConstraint:
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A gang's topology constraint: `level` one of the scheduling core's levels ("" none, "nvlink_island",
+    "node", "rack"); `required`: never break it (else a preference)."""
+
+    level: str = ""
+    required: bool = False
+
+
+def topology_of(annotations: Mapping[str, str]) -> Topology:
     level_text = annotations.get(TOPOLOGY_ANNOTATION)
     if not level_text:
-        return common_pb2.TopologyConstraint()
+        return Topology()
     level = TOPOLOGY_LEVELS.get(level_text)
     if level is None:
         raise PodSpecError(TOPOLOGY_ANNOTATION, f"expected one of {', '.join(TOPOLOGY_LEVELS)}, got {level_text!r}")
     required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION, "false").lower() == "true"
-    return common_pb2.TopologyConstraint(level=level, required=required)
+    return Topology(level=level, required=required)

@@ -4,6 +4,7 @@ plugin or DRA driver on the node), and the PodScheduled=False reason while it ha
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from kumiki.binder.core.names import (
     GENERATION_ANNOTATION,
@@ -14,11 +15,34 @@ from kumiki.binder.core.names import (
     MIG_SLICE_ANNOTATION,
 )
 from kumiki.binder.core.nodes import Node
-from kumiki.common.contracts.v1 import common_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class PodAssignment:
+    """Where Placement put one pod of a gang: `pod_index` in the request's pods, its node, the GPU indices
+    (whole GPUs, or the one GPU holding a MIG slice or a share), the MIG slice as "<profile>@<start>", the
+    fraction granted."""
+
+    pod_index: int
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    mig_slice: str = ""
+    gpu_fraction: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    """Why Placement keeps a gang waiting: a machine-readable `code` (insufficient_gpus, quota_exceeded...),
+    the resource and node shape that block, and Placement's own explanation."""
+
+    code: str
+    resource: str = ""
+    node_shape: str = ""
+    message: str = ""
 
 
 def assignment_annotations(
-    job_id: str, generation: int, assignment: common_pb2.PodAssignment, node: Node | None
+    job_id: str, generation: int, assignment: PodAssignment, node: Node | None
 ) -> dict[str, str]:
     """What the pod carries once bound: its job, generation, GPU indices and UUIDs, MIG slice, fraction."""
     annotations = {JOB_ANNOTATION: job_id, GENERATION_ANNOTATION: str(generation)}
@@ -35,7 +59,7 @@ def assignment_annotations(
     return annotations
 
 
-def reason_text(reasons: Iterable[common_pb2.PendingReason], queue_position: int = 0) -> tuple[str, str]:
+def reason_text(reasons: Iterable[PendingReason], queue_position: int = 0) -> tuple[str, str]:
     """(Reason, message) for the PodScheduled=False condition, from Placement's structured reasons."""
     parts = []
     code = "Unschedulable"
