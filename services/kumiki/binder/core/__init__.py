@@ -7,7 +7,7 @@ these functions. What a pod asks for is read the way users write it (`nvidia.com
 gangs come from the scheduler-plugins PodGroup CRD (`scheduling.x-k8s.io/v1alpha1`, `minMember`) or the
 `scheduling.x-k8s.io/pod-group` label.
 
-No generated contracts either: a pod's request is the scheduling core's `PodRequest` (kumiki.sched.jobs), its
+No kumiki.v1 messages either: a pod's request is the scheduling core's `PodRequest` (kumiki.sched.jobs), its
 topology a `Topology`, Placement's answers `PodAssignment` and `PendingReason` values; `adapters.convert` turns
 them into kumiki.v1 messages and back.
 
