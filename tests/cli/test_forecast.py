@@ -129,6 +129,17 @@ def test_evaluate_names_the_trace_when_it_is_missing_or_bad(tmp_path: Path, caps
     assert "--trace" in err and "gpus" in err and ":2" in err
 
 
+def test_evaluate_takes_a_bundled_trace_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    argv = ["forecast", "evaluate", "--trace", "philly-replay", "--out", str(out), "--models", "kumiki,last-two"]
+    code, err = run([*argv, "--end-s", "3600"], capsys)
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["models"]["kumiki"]["jobs"] > 0
+    code, err = run(["forecast", "demand", "--trace", "no-such-bundle", "--out", str(tmp_path / "d")], capsys)
+    assert code == 2 and "--trace" in err and "no-such-bundle" in err
+
+
 def test_evaluate_refuses_an_out_path_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "trace.csv", jobs=10)
     blocker = tmp_path / "file"

@@ -82,8 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _load_trace(path: str) -> list[TraceJob]:
-    if not Path(path).is_file():
-        raise UsageError(f"--trace: no such file: {path}")
+    """A CSV path or a bundled trace's name (`load_jobs` resolves it, as `kumiki simulate` does)."""
     try:
         jobs = load_jobs(path)
     except TraceError as error:
