@@ -17,6 +17,9 @@ class RequestError(ValueError):
     """A job or pod request that is malformed; the message names the field."""
 
 
+MIB_PER_GB = 1024.0  # `PodRequest.gpu_memory_gb` is in GB (GiB): MiB / 1024; the wire and the pod annotations are MiB
+
+
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """Resources of one pod. Exactly one GPU form: whole `gpus`, a shared `gpu_fraction`, or a MIG profile."""

@@ -91,7 +91,6 @@ from kumiki.binder.core.quantities import (
     quantity,
 )
 from kumiki.binder.core.requests import (
-    MIB_PER_GB,
     Topology,
     pod_requests,
     pod_resources,
@@ -117,7 +116,6 @@ __all__ = [
     "INT32_MAX",
     "JOB_ANNOTATION",
     "MIB",
-    "MIB_PER_GB",
     "MIG_RESOURCE_PREFIX",
     "MIG_SLICE_ANNOTATION",
     "NODE_GPU_UUIDS_ANNOTATION",

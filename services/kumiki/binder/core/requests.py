@@ -21,9 +21,8 @@ from kumiki.binder.core.names import (
 )
 from kumiki.binder.core.nodes import gpu_model_name
 from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
-from kumiki.sched.jobs import PodRequest, RequestError
+from kumiki.sched.jobs import MIB_PER_GB, PodRequest, RequestError
 
-MIB_PER_GB = 1024.0  # PodRequest holds GPU memory in GB (GiB): MiB / 1024
 MAX_AMOUNT = 2**53  # cpu_milli, memory_mib, gpu_memory_mib: Placement's bound (it holds them as doubles)
 
 

@@ -10,10 +10,9 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest, require_job, timestamp
 from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
-from kumiki.sched.jobs import GangRequest, PodRequest, RequestError
+from kumiki.sched.jobs import MIB_PER_GB, GangRequest, PodRequest, RequestError
 from kumiki.sched.placement import PendingReason
 
-MIB_PER_GB = 1024.0
 MAX_PODS = 4096
 # wire level -> the scheduling core's GangRequest.required_topology (a preferred topology needs no field:
 # the `kumiki` strategy always prefers one NVLink island, then one node, then one rack)
