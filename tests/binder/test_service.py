@@ -95,7 +95,8 @@ async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_com
     nodes += [node_object(f"share-{index}", 8, shareable=True) for index in range(4)]
     await start(processes, kube, nodes)
     ns = await namespace(kube)
-    # fractions first: placement may also put whole GPUs on shareable nodes, and would fill them otherwise
+    # the binder submits these in no set order: whole GPUs must keep off the shareable nodes while dedicated
+    # cards are free, or later fractions find those nodes filled
     rng = random.Random(12)
     objects: list[dict[str, Any]] = [
         pod_object(ns, f"share-{i:02d}", fraction=rng.choice([0.25, 0.5]), gpu_memory="16Gi") for i in range(20)

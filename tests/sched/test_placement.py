@@ -193,6 +193,30 @@ def test_unknown_strategy_is_rejected():
         place_gang(ClusterState.empty(uniform_cluster(1, 1)), gang("j", 1), "random")
 
 
+@pytest.mark.parametrize("strategy", ["best-fit", "spread", "first-fit", "kumiki"])
+def test_whole_gpus_leave_sharing_nodes_to_fractions_while_dedicated_cards_are_free(strategy):
+    # node 0 shares and has one card half used: best fit alone would fill its other 7 cards with whole GPUs
+    spec = ClusterSpec((NodeSpec("share", 8, gpu_memory_gb=80.0), NodeSpec("whole", 8, sharing=False)))
+    state = ClusterState.empty(spec)
+    state.allocate(Placement("half", (PodPlacement(0, 0, share=GpuShare(0, 0.5, 16.0)),)))
+    for number in range(8):
+        placed = place_gang(state, gang(f"w{number}", 1), strategy)
+        assert isinstance(placed, Placement) and placed.nodes == (1,), (strategy, number)
+        state.allocate(placed)
+    # the dedicated node is full: whole GPUs now go where they can
+    overflow = place_gang(state, gang("w8", 2), strategy)
+    assert isinstance(overflow, Placement) and overflow.nodes == (0,)
+    assert state.audit() == []
+
+
+def test_a_cluster_where_every_node_shares_places_whole_gpus_as_before():
+    spec = ClusterSpec((NodeSpec("a", 8, gpu_memory_gb=80.0), NodeSpec("b", 8, gpu_memory_gb=80.0)))
+    state = ClusterState.empty(spec)
+    state.allocate(Placement("half", (PodPlacement(0, 0, share=GpuShare(0, 0.5, 16.0)),)))
+    placed = place_gang(state, gang("w", 1), "best-fit")
+    assert isinstance(placed, Placement) and placed.nodes == (0,)  # the fuller node, as best fit means
+
+
 # ---- the occupancy-class index never changes a choice ---------------------------------------------
 
 NODE_KINDS = (

@@ -211,6 +211,9 @@ class ClusterState:
     capacity_keys: list[tuple[Hashable, ...]] = field(default_factory=list)
     # nodes that receive no new work (unhealthy, gone); their allocations stay until released
     cordoned: frozenset[int] = frozenset()
+    # nodes whose cards whole-GPU pods take last: they allow sharing and some node does not, so fractional pods
+    # (which only sharing nodes take) keep their room while dedicated cards are free
+    kept_for_shares: list[bool] = field(default_factory=list)
     # placement's remembered answers, keyed by what they depend on (occupancy classes, pure inputs): never stale
     memo: dict[Hashable, dict[Hashable, object]] = field(default_factory=dict)
 
@@ -242,6 +245,10 @@ class ClusterState:
             state.capacity_keys.append(node.capacity_key())
             state.class_of.append(None)
             state._classify(index, len(whole))
+        if not all(node.sharing for node in spec.nodes):
+            state.kept_for_shares = [node.sharing for node in spec.nodes]
+        else:
+            state.kept_for_shares = [False] * len(spec.nodes)
         return state
 
     # ---- queries -------------------------------------------------------------------------------

@@ -252,9 +252,13 @@ class _Placer:
                 free = level - len(self.scratch.gpus.get(node, ()))
                 if free >= need and self.host_ok(node, pod):
                     found.append((free, node))
-            if found and can_stop and self.strategy != "kumiki":
+            if not found or not can_stop:
+                continue
+            # stop at the first level holding the kind of node the pod is placed on by preference
+            preferred = [node for _, node in found if not self.state.kept_for_shares[node]]
+            if self.strategy != "kumiki" and preferred:
                 break
-            if found and can_stop and any(self.island_fit(node, need) for _, node in found):
+            if any(self.island_fit(node, need) for node in preferred):
                 break
         return found
 
@@ -281,14 +285,17 @@ class _Placer:
         found = self.whole_candidates(pod)
         if not found:
             return None
+        kept = self.state.kept_for_shares  # every strategy takes these last
         if self.strategy == "spread":
-            _, node = min(found, key=lambda item: (-item[0], item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], -item[0], item[1]))
         elif self.strategy == "first-fit":
-            _, node = min(found, key=lambda item: item[1])
+            _, node = min(found, key=lambda item: (kept[item[1]], item[1]))
         elif self.strategy == "kumiki":
-            _, node = min(found, key=lambda item: (not self.island_fit(item[1], pod.gpus), item[0], item[1]))
+            _, node = min(
+                found, key=lambda item: (kept[item[1]], not self.island_fit(item[1], pod.gpus), item[0], item[1])
+            )
         else:
-            _, node = min(found)
+            _, node = min(found, key=lambda item: (kept[item[1]], item[0], item[1]))
         return PodPlacement(
             index, node, self.pick_gpus(node, pod.gpus), cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib
         )
