@@ -37,3 +37,28 @@ def test_same_requests_ignores_node_rules_and_refuses_what_it_cannot_compare() -
     assert not core.same_requests([None], [PodRequest(gpus=2)])  # a logged request that was not one
     assert not core.same_requests([logged], [None])  # an invalid pod
     assert not core.same_requests([logged], [])
+
+
+def test_submit_order_is_priority_then_oldest_pod_then_job_id() -> None:
+    def gang(name: str, created: str, priority: int = 0) -> core.Gang:
+        obj = pod_object("ns", name, gpus=1)
+        obj["metadata"]["creationTimestamp"] = created
+        obj["spec"]["priority"] = priority
+        pod = core.parse_pod(obj)
+        result = core.Gang(job_id=pod.job_id, namespace="ns", group="")
+        result.pods[pod.key] = pod
+        return result
+
+    early = gang("z-early", "2026-01-01T00:00:00Z")
+    late = gang("a-late", "2026-01-01T00:00:05Z")
+    tie = gang("b-tie", "2026-01-01T00:00:00Z")
+    urgent = gang("y-urgent", "2026-01-01T00:01:00Z", priority=100)
+    unknown = core.Gang(job_id="ns/pod/empty", namespace="ns", group="")  # no pods seen: last
+    ordered = sorted([late, unknown, early, tie, urgent], key=core.Gang.submit_order)
+    assert [g.job_id for g in ordered] == [
+        "ns/pod/y-urgent",
+        "ns/pod/b-tie",
+        "ns/pod/z-early",
+        "ns/pod/a-late",
+        "ns/pod/empty",
+    ]

@@ -436,9 +436,13 @@ class Binder:
                 self.dirty.update(waiting)
                 PENDING.set(sum(gang.waiting_count() for gang in self.gangs.values()))
             dirty, self.dirty = self.dirty, set()
-            for job_id in dirty:
-                gang = self.gangs.get(job_id)
-                if gang is None or job_id in self.busy or self.retry_at.get(job_id, 0.0) > now or gang.timed_out:
+            gangs = sorted(
+                (gang for job_id in dirty if (gang := self.gangs.get(job_id)) is not None),
+                key=lambda gang: gang.submit_order(),
+            )
+            for gang in gangs:
+                job_id = gang.job_id
+                if job_id in self.busy or self.retry_at.get(job_id, 0.0) > now or gang.timed_out:
                     continue
                 if (
                     gang.timeout_s

@@ -42,6 +42,15 @@ class Gang:
             key=lambda pod: pod.key.name,
         )
 
+    def submit_order(self) -> tuple[int, float, str]:
+        """Where the gang stands among those submitted in one round: higher priority first, then the oldest pod
+        (creationTimestamp), then the job id. Placement queues in arrival order, so this is the order users
+        see their jobs queued in, whatever order the watch delivered them."""
+        pods = list(self.pods.values())
+        priority = max((pod.priority for pod in pods), default=0)
+        created = [pod.created_unix_s for pod in pods if pod.created_unix_s]
+        return -priority, min(created, default=float("inf")), self.job_id
+
     def ready_to_submit(self) -> bool:
         """A PodGroup waits for minMember pods; a pod alone (or a labelled group without a PodGroup) goes now."""
         waiting = self.waiting()
