@@ -1,7 +1,7 @@
 """Between the binder's core values and the wire (kumiki.v1 messages): a node's `NodeState` record, a gang's
-`JobState`, a pod's request and topology (`PodResources`, `TopologyConstraint`, encoded as Placement encodes
-them), and Placement's answers (`PodAssignment`, `PendingReason`). The decisions stay in `kumiki.binder.core`;
-only their encoding lives here."""
+`JobState`, a pod's request and topology (`PodResources`, `TopologyConstraint`; the encoding Placement reads,
+`kumiki.common.requests`), and Placement's answers (`PodAssignment`, `PendingReason`). The decisions stay in
+`kumiki.binder.core`; only their encoding lives here."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Iterable
 
 from kumiki.binder import core
 from kumiki.binder.core import GangOutcome, Node
+from kumiki.common import requests
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.grpcutil import InvalidRequest
-from kumiki.placement.adapters import convert as placement_convert
 from kumiki.sched.jobs import PodRequest
 
 JOB_STATES = {"completed": events_pb2.JOB_STATE_COMPLETED, "failed": events_pb2.JOB_STATE_FAILED}
@@ -71,27 +71,25 @@ def job_state(outcome: GangOutcome | None) -> events_pb2.JobState.ValueType:
 
 
 def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
-    """A pod's request as Placement reads it (placement's own encoding: GB back to whole MiB, node names sorted)."""
-    return placement_convert.pod_resources(pod)
+    """A pod's request as Placement reads it (the shared encoding: GB back to whole MiB, node names sorted)."""
+    return requests.pod_resources(pod)
 
 
 def pod_request(message: common_pb2.PodResources) -> PodRequest | None:
     """A logged request (a `job.lifecycle` event's pods) as the core compares it; None when it cannot be one."""
     try:
-        return placement_convert.pod_request(0, message)
+        return requests.pod_request(0, message)
     except InvalidRequest:
         return None
 
 
 def topology_constraint(topology: core.Topology) -> common_pb2.TopologyConstraint:
-    level = (
-        placement_convert.TOPOLOGY_TO_WIRE[topology.level] if topology.level else common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED
-    )
+    level = requests.TOPOLOGY_TO_WIRE[topology.level] if topology.level else common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED
     return common_pb2.TopologyConstraint(level=level, required=topology.required)
 
 
 def topology(message: common_pb2.TopologyConstraint) -> core.Topology:
-    return core.Topology(level=placement_convert.TOPOLOGY_FROM_WIRE.get(message.level, ""), required=message.required)
+    return core.Topology(level=requests.TOPOLOGY_FROM_WIRE.get(message.level, ""), required=message.required)
 
 
 def pod_assignment(message: common_pb2.PodAssignment) -> core.PodAssignment:

@@ -3,74 +3,21 @@ problem becomes InvalidRequest naming the field, so the servicer can answer INVA
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest, require_job, timestamp
+from kumiki.common.requests import TOPOLOGY_FROM_WIRE, TOPOLOGY_TO_WIRE, pod_request, pod_resources
 from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
-from kumiki.sched.jobs import MIB_PER_GB, GangRequest, PodRequest, RequestError
+from kumiki.sched.jobs import MIB_PER_GB, GangRequest
 from kumiki.sched.placement import PendingReason
 
 MAX_PODS = 4096
-# wire level -> the scheduling core's GangRequest.required_topology (a preferred topology needs no field:
-# the `kumiki` strategy always prefers one NVLink island, then one node, then one rack)
-TOPOLOGY_FROM_WIRE = {
-    common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED: "",
-    common_pb2.TOPOLOGY_LEVEL_NVLINK_ISLAND: "nvlink_island",
-    common_pb2.TOPOLOGY_LEVEL_NODE: "node",
-    common_pb2.TOPOLOGY_LEVEL_RACK: "rack",
-}
-
-
-TOPOLOGY_TO_WIRE = {name: level for level, name in TOPOLOGY_FROM_WIRE.items() if name}
-
-
-MAX_NODE_NAMES = 20_000  # a pod's node rules as names: a cluster's worth, not unbounded
 
 
 class InvalidNodeState(ValueError):
     """A cluster.state record that cannot describe a node; the message names the field."""
-
-
-def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
-    where = f"pods[{index}]"
-    forms = (pod.gpus > 0) + bool(pod.mig_profile) + (pod.gpu_fraction != 0)
-    if forms > 1:
-        raise InvalidRequest(where, "set only one of gpus, mig_profile, gpu_fraction")
-    if pod.gpu_fraction != 0 and not (math.isfinite(pod.gpu_fraction) and 0 < pod.gpu_fraction < 1):
-        raise InvalidRequest(f"{where}.gpu_fraction", f"must be within (0, 1), got {pod.gpu_fraction}")
-    if pod.gpus > 64:
-        raise InvalidRequest(f"{where}.gpus", f"must be <= 64 per pod, got {pod.gpus}")
-    for name in ("gpu_memory_mib", "cpu_milli", "memory_mib"):  # held as doubles: past 2**53 they are not exact,
-        if getattr(pod, name) > 2**53:  # and 2**64 - 1 MiB rounded back did not fit its uint64 (found by fuzzing)
-            raise InvalidRequest(f"{where}.{name}", f"must be <= 2**53, got {getattr(pod, name)}")
-    if pod.gpu_fraction and pod.gpu_memory_mib == 0:
-        raise InvalidRequest(f"{where}.gpu_memory_mib", "required with gpu_fraction (the per-card memory cap)")
-    if pod.mig_profile and "g." not in pod.mig_profile:
-        raise InvalidRequest(f"{where}.mig_profile", f"expected a profile like 1g.10gb, got {pod.mig_profile!r}")
-    for name in ("nodes", "avoid_nodes"):
-        names = getattr(pod, name)
-        if len(names) > MAX_NODE_NAMES:
-            raise InvalidRequest(f"{where}.{name}", f"at most {MAX_NODE_NAMES} node names, got {len(names)}")
-        for number, node in enumerate(names):
-            if not node or len(node) > 253:
-                raise InvalidRequest(f"{where}.{name}[{number}]", "a node name of 1 to 253 characters")
-    try:
-        return PodRequest(
-            gpus=pod.gpus,
-            gpu_fraction=pod.gpu_fraction,
-            gpu_memory_gb=pod.gpu_memory_mib / MIB_PER_GB,
-            mig_profile=pod.mig_profile,
-            cpu_milli=pod.cpu_milli,
-            memory_mib=pod.memory_mib,
-            gpu_model=pod.gpu_model,
-            nodes=frozenset(pod.nodes),
-            avoid_nodes=frozenset(pod.avoid_nodes),
-        )
-    except RequestError as error:
-        raise InvalidRequest(where, str(error)) from None
 
 
 def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
@@ -151,20 +98,6 @@ def assignments(job: BoundJob) -> list[common_pb2.PodAssignment]:
             assignment.mig_slice = f"{pod.mig.profile}@{pod.mig.start}"
         out.append(assignment)
     return out
-
-
-def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
-    return common_pb2.PodResources(
-        gpus=pod.gpus,
-        mig_profile=pod.mig_profile,
-        gpu_fraction=pod.gpu_fraction,
-        gpu_memory_mib=round(pod.gpu_memory_gb * MIB_PER_GB),
-        cpu_milli=pod.cpu_milli,
-        memory_mib=pod.memory_mib,
-        gpu_model=pod.gpu_model,
-        nodes=sorted(pod.nodes),
-        avoid_nodes=sorted(pod.avoid_nodes),
-    )
 
 
 def lifecycle(
