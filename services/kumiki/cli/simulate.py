@@ -83,13 +83,12 @@ def register(subparsers: Any) -> None:
 
 # ---- validation helpers ---------------------------------------------------------------------------
 def _int(value: str, option: str, minimum: int) -> int:
+    from kumiki.common.config import ConfigError, whole_number
+
     try:
-        number = int(value)
-    except ValueError:
-        raise UsageError(f"{option} must be a whole number, got {value!r}") from None
-    if number < minimum:
-        raise UsageError(f"{option} must be >= {minimum}, got {number}")
-    return number
+        return whole_number(value, option, minimum=minimum)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
 
 
 def _float(value: str | None, option: str, minimum: float | None = 0.0) -> float | None:

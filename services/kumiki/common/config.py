@@ -26,19 +26,24 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+def whole_number(text: str, name: str, *, minimum: int, expected: str = "be a whole number") -> int:
+    """A whole number >= minimum; `name` is the option or variable the text came from, for the error."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} must {expected}, got {text!r}") from None
+    if number < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {number}")
+    return number
+
+
 def whole_numbers(text: str, name: str, *, minimum: int) -> list[int]:
-    """A comma-separated list of distinct whole numbers >= minimum (seeds, cluster sizes); `name` is the
-    option or variable the text came from, for the error."""
+    """A comma-separated list of distinct whole numbers >= minimum (seeds, cluster sizes)."""
     numbers: list[int] = []
     for part in (part.strip() for part in text.split(",")):
         if not part:
             continue
-        try:
-            number = int(part)
-        except ValueError:
-            raise ConfigError(f"{name} must list whole numbers, got {part!r}") from None
-        if number < minimum:
-            raise ConfigError(f"{name} must be >= {minimum}, got {number}")
+        number = whole_number(part, name, minimum=minimum, expected="list whole numbers")
         if number in numbers:
             raise ConfigError(f"{name} repeats {number}")
         numbers.append(number)
