@@ -207,7 +207,18 @@ def test_day_windows_and_the_share_of_the_oracles_gain_the_forecasts_recover(tmp
         assert set(window["policies"]) == set(policies.split(","))
         assert set(window["forecast_value"]) >= {"recovered_share", "noforecast_avg_jct_s"}
     assert report["windows_spread"]["kumiki_over_kumiki-noforecast"]["windows"] == 2
-    assert "## Day windows" in (out / "report.md").read_text()
+    markdown = (out / "report.md").read_text()
+    assert "## Day windows" in markdown
+    # per queue, what the forecasts added to the average JCT: the queues' parts add up to the gap, per window too
+    whole = report["seeds"]["forecast_cost_by_queue"]
+    assert set(whole) == {"long", "short"}
+    assert sum(whole.values()) == pytest.approx(own - base)
+    for window in windows.values():
+        rows = window["policies"]
+        gap = rows["kumiki"]["avg_jct_s"] - rows["kumiki-noforecast"]["avg_jct_s"]
+        assert sum(window["forecast_cost_by_queue"].values()) == pytest.approx(gap)
+    assert "## What the forecasts added to the average JCT, per queue (s)" in markdown
+    assert "| queue | whole run | day 0 | day 1 |" in markdown
 
 
 def test_seeds_report_every_seed_their_mean_and_the_share_of_the_means(tmp_path):

@@ -1,0 +1,62 @@
+"""The report's figures that compare runs: the forecasts' cost per queue, over seeds, as a table."""
+
+from __future__ import annotations
+
+import pytest
+
+from kumiki.sim.report import forecast_cost_by_queue, forecast_cost_table, over_seeds
+
+
+def run(avg_jct_s: float, per_queue: dict[str, tuple[int, float]]) -> dict[str, object]:
+    return {
+        "jobs": sum(jobs for jobs, _ in per_queue.values()),
+        "avg_jct_s": avg_jct_s,
+        "per_queue": {queue: {"jobs": jobs, "avg_jct_s": jct} for queue, (jobs, jct) in per_queue.items()},
+    }
+
+
+def test_each_queues_part_is_its_gap_weighed_by_its_jobs_and_the_parts_add_up() -> None:
+    runs = {
+        # 30 jobs of "a" wait 100 s more with forecasts, 10 of "b" 200 s less: +75 and -50 of the average's +25
+        "kumiki": run(1_025.0, {"a": (30, 1_100.0), "b": (10, 800.0)}),
+        "kumiki-noforecast": run(1_000.0, {"a": (30, 1_000.0), "b": (10, 1_000.0)}),
+    }
+    cost = forecast_cost_by_queue(runs)
+    assert cost == {"a": pytest.approx(75.0), "b": pytest.approx(-50.0)}
+    assert list(cost) == ["a", "b"]  # largest cost first
+    assert sum(cost.values()) == pytest.approx(25.0)
+    assert forecast_cost_by_queue({"kumiki": runs["kumiki"]}) is None
+    assert forecast_cost_by_queue({name: {"jobs": 1, "avg_jct_s": 1.0} for name in runs}) is None
+
+
+def test_over_seeds_averages_each_queues_part() -> None:
+    by_seed = {
+        0: {
+            "kumiki": run(10.0, {"a": (2, 10.0), "b": (2, 10.0)}),
+            "kumiki-noforecast": run(6.0, {"a": (2, 2.0), "b": (2, 10.0)}),
+        },
+        1: {
+            "kumiki": run(10.0, {"a": (2, 10.0), "b": (2, 10.0)}),
+            "kumiki-noforecast": run(12.0, {"a": (2, 10.0), "b": (2, 14.0)}),
+        },
+    }
+    cost = over_seeds(by_seed)["forecast_cost_by_queue"]
+    assert cost == {"a": pytest.approx(2.0), "b": pytest.approx(-1.0)}  # (+4, 0) and (0, -2)
+    without = over_seeds({seed: {"kumiki": runs["kumiki"]} for seed, runs in by_seed.items()})
+    assert without["forecast_cost_by_queue"] is None
+
+
+def test_the_table_has_a_column_per_window_and_their_totals() -> None:
+    windows = {
+        "day 0": {"forecast_cost_by_queue": {"a": 1.5, "b": -0.5}},
+        "day 1": {"forecast_cost_by_queue": None},  # nothing to compare there: no column
+        "day 2": {"forecast_cost_by_queue": {"c": 4.0}},
+    }
+    table = forecast_cost_table({"b": 3.0, "a": -1.0}, windows)
+    lines = table.splitlines()
+    assert lines[0] == "| queue | whole run | day 0 | day 2 |"
+    assert lines[2] == "| b | +3.0 | -0.5 |  |"
+    assert lines[3] == "| a | -1.0 | +1.5 |  |"
+    assert lines[4] == "| c |  |  | +4.0 |"
+    assert lines[5] == "| **all (kumiki - kumiki-noforecast)** | **+2.0** | **+1.0** | **+4.0** |"
+    assert forecast_cost_table(None, {}) == ""
