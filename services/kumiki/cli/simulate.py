@@ -271,19 +271,19 @@ def run_simulate(args: argparse.Namespace) -> int:
                     results.append(result)
     report["seeds"] = over_seeds(by_seed)
     report["forecast_value"] = report["seeds"]["forecast_value"]
-    windows_md = ""
+    sections_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
             load_jobs(args.trace), trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds
         )
         report["windows_spread"] = _window_spread(report["windows"])
-        windows_md = (
+        sections_md = (
             f"\n## Day windows (avg JCT s; forecasters warmed on the days before)\n\n{window_table(report['windows'])}"
         )
     cost_md = forecast_cost_table(report["seeds"]["forecast_cost_by_queue"], report.get("windows", {}))
     if cost_md:
         over = f", mean over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
-        windows_md += (
+        sections_md += (
             "\n## What the forecasts added to the average JCT, per queue (s)\n\n"
             f"`kumiki` against `kumiki-noforecast` on each queue's jobs, weighed by its share of the jobs{over}; "
             "a column adds up to the gap of the two averages. Positive: the forecasts cost that queue time.\n\n"
@@ -306,7 +306,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     (out / "report.md").write_text(
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
-        f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{windows_md}",
+        f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
         encoding="utf-8",
     )
     if not args.no_plots:

@@ -245,10 +245,8 @@ class ClusterState:
             state.capacity_keys.append(node.capacity_key())
             state.class_of.append(None)
             state._classify(index, len(whole))
-        if not all(node.sharing for node in spec.nodes):
-            state.kept_for_shares = [node.sharing for node in spec.nodes]
-        else:
-            state.kept_for_shares = [False] * len(spec.nodes)
+        mixed = not all(node.sharing for node in spec.nodes)
+        state.kept_for_shares = [mixed and node.sharing for node in spec.nodes]
         return state
 
     # ---- queries -------------------------------------------------------------------------------

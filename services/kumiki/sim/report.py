@@ -188,7 +188,11 @@ def forecast_cost_by_queue(
         for queue, row in own.items()
         if queue in base
     }
-    return dict(sorted(cost.items(), key=lambda item: (-item[1], item[0])))
+    return _largest_first(cost)
+
+
+def _largest_first(values: Mapping[str, float]) -> dict[str, float]:
+    return dict(sorted(values.items(), key=lambda item: (-item[1], item[0])))
 
 
 def over_seeds(by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
@@ -217,12 +221,11 @@ def over_seeds(by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[s
     for seed in seeds:
         value = forecast_value(by_seed[seed])
         by_seed_share.append(None if value is None else value["recovered_share"])
-    costs = [forecast_cost_by_queue(by_seed[seed]) for seed in seeds]
+    costs = [each for seed in seeds if (each := forecast_cost_by_queue(by_seed[seed])) is not None]
     cost: dict[str, float] | None = None
-    if all(each is not None for each in costs):
-        queues = sorted(set.intersection(*(set(each) for each in costs if each is not None)))
-        mean = {queue: sum(each[queue] for each in costs if each is not None) / len(costs) for queue in queues}
-        cost = dict(sorted(mean.items(), key=lambda item: (-item[1], item[0])))
+    if len(costs) == len(seeds):
+        queues = set.intersection(*(set(each) for each in costs))
+        cost = _largest_first({queue: sum(each[queue] for each in costs) / len(costs) for queue in queues})
     return {
         "seeds": seeds,
         "policies": policies,

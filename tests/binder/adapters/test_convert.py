@@ -7,6 +7,7 @@ from typing import Any
 
 from kumiki.binder import core
 from kumiki.binder.adapters import convert
+from kumiki.common import requests
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from tests.binder.support import node_object, pod_object
 
@@ -98,21 +99,21 @@ def test_pod_resources_round_trip_through_the_cores_pod_request() -> None:
     for message in samples:
         request = convert.pod_request(message)
         assert request is not None
-        assert convert.pod_resources(request) == message
+        assert requests.pod_resources(request) == message
 
 
 def test_gpu_memory_is_exact_in_whole_mib_both_ways() -> None:
     for mib in (1, 1023, 1025, 12345, 20480, 2**40 + 1, 2**53 - 1, 2**53):
         message = common_pb2.PodResources(gpu_fraction=0.5, gpu_memory_mib=mib)
         request = convert.pod_request(message)
-        assert request is not None and convert.pod_resources(request).gpu_memory_mib == mib
+        assert request is not None and requests.pod_resources(request).gpu_memory_mib == mib
     share = core.parse_pod(pod_object("ns", "f", fraction=0.25, gpu_memory="20Gi"))
     assert share.resources is not None
-    wire = convert.pod_resources(share.resources)
+    wire = requests.pod_resources(share.resources)
     assert (wire.gpu_fraction, wire.gpu_memory_mib) == (0.25, 20480)
     odd = pod_object("ns", "o", fraction=0.5, gpu_memory="12345")
     parsed = core.parse_pod(odd).resources
-    assert parsed is not None and convert.pod_resources(parsed).gpu_memory_mib == 12345
+    assert parsed is not None and requests.pod_resources(parsed).gpu_memory_mib == 12345
 
 
 def test_a_pod_parsed_from_the_api_reads_back_the_same_from_the_wire() -> None:
@@ -124,7 +125,7 @@ def test_a_pod_parsed_from_the_api_reads_back_the_same_from_the_wire() -> None:
         pod = core.parse_pod(obj)
         assert pod.resources is not None
         request = core.with_choice(pod.resources, core.NodeChoice(avoid=("n9", "n1")))
-        message = convert.pod_resources(request)
+        message = requests.pod_resources(request)
         assert list(message.avoid_nodes) == ["n1", "n9"]
         assert convert.pod_request(message) == request
         assert core.same_requests([convert.pod_request(message)], [pod.resources])

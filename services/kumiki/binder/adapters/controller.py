@@ -25,6 +25,7 @@ from kumiki.binder.adapters import convert
 from kumiki.binder.adapters.kube import KubeApi
 from kumiki.binder.adapters.placement import PlacementClient, PlacementUnavailable
 from kumiki.binder.core import Gang, Pod, PodKey
+from kumiki.common import requests
 from kumiki.common.bus import Event, EventProducer
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
@@ -388,7 +389,7 @@ class Binder:
             queue=first.queue,
             priority_tier=first.priority,
             preemptible=first.preemptible,
-            pods=[convert.pod_resources(pod.resources) for pod in pods if pod.resources is not None],
+            pods=[requests.pod_resources(pod.resources) for pod in pods if pod.resources is not None],
             gpus=sum(
                 (pod.resources.gpus or pod.resources.gpu_fraction or (1.0 if pod.resources.mig_profile else 0.0))
                 for pod in pods
@@ -559,7 +560,7 @@ class Binder:
         fields = core.bind_request_fields(gang, pods)
         request.queue = fields["queue"]
         request.pods.extend(
-            convert.pod_resources(core.with_choice(resources, choice))
+            requests.pod_resources(core.with_choice(resources, choice))
             for resources, choice in zip(fields["pods"], choices, strict=True)
         )
         request.min_members = fields["min_members"]

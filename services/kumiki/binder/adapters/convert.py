@@ -1,7 +1,7 @@
 """Between the binder's core values and the wire (kumiki.v1 messages): a node's `NodeState` record, a gang's
-`JobState`, a pod's request and topology (`PodResources`, `TopologyConstraint`; the encoding Placement reads,
-`kumiki.common.requests`), and Placement's answers (`PodAssignment`, `PendingReason`). The decisions stay in
-`kumiki.binder.core`; only their encoding lives here."""
+`JobState`, a topology (`TopologyConstraint`), a request read back from Placement's log, and Placement's answers
+(`PodAssignment`, `PendingReason`). A pod's request is encoded by `kumiki.common.requests`, the encoding
+Placement decodes with. The decisions stay in `kumiki.binder.core`; only their encoding lives here."""
 
 from __future__ import annotations
 
@@ -68,11 +68,6 @@ def same_node_state(a: events_pb2.NodeState, b: events_pb2.NodeState) -> bool:
 def job_state(outcome: GangOutcome | None) -> events_pb2.JobState.ValueType:
     """`core.gang_outcome` as the JobState a Release carries: UNSPECIFIED while some pod still runs."""
     return JOB_STATES[outcome] if outcome is not None else events_pb2.JOB_STATE_UNSPECIFIED
-
-
-def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
-    """A pod's request as Placement reads it (the shared encoding: GB back to whole MiB, node names sorted)."""
-    return requests.pod_resources(pod)
 
 
 def pod_request(message: common_pb2.PodResources) -> PodRequest | None:
