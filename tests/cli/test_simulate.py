@@ -243,3 +243,17 @@ def test_seeds_report_every_seed_their_mean_and_the_share_of_the_means(tmp_path)
     assert len(spread["recovered_share_by_seed"]) == 2
     markdown = (out / "report.md").read_text()
     assert "## Average JCT over seeds 0, 3 (s)" in markdown and "| kumiki-oracle |" in markdown
+
+
+def test_a_gated_policy_reports_its_gate_and_its_recovered_share(tmp_path):
+    policies = "kumiki,kumiki-gated,kumiki-noforecast,kumiki-oracle"
+    code, out = simulate(tmp_path, "--policy", policies, "--no-plots")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    # the tiny trace's arrivals span 7.4 h: one look, at 6 h
+    assert report["policies"]["kumiki-gated"]["gate_on_share"] in (0.0, 1.0)
+    assert "gate_on_share" not in report["policies"]["kumiki"]
+    shares = report["seeds"]["recovered_share_by_policy"]
+    assert set(shares) == {"kumiki", "kumiki-gated"}
+    assert shares["kumiki"] == report["forecast_value"]["recovered_share"]
+    assert "`kumiki-gated`: " in (out / "report.md").read_text()

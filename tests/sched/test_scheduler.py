@@ -189,3 +189,21 @@ def test_kumiki_starving_job_evicts_even_a_higher_ranked_one():
     assert scheduler.schedule(starving_at - 1.0).preemptions == []
     decisions = scheduler.schedule(starving_at)
     assert [p.job_id for p in decisions.preemptions] == ["short"] and started(decisions) == ["long"]
+
+
+def test_reconsider_reranks_waiting_jobs_and_keeps_their_wait():
+    """A forecast switched off (the forecast gate) re-ranks the queue at once; starvation still counts from
+    when each job first queued."""
+    policy = dataclasses.replace(POLICIES["kumiki"], starvation_s=1000.0, starvation_preempts=False)
+    scheduler = Scheduler(policy, ClusterState.empty(uniform_cluster(1, 1)), "best-fit")
+    scheduler.submit(view("blocker", 1, 0.0, p90=10_000.0), consolidated_gang("blocker", 1, 1))
+    assert started(scheduler.schedule(0.0)) == ["blocker"]
+    scheduler.submit(view("first", 1, 1.0, p90=8000.0), consolidated_gang("first", 1, 1), now=1.0)
+    scheduler.submit(view("second", 1, 2.0, p90=100.0), consolidated_gang("second", 1, 1), now=2.0)
+    assert [job_id for _, job_id in scheduler.lists[("", (1,))]] == ["second", "first"]
+    scheduler.reconsider([view("first", 1, 1.0), view("second", 1, 2.0), view("blocker", 1, 0.0)])
+    # no forecasts: equal ranks, submit order
+    assert [job_id for _, job_id in scheduler.lists[("", (1,))]] == ["first", "second"]
+    assert scheduler.waiting["second"].view.forecast is None and scheduler.running["blocker"].view.forecast is None
+    assert scheduler._starving(1001.0) == "first"
+    assert scheduler.withdraw("second") and scheduler.waiting.keys() == {"first"}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kumiki.sim.report import forecast_cost_by_queue, forecast_cost_table, over_seeds
+from kumiki.sim.engine import JobResult, SimResult
+from kumiki.sim.gate import GateLook
+from kumiki.sim.report import forecast_cost_by_queue, forecast_cost_table, over_seeds, recovered_shares, summarize
 
 
 def run(avg_jct_s: float, per_queue: dict[str, tuple[int, float]]) -> dict[str, object]:
@@ -60,3 +62,23 @@ def test_the_table_has_a_column_per_window_and_their_totals() -> None:
     assert lines[4] == "| c |  |  | +4.0 |"
     assert lines[5] == "| **all (kumiki - kumiki-noforecast)** | **+2.0** | **+1.0** | **+4.0** |"
     assert forecast_cost_table(None, {}) == ""
+
+
+def test_every_forecast_ordered_policy_present_gets_its_recovered_share() -> None:
+    runs = {
+        "kumiki-noforecast": run(1_000.0, {"a": (1, 1_000.0)}),
+        "kumiki-oracle": run(800.0, {"a": (1, 800.0)}),
+        "kumiki": run(950.0, {"a": (1, 950.0)}),
+        "kumiki-gated": run(900.0, {"a": (1, 900.0)}),
+    }
+    assert recovered_shares(runs) == {"kumiki": pytest.approx(0.25), "kumiki-gated": pytest.approx(0.5)}
+    assert over_seeds({0: runs})["recovered_share_by_policy"] == recovered_shares(runs)
+    assert recovered_shares({"kumiki": runs["kumiki"]}) == {}
+
+
+def test_a_gated_run_reports_the_share_of_looks_with_forecasts_on() -> None:
+    looks = [GateLook(float(at), 10, {}, {}, on) for at, on in ((1, True), (2, False), (3, True), (4, True))]
+    result = SimResult("kumiki-gated", 8, [JobResult("j", 1, "a", 0.0, 0.0, 10.0, 10.0, 0, 0.0, 0.0)], [], 1)
+    assert "gate_on_share" not in summarize(result)
+    result.gate_looks = looks
+    assert summarize(result)["gate_on_share"] == 0.75

@@ -300,9 +300,16 @@ def run_simulate(args: argparse.Namespace) -> int:
     if value is not None:
         share = value["recovered_share"]
         over = f" (of the mean over {len(seeds)} seeds)" if len(seeds) > 1 else ""
+        others = [
+            f"`{name}`: {'n/a' if other is None else f'{100 * other:.1f}%'}"
+            for name, other in report["seeds"]["recovered_share_by_policy"].items()
+            if name != "kumiki"
+        ]
         value_md = (
             f"\nShare of the oracle's gain over `kumiki-noforecast` that the forecasts recover{over}: "
-            f"{'n/a (no gap)' if share is None else f'{100 * share:.1f}%'}\n"
+            f"{'n/a (no gap)' if share is None else f'{100 * share:.1f}%'}"
+            + (f" ({'; '.join(others)})" if others else "")
+            + "\n"
         )
     (out / "report.md").write_text(
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
@@ -369,6 +376,7 @@ def _day_windows(
         spread = over_seeds(by_seed)
         entry.update(policies=spread["policies"], forecast_value=spread["forecast_value"])
         entry["recovered_share_by_seed"] = spread["recovered_share_by_seed"]
+        entry["recovered_share_by_policy"] = spread["recovered_share_by_policy"]
         entry["forecast_cost_by_queue"] = spread["forecast_cost_by_queue"]
         windows[f"day {day}"] = entry
     return windows

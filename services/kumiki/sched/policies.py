@@ -87,6 +87,9 @@ class QueuePolicy:
     use_trust: bool = True
     # with trust: update the forecast's weight by the job's survival so far (Bayes); False: fixed weight
     trust_update: bool = True
+    # use the forecasts only while replaying the past with and without them says they shortened the last day
+    # (`kumiki.sim.gate`; the simulator runs it)
+    gate_forecasts: bool = False
     # a gang blocked only by fragmentation (enough free GPUs, scattered) may move small jobs off the nodes it
     # needs (checkpoint, evict, requeue) when its expected wait saved outweighs their lost work
     # (`kumiki.sched.preemption.move_value`); needs a preemptive policy
@@ -133,6 +136,8 @@ POLICIES: dict[str, QueuePolicy] = {
     "kumiki-trust": replace(KUMIKI, name="kumiki-trust", use_trust=True),
     # without forecasts there is nothing to backfill with: starving jobs' reserved nodes stay theirs
     "kumiki-noforecast": replace(KUMIKI, name="kumiki-noforecast", uses_forecast=False, backfill_on_reserved=False),
+    # as `kumiki`, with the forecasts switched off while a replay of the past says they cost the last day time
+    "kumiki-gated": replace(KUMIKI, name="kumiki-gated", gate_forecasts=True),
     # defragmentation moves on (docs/simulator.md compares them on the Philly slice)
     "kumiki-defrag": replace(KUMIKI, name="kumiki-defrag", defragment=True),
     "tiresias-defrag": QueuePolicy("tiresias-defrag", "las", preemptive=True, defragment=True),

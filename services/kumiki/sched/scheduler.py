@@ -148,6 +148,20 @@ class Scheduler:
         queued_s = view.submit_s if now is None else now
         heapq.heappush(self.by_queued.setdefault(shape, []), (queued_s, self.sequence, view.job_id))
 
+    def reconsider(self, views: Sequence[JobView]) -> None:
+        """Replace what the policy sees of waiting and running jobs (a forecast switched on or off), re-ranking
+        the waiting ones in place: their arrival order and the time they have waited (starvation) are kept."""
+        for view in views:
+            job_id = view.job_id
+            if job_id in self.waiting:
+                entry = self._unqueue(job_id)
+                entry.view = view
+                entry.key = (waiting_key(self.policy, view), view.submit_s, entry.key[2])
+                self.waiting[job_id] = entry
+                bisect.insort(self.lists[(entry.lane, entry.shape)], (entry.order, job_id))
+            elif job_id in self.running:
+                self.running[job_id].view = view
+
     def _unqueue(self, job_id: str) -> _Waiting:
         entry = self.waiting.pop(job_id)
         items = self.lists[(entry.lane, entry.shape)]

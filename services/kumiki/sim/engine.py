@@ -14,13 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster, tell_started, tell_stopped
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started, tell_stopped
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
 from kumiki.sched.preemption import OnDemand
 from kumiki.sched.scheduler import Decisions, Scheduler, Start
+from kumiki.sim.gate import ForecastGate, GateConfig, GateLook, PastJob
 
-ARRIVAL, FINISH, RECHECK = 0, 1, 2
+ARRIVAL, FINISH, RECHECK, GATE = 0, 1, 2, 3
 # `gittins` order: a running job is looked at again when its progress reaches 1,800 s, 3,600 s, 7,200 s, ...
 RANK_CHECK_FIRST_S = 1800.0
 
@@ -76,6 +77,8 @@ class SimResult:
     samples: list[Sample]
     events: int
     busy_gpu_s: float = 0.0
+    # the forecast gate's looks, for policies that gate their forecasts (`kumiki.sim.gate`)
+    gate_looks: list[GateLook] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -95,7 +98,7 @@ class _SimJob:
     lost_gpu_s: float = 0.0
     checkpoint_gpu_s: float = 0.0
     generation: int = 0
-    forecast: object = None
+    forecast: RuntimeForecast | None = None
     finish_s: float = -1.0
     running: bool = False
     checkpointing: bool = False
@@ -136,6 +139,8 @@ class SimConfig:
     queue_shares: dict[str, float] | None = None
     sample_every_s: float = 600.0
     audit: bool = False
+    # for policies with a `forecast_gate`: how far back and how often it replays
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 class Simulator:
@@ -164,6 +169,9 @@ class Simulator:
             acknowledged=OnDemand() if config.on_demand is not None else None,
         )
         self.forecaster = forecaster if config.policy.uses_forecast else None
+        self.gate: ForecastGate | None = None
+        if self.forecaster is not None and config.policy.gate_forecasts:
+            self.gate = ForecastGate(config.gate)
         self.progress = progress
         self.gpus_per_node = max(node.gpus for node in spec.nodes)
         self.jobs: dict[str, _SimJob] = {}
@@ -179,6 +187,11 @@ class Simulator:
         self.results: list[JobResult] = []
         self.samples: list[Sample] = []
         self.next_sample_s = min((job.submit_s for job in jobs), default=0.0)
+        if self.gate is not None and jobs:
+            look_s, last_s = self.next_sample_s + self.gate.config.every_s, max(job.submit_s for job in jobs)
+            while look_s <= last_s:
+                self._push(look_s, GATE, "", 0)
+                look_s += self.gate.config.every_s
         self.events_done = 0
         self.busy_gpu_s = 0.0
 
@@ -189,6 +202,8 @@ class Simulator:
     # ---- what policies may see -----------------------------------------------------------------
     def view(self, job: _SimJob) -> JobView:
         forecast = job.forecast if self.forecaster is not None else None
+        if self.gate is not None and not self.gate.on:
+            forecast = None
         common = dict(
             features=job.features,
             gpus=job.spec.gpus,
@@ -204,9 +219,11 @@ class Simulator:
         return JobView(**common)  # type: ignore[arg-type]
 
     # ---- the loop ------------------------------------------------------------------------------
-    def run(self) -> SimResult:
+    def run(self, *, until_s: float = math.inf) -> SimResult:
+        """Run to the last event, or stop before the first event after `until_s` (unfinished jobs then have no
+        result)."""
         events = self.events
-        while events:
+        while events and events[0][0] <= until_s:
             now = events[0][0]
             self._sample_until(now)
             preempt_check = False
@@ -215,6 +232,10 @@ class Simulator:
             while events and events[0][0] == now:
                 _, kind, _, job_id, generation = heapq.heappop(events)
                 self.events_done += 1
+                if kind == GATE:
+                    if self._look(now):
+                        changed = preempt_check = True
+                    continue
                 job = self.jobs[job_id]
                 if kind == ARRIVAL:
                     self._arrive(job, now)
@@ -240,7 +261,7 @@ class Simulator:
                     problems = self.state.audit()
                     if problems:
                         raise AssertionError(f"t={now}: {problems}")
-        self._sample_until(math.inf)
+        self._sample_until(until_s)
         return SimResult(
             self.policy.name,
             self.spec.total_gpus,
@@ -248,7 +269,35 @@ class Simulator:
             self.samples,
             self.events_done,
             self.busy_gpu_s,
+            self.gate.looks if self.gate is not None else [],
         )
+
+    def _look(self, now: float) -> bool:
+        """The forecast gate replays the jobs submitted so far as they are known now (run times of the finished).
+
+        When a switch flips, every waiting and running job is re-ranked at once under it (new arrivals alone
+        would leave two orders mixed in one queue); True then, so the caller schedules."""
+        assert self.gate is not None
+        before = self.gate.on
+        past = [
+            PastJob(
+                job_id,
+                job.spec.queue,
+                job.spec.gpus,
+                job.spec.submit_s,
+                job.forecast,
+                job.duration_s if job.finish_s >= 0 else None,
+            )
+            for job_id, job in self.jobs.items()
+            if job.forecast is not None and job.spec.submit_s < now
+        ]
+        self.gate.look(now, self.spec, past, self.config)
+        if self.gate.on == before:
+            return False
+        scheduler = self.scheduler
+        present = [job_id for job_id in self.jobs if job_id in scheduler.waiting or job_id in scheduler.running]
+        scheduler.reconsider([self.view(self.jobs[job_id]) for job_id in present])
+        return True
 
     def _restart_moved(self, moved: Sequence[str], now: float) -> Decisions:
         """Jobs a defragmentation moved, queued again, restart elsewhere at once ahead of the queue order (they

@@ -10,6 +10,10 @@ from typing import Any
 import numpy as np
 
 from kumiki.sim.engine import SimResult
+from kumiki.sim.gate import share_on
+
+# the Kumiki policies that order by forecasts, whose recovered share a report gives when its runs are there
+FORECAST_ORDERED = ("kumiki", "kumiki-gated", "kumiki-trust")
 
 REPORT_KEYS = (
     "jobs",
@@ -53,6 +57,7 @@ def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
         "p99_jct_large_s": float(np.percentile(large, 99)) if len(large) else 0.0,
         "avg_jct_large_s": float(large.mean()) if len(large) else 0.0,
         "events": result.events,
+        **({"gate_on_share": share_on(result.gate_looks)} if result.gate_looks else {}),
         "per_queue": {
             queue: {"jobs": len(values), "avg_jct_s": float(np.mean(values))}
             for queue, values in sorted(queues.items())
@@ -170,6 +175,16 @@ def forecast_value(
     }
 
 
+def recovered_shares(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """The recovered share of every forecast-ordered Kumiki policy in the runs (`kumiki`, `kumiki-gated`, ...)."""
+    shares: dict[str, float | None] = {}
+    for name in FORECAST_ORDERED:
+        value = forecast_value(policies, forecast=name)
+        if value is not None:
+            shares[name] = value["recovered_share"]
+    return shares
+
+
 def forecast_cost_by_queue(
     policies: Mapping[str, Mapping[str, Any]], *, forecast: str = "kumiki", without: str = "kumiki-noforecast"
 ) -> dict[str, float] | None:
@@ -230,6 +245,7 @@ def over_seeds(by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[s
         "seeds": seeds,
         "policies": policies,
         "forecast_value": forecast_value(policies),
+        "recovered_share_by_policy": recovered_shares(policies),
         "recovered_share_by_seed": by_seed_share,
         "forecast_cost_by_queue": cost,
     }
