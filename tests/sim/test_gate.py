@@ -34,36 +34,37 @@ def test_time_in_system_counts_a_censored_job_to_the_end_and_only_inside_the_win
     assert window == {"q": pytest.approx(30.0 + 30.0)}
 
 
-def test_forecasts_that_put_the_long_job_first_are_switched_off() -> None:
-    # a blocker holds the GPU to t=100; then three 10 s jobs and a 1,000 s one wait. Without forecasts they go
-    # in submit order (short ones first); the forecasts say the long one is short and the short ones long.
-    jobs = past(
-        ("blocker", 0.0, 100.0, 100.0),
-        ("short-1", 1.0, 10_000.0, 10.0),
-        ("short-2", 2.0, 10_000.0, 10.0),
-        ("short-3", 3.0, 10_000.0, 10.0),
-        ("long", 4.0, 5.0, 1000.0),
-    )
-    gate = ForecastGate(GateConfig(window_s=5000.0))
-    look = gate.look(5000.0, ONE_GPU, jobs, GATED)
+def blocked_queue(long_first: bool, honest: bool) -> list[PastJob]:
+    """A blocker holds the GPU to t=100 while three 10 s jobs and a 1,000 s one queue behind it. Without
+    forecasts they go in submit order; honest forecasts put the short ones first, reversed ones the long one."""
+    short_p50, long_p50 = (10.0, 1000.0) if honest else (10_000.0, 5.0)
+    shorts = [(f"short-{n}", 0.0, short_p50, 10.0) for n in (1, 2, 3)]
+    queued = [("long", 0.0, long_p50, 1000.0), *shorts] if long_first else [*shorts, ("long", 0.0, long_p50, 1000.0)]
+    jobs = [("blocker", 0.0, 100.0, 100.0)] + [
+        (job_id, float(n), p50, run) for n, (job_id, _, p50, run) in enumerate(queued, 1)
+    ]
+    return past(*jobs)
+
+
+@pytest.mark.parametrize(
+    ("long_first", "honest", "start_on", "on_after"),
+    [
+        # reversed forecasts put the long job ahead of short ones that go first without forecasts: off
+        (False, False, True, False),
+        # honest forecasts put the short ones ahead of a long one submitted first: on
+        (True, True, False, True),
+    ],
+)
+def test_a_look_keeps_the_forecasts_only_if_they_shortened_the_replay(
+    long_first: bool, honest: bool, start_on: bool, on_after: bool
+) -> None:
+    gate = ForecastGate(GateConfig(window_s=5000.0, start_on=start_on))
+    look = gate.look(5000.0, ONE_GPU, blocked_queue(long_first, honest), GATED)
     assert look is not None
-    assert look.with_forecasts_s["q"] > look.without_forecasts_s["q"] + 2000.0
-    assert not gate.on and look.on is False
-
-
-def test_forecasts_that_put_the_short_jobs_first_stay_on() -> None:
-    # the same jobs, the long one submitted first (so it goes first without forecasts), forecast honestly
-    jobs = past(
-        ("blocker", 0.0, 100.0, 100.0),
-        ("long", 1.0, 1000.0, 1000.0),
-        ("short-1", 2.0, 10.0, 10.0),
-        ("short-2", 3.0, 10.0, 10.0),
-        ("short-3", 4.0, 10.0, 10.0),
-    )
-    gate = ForecastGate(GateConfig(window_s=5000.0, start_on=False))
-    look = gate.look(5000.0, ONE_GPU, jobs, GATED)
-    assert look is not None and look.with_forecasts_s["q"] < look.without_forecasts_s["q"]
-    assert gate.on and share_on(gate.looks) == 1.0
+    gap = look.with_forecasts_s["q"] - look.without_forecasts_s["q"]
+    # three short jobs each wait 1,000 s behind the long one, or the long one waits 30 s behind them
+    assert gap == pytest.approx(-2970.0 if on_after else 2970.0, abs=100.0)
+    assert gate.on is on_after and look.on is on_after and share_on(gate.looks) == float(on_after)
 
 
 def test_a_look_with_nothing_finished_changes_nothing() -> None:
