@@ -139,7 +139,7 @@ class SimConfig:
     queue_shares: dict[str, float] | None = None
     sample_every_s: float = 600.0
     audit: bool = False
-    # for policies with a `forecast_gate`: how far back and how often it replays
+    # for policies that gate their forecasts (`gate_forecasts`): how often the gate looks and what it replays
     gate: GateConfig = field(default_factory=GateConfig)
 
 
