@@ -294,9 +294,8 @@ class Simulator:
         self.gate.look(now, self.spec, past, self.config)
         if self.gate.on == before:
             return False
-        scheduler = self.scheduler
-        present = [job_id for job_id in self.jobs if job_id in scheduler.waiting or job_id in scheduler.running]
-        scheduler.reconsider([self.view(self.jobs[job_id]) for job_id in present])
+        present = [*self.scheduler.waiting, *self.scheduler.running]
+        self.scheduler.reconsider([self.view(self.jobs[job_id]) for job_id in present])
         return True
 
     def _restart_moved(self, moved: Sequence[str], now: float) -> Decisions:

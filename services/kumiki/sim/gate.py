@@ -75,7 +75,7 @@ class GateLook:
     on: bool
 
 
-class _Recorded:
+class RecordedForecasts:
     """A forecaster that answers with the forecasts the jobs were given at the time, and learns nothing."""
 
     def __init__(self, forecasts: Mapping[str, RuntimeForecast]) -> None:
@@ -113,7 +113,7 @@ def time_in_system(
         for job in jobs
     ]
     policy = replace(config.policy, gate_forecasts=False, uses_forecast=with_forecasts)
-    forecaster = _Recorded({job.job_id: job.forecast for job in jobs}) if with_forecasts else None
+    forecaster = RecordedForecasts({job.job_id: job.forecast for job in jobs}) if with_forecasts else None
     result = Simulator(spec, specs, replace(config, policy=policy, audit=False), forecaster=forecaster).run(
         until_s=until_s
     )
