@@ -32,6 +32,32 @@ def trace_jobs(description: str) -> list[Any]:
     return list(load_jobs(parser.parse_args().trace))
 
 
+def whole_numbers_or_exit(text: str, option: str, minimum: int, parser: argparse.ArgumentParser) -> list[int]:
+    """A comma-separated list of whole numbers >= `minimum`, or the parser's usage error naming `option`."""
+    from kumiki.common.config import ConfigError, whole_numbers
+
+    try:
+        return whole_numbers(text, option, minimum=minimum)
+    except ConfigError as error:
+        parser.error(str(error))
+
+
+def out_and_trace_or_exit(out_text: str, trace_text: str, parser: argparse.ArgumentParser) -> tuple[Path, list[Any]]:
+    """`--out` (a folder, or nothing yet) and `--trace` loaded and validated, or the parser's usage error."""
+    from kumiki.sim.trace import TraceError, load_jobs
+
+    out = Path(out_text)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out: {out} exists and is not a folder")
+    try:
+        trace = list(load_jobs(trace_text))
+    except (TraceError, OSError) as error:
+        parser.error(f"--trace: {error}")
+    if not trace:
+        parser.error("--trace: the trace has no jobs")
+    return out, trace
+
+
 async def publish_from_callers(producer: Any, spec: Any, items: Sequence[tuple[str, Any]], callers: int) -> float:
     """`callers` concurrent callers each publishing one event at a time and waiting for its acknowledgement
     (how a service answering requests publishes); returns the seconds it took."""

@@ -45,11 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _support import PHILLY
+from _support import PHILLY, out_and_trace_or_exit, whole_numbers_or_exit
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kumiki.common.config import ConfigError, whole_numbers
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import (
@@ -64,7 +63,6 @@ from kumiki.sched.forecasting import (
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
 from kumiki.sim.report import forecast_value, summarize, write_json
-from kumiki.sim.trace import TraceError, load_jobs
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
 GPUS_PER_NODE = 8
@@ -366,13 +364,6 @@ def over_order_seeds(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any
 
 
 # ---- command line ---------------------------------------------------------------------------------
-def whole_numbers_or_exit(text: str, option: str, minimum: int, parser: argparse.ArgumentParser) -> list[int]:
-    try:
-        return whole_numbers(text, option, minimum=minimum)
-    except ConfigError as error:
-        parser.error(str(error))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="48,64", help="cluster sizes in 8-GPU nodes, comma-separated (48,64)")
@@ -390,13 +381,7 @@ def main() -> int:
     args = parser.parse_args()
     sizes = whole_numbers_or_exit(args.nodes, "--nodes", 1, parser)
     order_seeds = whole_numbers_or_exit(args.order_seeds, "--order-seeds", 0, parser)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        parser.error(f"--out: {out} exists and is not a folder")
-    try:
-        trace = load_jobs(args.trace)
-    except (TraceError, OSError) as error:
-        parser.error(f"--trace: {error}")
+    out, trace = out_and_trace_or_exit(args.out, args.trace, parser)
     workloads: dict[tuple[int, int], list[SimJobSpec]] = {}
     for nodes in sizes:
         for seed in order_seeds:
@@ -404,8 +389,6 @@ def main() -> int:
                 workloads[(nodes, seed)] = sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=seed)
             except WorkloadError as error:
                 parser.error(f"--nodes {nodes} / --trace: {error}")
-            if not workloads[(nodes, seed)]:
-                parser.error("--trace: the trace has no jobs")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
