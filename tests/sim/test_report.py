@@ -6,7 +6,14 @@ import pytest
 
 from kumiki.sim.engine import JobResult, SimResult
 from kumiki.sim.gate import GateLook
-from kumiki.sim.report import forecast_cost_by_queue, forecast_cost_table, over_seeds, recovered_shares, summarize
+from kumiki.sim.report import (
+    forecast_cost,
+    forecast_cost_table,
+    job_class,
+    over_seeds,
+    recovered_shares,
+    summarize,
+)
 
 
 def run(avg_jct_s: float, per_queue: dict[str, tuple[int, float]]) -> dict[str, object]:
@@ -23,12 +30,12 @@ def test_each_queues_part_is_its_gap_weighed_by_its_jobs_and_the_parts_add_up() 
         "kumiki": run(1_025.0, {"a": (30, 1_100.0), "b": (10, 800.0)}),
         "kumiki-noforecast": run(1_000.0, {"a": (30, 1_000.0), "b": (10, 1_000.0)}),
     }
-    cost = forecast_cost_by_queue(runs)
+    cost = forecast_cost(runs)
     assert cost == {"a": pytest.approx(75.0), "b": pytest.approx(-50.0)}
     assert list(cost) == ["a", "b"]  # largest cost first
     assert sum(cost.values()) == pytest.approx(25.0)
-    assert forecast_cost_by_queue({"kumiki": runs["kumiki"]}) is None
-    assert forecast_cost_by_queue({name: {"jobs": 1, "avg_jct_s": 1.0} for name in runs}) is None
+    assert forecast_cost({"kumiki": runs["kumiki"]}) is None
+    assert forecast_cost({name: {"jobs": 1, "avg_jct_s": 1.0} for name in runs}) is None
 
 
 def test_over_seeds_averages_each_queues_part() -> None:
@@ -46,6 +53,43 @@ def test_over_seeds_averages_each_queues_part() -> None:
     assert cost == {"a": pytest.approx(2.0), "b": pytest.approx(-1.0)}  # (+4, 0) and (0, -2)
     without = over_seeds({seed: {"kumiki": runs["kumiki"]} for seed, runs in by_seed.items()})
     assert without["forecast_cost_by_queue"] is None
+
+
+def test_a_jobs_class_is_its_own_run_time_and_size() -> None:
+    assert job_class(599.0, 1) == "< 10 min, 1 GPU"
+    assert job_class(600.0, 4) == "10 min - 1 h, 2-7 GPUs"
+    assert job_class(7_200.0, 8) == "1 - 6 h, >= 8 GPUs"
+    assert job_class(21_600.0, 16) == ">= 6 h, >= 8 GPUs"
+    assert job_class(100.0, 4, large_gpus=4) == "< 10 min, >= 4 GPUs"
+
+
+def test_the_classes_parts_come_from_true_run_times_and_add_up_to_the_gap() -> None:
+    def result(policy: str, finishes: list[float]) -> SimResult:
+        # the same three jobs (two short single-GPU ones, one 2 h gang of 8) finishing at different times
+        jobs = [
+            JobResult("s1", 1, "a", 0.0, 0.0, finishes[0], 300.0, 0, 0.0, 0.0, 300.0),
+            JobResult("s2", 1, "b", 0.0, 0.0, finishes[1], 300.0, 0, 0.0, 0.0, 300.0),
+            JobResult("g", 8, "a", 0.0, 0.0, finishes[2], 7_200.0, 1, 0.0, 0.0, 7_200.0),
+        ]
+        return SimResult(policy, 16, jobs, [], 3)
+
+    runs = {
+        "kumiki": summarize(result("kumiki", [300.0, 600.0, 9_000.0])),
+        "kumiki-noforecast": summarize(result("kumiki-noforecast", [900.0, 1_200.0, 7_200.0])),
+    }
+    assert runs["kumiki"]["per_class"] == {
+        "< 10 min, 1 GPU": {"jobs": 2, "avg_jct_s": 450.0},
+        "1 - 6 h, >= 8 GPUs": {"jobs": 1, "avg_jct_s": 9_000.0},
+    }
+    cost = forecast_cost(runs, by="class")
+    # the short jobs gained 600 s each (-1,200 / 3 jobs), the gang lost 1,800 s (+600)
+    assert cost == {"1 - 6 h, >= 8 GPUs": pytest.approx(600.0), "< 10 min, 1 GPU": pytest.approx(-400.0)}
+    gap = runs["kumiki"]["avg_jct_s"] - runs["kumiki-noforecast"]["avg_jct_s"]
+    assert sum(cost.values()) == pytest.approx(gap)
+    both = over_seeds({0: runs, 1: runs})
+    assert both["forecast_cost_by_class"] == cost
+    assert both["forecast_cost_by_queue"] == forecast_cost(runs)
+    assert forecast_cost_table(cost, {}, by="class").splitlines()[0] == "| class | whole run |"
 
 
 def test_the_table_has_a_column_per_window_and_their_totals() -> None:

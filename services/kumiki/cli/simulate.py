@@ -280,15 +280,19 @@ def run_simulate(args: argparse.Namespace) -> int:
         sections_md = (
             f"\n## Day windows (avg JCT s; forecasters warmed on the days before)\n\n{window_table(report['windows'])}"
         )
-    cost_md = forecast_cost_table(report["seeds"]["forecast_cost_by_queue"], report.get("windows", {}))
-    if cost_md:
-        over = f", mean over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
-        sections_md += (
-            "\n## What the forecasts added to the average JCT, per queue (s)\n\n"
-            f"`kumiki` against `kumiki-noforecast` on each queue's jobs, weighed by its share of the jobs{over}; "
-            "a column adds up to the gap of the two averages. Positive: the forecasts cost that queue time.\n\n"
-            f"{cost_md}"
-        )
+    over = f", mean over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
+    for by, title, whose in (
+        ("queue", "per queue", "each queue's jobs"),
+        ("class", "per job class (own run time, GPUs)", "each class of jobs (by their own run time and size)"),
+    ):
+        cost_md = forecast_cost_table(report["seeds"][f"forecast_cost_by_{by}"], report.get("windows", {}), by=by)
+        if cost_md:
+            sections_md += (
+                f"\n## What the forecasts added to the average JCT, {title} (s)\n\n"
+                f"`kumiki` against `kumiki-noforecast` on {whose}, weighed by its share of the jobs{over}; "
+                f"a column adds up to the gap of the two averages. Positive: the forecasts cost that {by} time.\n\n"
+                f"{cost_md}"
+            )
     write_json(out / "report.json", report)
     baseline = "fifo" if "fifo" in policies else None
     table = markdown_table(report["policies"], baseline)
@@ -370,7 +374,8 @@ def _day_windows(
                 result = Simulator(spec, jobs, config, forecaster=forecaster).run()
                 summary = summarize(result, large_gpus=gpus_per_node)
                 rows[name] = {
-                    key: summary[key] for key in ("jobs", "avg_jct_s", "p99_jct_s", "preemptions", "per_queue")
+                    key: summary[key]
+                    for key in ("jobs", "avg_jct_s", "p99_jct_s", "preemptions", "per_queue", "per_class")
                 }
         entry: dict[str, Any] = {"start_s": start, "end_s": end, "jobs": count}
         spread = over_seeds(by_seed)
@@ -378,6 +383,7 @@ def _day_windows(
         entry["recovered_share_by_seed"] = spread["recovered_share_by_seed"]
         entry["recovered_share_by_policy"] = spread["recovered_share_by_policy"]
         entry["forecast_cost_by_queue"] = spread["forecast_cost_by_queue"]
+        entry["forecast_cost_by_class"] = spread["forecast_cost_by_class"]
         windows[f"day {day}"] = entry
     return windows
 

@@ -51,6 +51,9 @@ class JobResult:
     preemptions: int
     lost_gpu_s: float
     checkpoint_gpu_s: float
+    # the job's own run time (its work, no waiting or overhead): the same in every run, so jobs can be
+    # grouped by it when two policies are compared
+    duration_s: float = 0.0
 
     @property
     def jct_s(self) -> float:
@@ -447,6 +450,7 @@ class Simulator:
                 job.preemptions,
                 job.lost_gpu_s,
                 job.checkpoint_gpu_s,
+                job.duration_s,
             )
         )
 

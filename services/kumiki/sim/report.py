@@ -29,6 +29,22 @@ REPORT_KEYS = (
 )
 
 
+# run-time classes of `job_class` (upper bounds, s): minutes, up to an hour, up to a working day, longer
+RUNTIME_CLASSES = ((600.0, "< 10 min"), (3600.0, "10 min - 1 h"), (21600.0, "1 - 6 h"), (float("inf"), ">= 6 h"))
+
+
+def job_class(duration_s: float, gpus: int, large_gpus: int = 8) -> str:
+    """A job's class by its own run time and its size: who pays for or gains from an order is seldom a queue
+    alone (on the Philly slice the forecasts' cost sits in 1-6 h single-GPU jobs, spread over queues)."""
+    runtime = next(label for bound, label in RUNTIME_CLASSES if duration_s < bound)
+    size = "1 GPU" if gpus <= 1 else f">= {large_gpus} GPUs" if gpus >= large_gpus else f"2-{large_gpus - 1} GPUs"
+    return f"{runtime}, {size}"
+
+
+def _group_means(groups: Mapping[str, Sequence[float]]) -> dict[str, dict[str, float | int]]:
+    return {group: {"jobs": len(values), "avg_jct_s": float(np.mean(values))} for group, values in groups.items()}
+
+
 def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
     """The report.json entry of one policy; percentiles are numpy's linear interpolation."""
     jobs = result.jobs
@@ -39,8 +55,11 @@ def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
     makespan = max(job.finish_s for job in jobs) - first_submit
     large = np.array([job.jct_s for job in jobs if job.gpus >= large_gpus])
     queues: dict[str, list[float]] = {}
+    classes: dict[str, list[float]] = {}
     for job in jobs:
         queues.setdefault(job.queue, []).append(job.jct_s)
+        classes.setdefault(job_class(job.duration_s, job.gpus, large_gpus), []).append(job.jct_s)
+    order = {label: index for index, (_, label) in enumerate(RUNTIME_CLASSES)}
     return {
         "jobs": len(jobs),
         "avg_jct_s": float(jct.mean()),
@@ -58,10 +77,10 @@ def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
         "avg_jct_large_s": float(large.mean()) if len(large) else 0.0,
         "events": result.events,
         **({"gate_on_share": share_on(result.gate_looks)} if result.gate_looks else {}),
-        "per_queue": {
-            queue: {"jobs": len(values), "avg_jct_s": float(np.mean(values))}
-            for queue, values in sorted(queues.items())
-        },
+        "per_queue": _group_means(dict(sorted(queues.items()))),
+        "per_class": _group_means(
+            dict(sorted(classes.items(), key=lambda item: (order[item[0].split(", ")[0]], item[0])))
+        ),
     }
 
 
@@ -185,23 +204,33 @@ def recovered_shares(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, flo
     return shares
 
 
-def forecast_cost_by_queue(
-    policies: Mapping[str, Mapping[str, Any]], *, forecast: str = "kumiki", without: str = "kumiki-noforecast"
+# the groups `forecast_cost` splits a run's jobs by: summarize's field and the report's name for a group
+COST_GROUPS = {"queue": "per_queue", "class": "per_class"}
+
+
+def forecast_cost(
+    policies: Mapping[str, Mapping[str, Any]],
+    *,
+    by: str = "queue",
+    forecast: str = "kumiki",
+    without: str = "kumiki-noforecast",
 ) -> dict[str, float] | None:
-    """Per queue, what the forecasts added to the run's average JCT (s): the queue's own JCT gap between the two
-    runs weighed by its share of the jobs, so the values add up to the gap of the two averages. Positive: the
-    forecasts cost that queue's jobs time. One VC the forecaster serves worse than none hides in a per-day
-    average; here it is named. Largest cost first; None when a run or its per-queue figures are missing."""
+    """Per group of jobs (`by`: "queue", or "class" of run time and size), what the forecasts added to the run's
+    average JCT (s): the group's own JCT gap between the two runs weighed by its share of the jobs, so the values
+    add up to the gap of the two averages. Positive: the forecasts cost that group's jobs time. One VC, or one
+    kind of job, the forecasts serve worse than none hides in an average; here it is named. Largest cost first;
+    None when a run or its per-group figures are missing."""
     if forecast not in policies or without not in policies:
         return None
-    own, base = policies[forecast].get("per_queue"), policies[without].get("per_queue")
+    field = COST_GROUPS[by]
+    own, base = policies[forecast].get(field), policies[without].get(field)
     total = sum(row["jobs"] for row in own.values()) if own else 0
     if not own or not base or not total:
         return None
     cost = {
-        queue: (row["avg_jct_s"] - base[queue]["avg_jct_s"]) * row["jobs"] / total
-        for queue, row in own.items()
-        if queue in base
+        group: (row["avg_jct_s"] - base[group]["avg_jct_s"]) * row["jobs"] / total
+        for group, row in own.items()
+        if group in base
     }
     return _largest_first(cost)
 
@@ -236,19 +265,25 @@ def over_seeds(by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[s
     for seed in seeds:
         value = forecast_value(by_seed[seed])
         by_seed_share.append(None if value is None else value["recovered_share"])
-    costs = [each for seed in seeds if (each := forecast_cost_by_queue(by_seed[seed])) is not None]
-    cost: dict[str, float] | None = None
-    if len(costs) == len(seeds):
-        queues = set.intersection(*(set(each) for each in costs))
-        cost = _largest_first({queue: sum(each[queue] for each in costs) / len(costs) for queue in queues})
+    costs = {by: _mean_cost([forecast_cost(by_seed[seed], by=by) for seed in seeds]) for by in COST_GROUPS}
     return {
         "seeds": seeds,
         "policies": policies,
         "forecast_value": forecast_value(policies),
         "recovered_share_by_policy": recovered_shares(policies),
         "recovered_share_by_seed": by_seed_share,
-        "forecast_cost_by_queue": cost,
+        "forecast_cost_by_queue": costs["queue"],
+        "forecast_cost_by_class": costs["class"],
     }
+
+
+def _mean_cost(costs: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """The mean over seeds of each group's part; None unless every seed has one."""
+    if not costs or any(each is None for each in costs):
+        return None
+    known = [each for each in costs if each is not None]
+    groups = set.intersection(*(set(each) for each in known))
+    return _largest_first({group: sum(each[group] for each in known) / len(known) for group in groups})
 
 
 def seed_table(spread: Mapping[str, Any]) -> str:
@@ -272,20 +307,22 @@ def seed_table(spread: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def forecast_cost_table(whole: Mapping[str, float] | None, windows: Mapping[str, Mapping[str, Any]]) -> str:
-    """Queues as rows, the whole run and each window as columns: what the forecasts added to the average JCT
-    (`forecast_cost_by_queue`, s); "" when there is nothing to compare."""
+def forecast_cost_table(
+    whole: Mapping[str, float] | None, windows: Mapping[str, Mapping[str, Any]], *, by: str = "queue"
+) -> str:
+    """Groups (`by`: queue or job class) as rows, the whole run and each window as columns: what the forecasts
+    added to the average JCT (`forecast_cost`, s); "" when there is nothing to compare."""
     columns: dict[str, Mapping[str, float]] = {}
     if whole:
         columns["whole run"] = whole
     for label, window in windows.items():
-        if window.get("forecast_cost_by_queue"):
-            columns[label] = window["forecast_cost_by_queue"]
+        if window.get(f"forecast_cost_by_{by}"):
+            columns[label] = window[f"forecast_cost_by_{by}"]
     if not columns:
         return ""
     first = next(iter(columns.values()))
     queues = list(first) + sorted({queue for column in columns.values() for queue in column} - set(first))
-    lines = ["| queue | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines = [f"| {by} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for queue in queues:
         cells = [f"{column[queue]:+,.1f}" if queue in column else "" for column in columns.values()]
         lines.append(f"| {queue} | " + " | ".join(cells) + " |")
