@@ -209,25 +209,18 @@ def test_day_windows_and_the_share_of_the_oracles_gain_the_forecasts_recover(tmp
     assert report["windows_spread"]["kumiki_over_kumiki-noforecast"]["windows"] == 2
     markdown = (out / "report.md").read_text()
     assert "## Day windows" in markdown
-    # per queue, what the forecasts added to the average JCT: the queues' parts add up to the gap, per window too
-    whole = report["seeds"]["forecast_cost_by_queue"]
-    assert set(whole) == {"long", "short"}
-    assert sum(whole.values()) == pytest.approx(own - base)
-    for window in windows.values():
-        rows = window["policies"]
-        gap = rows["kumiki"]["avg_jct_s"] - rows["kumiki-noforecast"]["avg_jct_s"]
-        assert sum(window["forecast_cost_by_queue"].values()) == pytest.approx(gap)
-    assert "## What the forecasts added to the average JCT, per queue (s)" in markdown
-    assert "| queue | whole run | day 0 | day 1 |" in markdown
-    # and per class of job (own run time, GPUs): the same gap split another way
-    by_class = report["seeds"]["forecast_cost_by_class"]
-    assert by_class and sum(by_class.values()) == pytest.approx(own - base)
-    for window in windows.values():
-        rows = window["policies"]
-        gap = rows["kumiki"]["avg_jct_s"] - rows["kumiki-noforecast"]["avg_jct_s"]
-        assert sum(window["forecast_cost_by_class"].values()) == pytest.approx(gap)
-    assert "## What the forecasts added to the average JCT, per job class (own run time, GPUs) (s)" in markdown
-    assert "| class | whole run | day 0 | day 1 |" in markdown
+    # what the forecasts added to the average JCT, per queue and per class of job (own run time, GPUs): the
+    # groups' parts add up to the gap, per window too
+    assert set(report["seeds"]["forecast_cost_by_queue"]) == {"long", "short"}
+    for by, title in (("queue", "per queue"), ("class", "per job class (own run time, GPUs)")):
+        whole = report["seeds"][f"forecast_cost_by_{by}"]
+        assert whole and sum(whole.values()) == pytest.approx(own - base)
+        for window in windows.values():
+            rows = window["policies"]
+            gap = rows["kumiki"]["avg_jct_s"] - rows["kumiki-noforecast"]["avg_jct_s"]
+            assert sum(window[f"forecast_cost_by_{by}"].values()) == pytest.approx(gap)
+        assert f"## What the forecasts added to the average JCT, {title} (s)" in markdown
+        assert f"| {by} | whole run | day 0 | day 1 |" in markdown
 
 
 def test_seeds_report_every_seed_their_mean_and_the_share_of_the_means(tmp_path):
