@@ -43,7 +43,7 @@ from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
-from kumiki.sim.report import forecast_value, summarize, write_json
+from kumiki.sim.report import over_seeds, summarize, write_json
 from kumiki.sim.trace import TraceJob, load_jobs
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -82,12 +82,10 @@ def cell_summary(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[st
     """Mean JCT per policy over the seeds, the ratios issue 14 sets bounds on, and the recovered share (of the
     mean JCTs; one seed's share is a ratio of two small differences of chaotic runs) with its per-seed range."""
     seeds = sorted(runs[KUMIKI])
-    mean = {name: statistics.fmean(runs[name][seed]["avg_jct_s"] for seed in seeds) for name in POLICY_NAMES}
-    per_seed_shares = []
-    for seed in seeds:
-        value = forecast_value({name: runs[name][seed] for name in POLICY_NAMES})
-        per_seed_shares.append(None if value is None else value["recovered_share"])
-    whole = forecast_value({name: {"avg_jct_s": mean[name]} for name in POLICY_NAMES})
+    spread = over_seeds({seed: {name: runs[name][seed] for name in POLICY_NAMES} for seed in seeds})
+    mean = {name: spread["policies"][name]["avg_jct_s"] for name in POLICY_NAMES}
+    whole = spread["forecast_value"]
+    per_seed_shares = spread["recovered_share_by_seed"]
     known = [share for share in per_seed_shares if share is not None]
     return {
         "jobs": runs[KUMIKI][seeds[0]]["jobs"],
@@ -217,8 +215,6 @@ def main() -> int:
     if len(mix_nodes) != 1:
         parser.error("--drop-each-queue takes one cluster size")
     workers = whole_numbers_or_exit(args.workers, "--workers", 1, parser)[0]
-    if not seeds:
-        parser.error("--seeds: give at least one seed")
     if not sizes and not mix_nodes[0]:
         parser.error("nothing to run: give --nodes or --drop-each-queue")
     out, trace = out_and_trace_or_exit(args.out, args.trace, parser)

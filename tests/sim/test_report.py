@@ -122,7 +122,7 @@ def test_every_forecast_ordered_policy_present_gets_its_recovered_share() -> Non
 
 def test_a_gated_run_reports_the_share_of_looks_with_forecasts_on() -> None:
     looks = [GateLook(float(at), 10, {}, {}, on) for at, on in ((1, True), (2, False), (3, True), (4, True))]
-    result = SimResult("kumiki-gated", 8, [JobResult("j", 1, "a", 0.0, 0.0, 10.0, 10.0, 0, 0.0, 0.0)], [], 1)
+    result = SimResult("kumiki-gated", 8, [JobResult("j", 1, "a", 0.0, 0.0, 10.0, 10.0, 0, 0.0, 0.0, 10.0)], [], 1)
     assert "gate_on_share" not in summarize(result)
     result.gate_looks = looks
     assert summarize(result)["gate_on_share"] == 0.75

@@ -53,7 +53,7 @@ class JobResult:
     checkpoint_gpu_s: float
     # the job's own run time (its work, no waiting or overhead): the same in every run, so jobs can be
     # grouped by it when two policies are compared
-    duration_s: float = 0.0
+    duration_s: float
 
     @property
     def jct_s(self) -> float:

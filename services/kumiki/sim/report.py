@@ -31,6 +31,13 @@ REPORT_KEYS = (
 
 # run-time classes of `job_class` (upper bounds, s): minutes, up to an hour, up to a working day, longer
 RUNTIME_CLASSES = ((600.0, "< 10 min"), (3600.0, "10 min - 1 h"), (21600.0, "1 - 6 h"), (float("inf"), ">= 6 h"))
+# report order of `job_class` labels: by run time, then by size ("1 GPU" < "2-7 GPUs" < ">= 8 GPUs" as text)
+_RUNTIME_RANK = {label: index for index, (_, label) in enumerate(RUNTIME_CLASSES)}
+
+
+def _class_order(label: str) -> tuple[int, str]:
+    runtime, _, size = label.partition(", ")
+    return _RUNTIME_RANK[runtime], size
 
 
 def job_class(duration_s: float, gpus: int, large_gpus: int = 8) -> str:
@@ -59,7 +66,6 @@ def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
     for job in jobs:
         queues.setdefault(job.queue, []).append(job.jct_s)
         classes.setdefault(job_class(job.duration_s, job.gpus, large_gpus), []).append(job.jct_s)
-    order = {label: index for index, (_, label) in enumerate(RUNTIME_CLASSES)}
     return {
         "jobs": len(jobs),
         "avg_jct_s": float(jct.mean()),
@@ -78,9 +84,7 @@ def summarize(result: SimResult, *, large_gpus: int = 8) -> dict[str, Any]:
         "events": result.events,
         **({"gate_on_share": share_on(result.gate_looks)} if result.gate_looks else {}),
         "per_queue": _group_means(dict(sorted(queues.items()))),
-        "per_class": _group_means(
-            dict(sorted(classes.items(), key=lambda item: (order[item[0].split(", ")[0]], item[0])))
-        ),
+        "per_class": _group_means({label: classes[label] for label in sorted(classes, key=_class_order)}),
     }
 
 
@@ -279,9 +283,9 @@ def over_seeds(by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[s
 
 def _mean_cost(costs: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
     """The mean over seeds of each group's part; None unless every seed has one."""
-    if not costs or any(each is None for each in costs):
-        return None
     known = [each for each in costs if each is not None]
+    if not known or len(known) < len(costs):
+        return None
     groups = set.intersection(*(set(each) for each in known))
     return _largest_first({group: sum(each[group] for each in known) / len(known) for group in groups})
 
