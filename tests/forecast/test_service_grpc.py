@@ -88,7 +88,7 @@ async def test_invalid_requests_name_the_field(service: tuple[forecast_pb2_grpc.
 
 
 async def test_predict_carries_the_calibrated_spread_once_there_is_one(database_settings: DatabaseSettings) -> None:
-    """log_sigma is unset before the model has errors to calibrate on, then it is the model's own value."""
+    """log_sigma and error_sigma are unset before the model has errors to calibrate on, then its own values."""
     from kumiki.sched.forecasting import JobFeatures
 
     pool = await create_pool(database_settings)
@@ -104,7 +104,7 @@ async def test_predict_carries_the_calibrated_spread_once_there_is_one(database_
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = forecast_pb2_grpc.ForecasterStub(channel)
             cold = await stub.Predict(request)
-            assert not cold.HasField("log_sigma")
+            assert not cold.HasField("log_sigma") and not cold.HasField("error_sigma")
             for index in range(60):  # bert jobs of 0.5, 1 and 1.5 h: a spread to calibrate on
                 job = JobFeatures(f"bert-{index}", "team-a", "alice", 8.0, "bert", 1000.0 + index)
                 forecaster.observe(job, 1800.0 * (1 + index % 3), 5000.0 + 100 * index)
@@ -113,4 +113,7 @@ async def test_predict_carries_the_calibrated_spread_once_there_is_one(database_
         await server.stop(None)
         await pool.close()
     assert warm.HasField("log_sigma") and 0 < warm.log_sigma < 2
+    # the key's honest spread: its residuals' width and bias, what placement's preemption margin reads
+    expected = forecaster.predict(JobFeatures("next", "team-a", "alice", 8.0, "bert", 7000.0)).error_sigma
+    assert expected is not None and warm.HasField("error_sigma") and warm.error_sigma == pytest.approx(expected)
     assert warm.p50_s < warm.p90_s

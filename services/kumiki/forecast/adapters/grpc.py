@@ -50,6 +50,7 @@ class ForecasterServicer(forecast_pb2_grpc.ForecasterServicer):
             model=forecast.model,
             model_version=forecast.model_version,
             log_sigma=forecast.log_sigma,
+            error_sigma=forecast.error_sigma,
         )
 
     async def Demand(

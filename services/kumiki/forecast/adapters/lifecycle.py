@@ -91,6 +91,7 @@ class LifecycleHandler:
                     model_version=forecast.model_version,
                     at=timestamp(),
                     log_sigma=forecast.log_sigma,
+                    error_sigma=forecast.error_sigma,
                 ),
             )
         elif message.state in (events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING):

@@ -3,6 +3,7 @@ problem becomes InvalidRequest naming the field, so the servicer can answer INVA
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
@@ -10,6 +11,7 @@ from kumiki.common.grpcutil import InvalidRequest, require_job, timestamp
 from kumiki.common.requests import TOPOLOGY_FROM_WIRE, TOPOLOGY_TO_WIRE, pod_request, pod_resources
 from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
+from kumiki.sched.forecasting import RuntimeForecast
 from kumiki.sched.jobs import MIB_PER_GB, GangRequest
 from kumiki.sched.placement import PendingReason
 
@@ -48,6 +50,24 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
         preemptible=request.preemptible,
         user=request.user,
         name=request.name,
+    )
+
+
+def runtime_forecast(message: events_pb2.RuntimeForecast) -> RuntimeForecast:
+    """A forecast off the bus; InvalidRequest naming the field when a quantile or spread is not a usable number."""
+    for field in ("p50_s", "p90_s"):
+        value = getattr(message, field)
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidRequest(field, f"must be a finite number > 0, got {value}")
+    if message.p90_s < message.p50_s:
+        raise InvalidRequest("p90_s", f"must be >= p50_s ({message.p50_s}), got {message.p90_s}")
+    log_sigma = message.log_sigma if message.HasField("log_sigma") else None
+    error_sigma = message.error_sigma if message.HasField("error_sigma") else None
+    for field, sigma in (("log_sigma", log_sigma), ("error_sigma", error_sigma)):
+        if sigma is not None and not (math.isfinite(sigma) and sigma >= 0):
+            raise InvalidRequest(field, f"must be a finite number >= 0, got {sigma}")
+    return RuntimeForecast(
+        message.p50_s, message.p90_s, message.model, message.model_version, log_sigma, error_sigma=error_sigma
     )
 
 

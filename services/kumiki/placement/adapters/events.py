@@ -30,9 +30,9 @@ from kumiki.placement.adapters.convert import (
     node_spec,
     pending_reason,
     restore_from_lifecycle,
+    runtime_forecast,
 )
 from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, Victim
-from kumiki.sched.forecasting import RuntimeForecast
 from kumiki.sched.jobs import RequestError
 from kumiki.sched.placement import PendingReason
 
@@ -273,8 +273,11 @@ class ForecastTable:
             return
         message = event.payload
         assert isinstance(message, events_pb2.RuntimeForecast)
-        sigma = message.log_sigma if message.HasField("log_sigma") else None
-        forecast = RuntimeForecast(message.p50_s, message.p90_s, message.model, message.model_version, sigma)
+        try:
+            forecast = runtime_forecast(message)
+        except InvalidRequest as error:  # a producer's bug must not order the queue: the job keeps no forecast
+            log.warning("forecast ignored", extra={"job": message.job.job_id, "reason": str(error)})
+            return
         self.book.forecast(message.job.job_id, forecast)
 
 

@@ -520,6 +520,7 @@ class RuntimeForecast(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     LOG_SIGMA_FIELD_NUMBER: _builtins.int
+    ERROR_SIGMA_FIELD_NUMBER: _builtins.int
     p50_s: _builtins.float
     """Median predicted run time, seconds."""
     p90_s: _builtins.float
@@ -530,6 +531,10 @@ class RuntimeForecast(_message.Message):
     """Version of that model (increments with every refit)."""
     log_sigma: _builtins.float
     """Calibrated spread of log run time around p50_s (log-normal sigma); unset when the model gives none."""
+    error_sigma: _builtins.float
+    """The measured spread of this job's key's errors, log(actual / p50_s), bias included (a zero-centred normal's
+    sigma); unset before the model has seen any. Schedulers set their preemption margin from it.
+    """
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -548,13 +553,19 @@ class RuntimeForecast(_message.Message):
         model_version: _builtins.int = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
         log_sigma: _builtins.float | None = ...,
+        error_sigma: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "at", b"at", "job", b"job", "log_sigma", b"log_sigma"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error_sigma", b"_error_sigma", "_log_sigma", b"_log_sigma", "at", b"at", "error_sigma", b"error_sigma", "job", b"job", "log_sigma", b"log_sigma"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "at", b"at", "job", b"job", "log_sigma", b"log_sigma", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error_sigma", b"_error_sigma", "_log_sigma", b"_log_sigma", "at", b"at", "error_sigma", b"error_sigma", "job", b"job", "log_sigma", b"log_sigma", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error_sigma: _TypeAlias = _typing.Literal["error_sigma"]  # noqa: Y015
+    _WhichOneofArgType__error_sigma: _TypeAlias = _typing.Literal["_error_sigma", b"_error_sigma"]  # noqa: Y015
     _WhichOneofReturnType__log_sigma: _TypeAlias = _typing.Literal["log_sigma"]  # noqa: Y015
     _WhichOneofArgType__log_sigma: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error_sigma) -> _WhichOneofReturnType__error_sigma | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__log_sigma) -> _WhichOneofReturnType__log_sigma | None: ...
 
 Global___RuntimeForecast: _TypeAlias = RuntimeForecast  # noqa: Y015

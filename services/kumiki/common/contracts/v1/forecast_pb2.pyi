@@ -70,6 +70,7 @@ class PredictResponse(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     LOG_SIGMA_FIELD_NUMBER: _builtins.int
+    ERROR_SIGMA_FIELD_NUMBER: _builtins.int
     p50_s: _builtins.float
     """Median run time, seconds."""
     p90_s: _builtins.float
@@ -82,6 +83,10 @@ class PredictResponse(_message.Message):
     """Calibrated spread of log run time around the median (a log-normal sigma fitted to the model's own past
     errors); unset when the model gives none. Schedulers that weigh uncertainty use it instead of the p90.
     """
+    error_sigma: _builtins.float
+    """The measured spread of the job's key's errors, log(actual / p50), bias included; unset before the model
+    has seen any. Schedulers set their preemption margin from it.
+    """
     def __init__(
         self,
         *,
@@ -90,13 +95,19 @@ class PredictResponse(_message.Message):
         model: _builtins.str = ...,
         model_version: _builtins.int = ...,
         log_sigma: _builtins.float | None = ...,
+        error_sigma: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "log_sigma", b"log_sigma"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error_sigma", b"_error_sigma", "_log_sigma", b"_log_sigma", "error_sigma", b"error_sigma", "log_sigma", b"log_sigma"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma", "log_sigma", b"log_sigma", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error_sigma", b"_error_sigma", "_log_sigma", b"_log_sigma", "error_sigma", b"error_sigma", "log_sigma", b"log_sigma", "model", b"model", "model_version", b"model_version", "p50_s", b"p50_s", "p90_s", b"p90_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error_sigma: _TypeAlias = _typing.Literal["error_sigma"]  # noqa: Y015
+    _WhichOneofArgType__error_sigma: _TypeAlias = _typing.Literal["_error_sigma", b"_error_sigma"]  # noqa: Y015
     _WhichOneofReturnType__log_sigma: _TypeAlias = _typing.Literal["log_sigma"]  # noqa: Y015
     _WhichOneofArgType__log_sigma: _TypeAlias = _typing.Literal["_log_sigma", b"_log_sigma"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error_sigma) -> _WhichOneofReturnType__error_sigma | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__log_sigma) -> _WhichOneofReturnType__log_sigma | None: ...
 
 Global___PredictResponse: _TypeAlias = PredictResponse  # noqa: Y015
