@@ -17,6 +17,7 @@ from kumiki.sched.policies import (
     gittins_rank,
     policy_named,
     posterior_trust,
+    preempt_margin,
     running_rank,
     tiresias_level,
     waiting_key,
@@ -223,3 +224,26 @@ def test_the_error_sigma_variant_reads_the_keys_honest_spread():
     assert waiting_key(POLICIES["kumiki"], job) == pytest.approx(
         gittins_rank(1000.0, 1000.0 * math.exp(Z90 * 0.3), 0.0)
     )
+
+
+def test_the_preemption_margin_is_read_off_both_forecasts_error_spreads():
+    kumiki = POLICIES["kumiki"]
+
+    def job(job_id: str, forecast: RuntimeForecast | None) -> JobView:
+        return JobView(JobFeatures(job_id, "q", "", 1.0, "", 0.0), 1, "q", 0.0, forecast=forecast)
+
+    sharp = job("sharp", RuntimeForecast(1000.0, 3000.0, "m", 1, log_sigma=0.3, error_sigma=0.2))
+    wide = job("wide", RuntimeForecast(1000.0, 3000.0, "m", 1, log_sigma=0.3, error_sigma=1.5))
+    assert preempt_margin(kumiki, sharp, wide) == pytest.approx(math.exp(Z90 * math.hypot(0.2, 1.5)))
+    assert preempt_margin(kumiki, sharp, wide) == preempt_margin(kumiki, wide, sharp)
+    # two well-forecast keys preempt near SRPT's margin of 1, two badly forecast ones hardly by rank
+    assert 1.0 < preempt_margin(kumiki, sharp, sharp) < 1.5 < kumiki.preempt_ratio < preempt_margin(kumiki, wide, wide)
+    # a claimed spread is not a record: a key with no measured error yet (however tight its log_sigma or p90)
+    # gets the forecast-free margin, as does a job without a forecast
+    claimed = job("claimed", RuntimeForecast(1000.0, 1100.0, "m", 1, log_sigma=0.05))
+    assert preempt_margin(kumiki, claimed, claimed) == kumiki.preempt_ratio == 4.0
+    assert preempt_margin(kumiki, sharp, claimed) == preempt_margin(kumiki, claimed, sharp) == kumiki.preempt_ratio
+    assert preempt_margin(kumiki, sharp, job("none", None)) == kumiki.preempt_ratio
+    # and the policies that use no forecasts keep it whatever the views carry
+    for name in ("kumiki-noforecast", "kumiki-oracle"):
+        assert preempt_margin(POLICIES[name], sharp, sharp) == POLICIES[name].preempt_ratio == 4.0

@@ -207,3 +207,23 @@ def test_reconsider_reranks_waiting_jobs_and_keeps_their_wait():
     assert scheduler.waiting["second"].view.forecast is None and scheduler.running["blocker"].view.forecast is None
     assert scheduler._starving(1001.0) == "first"
     assert scheduler.withdraw("second") and scheduler.waiting.keys() == {"first"}
+
+
+def test_kumiki_evicts_by_rank_only_past_the_margin_the_two_keys_errors_set():
+    """The same two ranks: a newcomer evicts the running job when both keys forecast well, not when they do not."""
+
+    def job(job_id: str, p50: float, error_sigma: float, submit: float) -> JobView:
+        forecast = RuntimeForecast(p50, p50 * 3, "test", 0, log_sigma=0.3, error_sigma=error_sigma)
+        return JobView(JobFeatures(job_id, "q", "", 1.0, "", submit), 1, "q", submit, forecast=forecast)
+
+    def evictions(error_sigma: float) -> list[str]:
+        scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 1)), "best-fit")
+        scheduler.submit(job("long", 20_000.0, error_sigma, 0.0), consolidated_gang("long", 1, 1))
+        assert started(scheduler.schedule(0.0)) == ["long"]
+        scheduler.submit(job("short", 2_000.0, error_sigma, 1_000.0), consolidated_gang("short", 1, 1))
+        decisions = scheduler.schedule(1_000.0, consider_preemption=True)
+        assert started(decisions) == ([p.job_id for p in decisions.preemptions] and ["short"])
+        return [p.job_id for p in decisions.preemptions]
+
+    assert evictions(0.1) == ["long"]  # margin e^(1.28 x 0.14) = 1.2x: the ~9x rank gap clears it
+    assert evictions(1.5) == []  # margin e^(1.28 x 2.1) = 15x: it does not

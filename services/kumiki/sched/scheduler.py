@@ -20,7 +20,14 @@ from dataclasses import dataclass, field, replace
 from kumiki.sched.cluster import ClusterState, Placement
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
 from kumiki.sched.placement import PendingReason, could_host, place_gang
-from kumiki.sched.policies import LEVEL_SPAN_S, QueuePolicy, estimate_remaining, running_rank, waiting_key
+from kumiki.sched.policies import (
+    LEVEL_SPAN_S,
+    QueuePolicy,
+    estimate_remaining,
+    preempt_margin,
+    running_rank,
+    waiting_key,
+)
 from kumiki.sched.preemption import LostWork, MoveValue, lost_work, may_yield, move_value, victim_order
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
@@ -552,7 +559,8 @@ class Scheduler:
                     worse = victim_rank // LEVEL_SPAN_S > rank // LEVEL_SPAN_S
                 else:
                     weight = running.gpus**policy.gpu_exponent if policy.gpu_exponent else 1.0
-                    worse = victim_rank > policy.preempt_ratio * rank + lost * weight
+                    margin = preempt_margin(policy, entry.view, view)
+                    worse = victim_rank > margin * rank + lost * weight
                 if worse:
                     lost_gpu_s = lost * running.gpus
                     order = victim_order(lost_gpu_s, view.priority, self._over_quota(view), victim_rank, job_id)
