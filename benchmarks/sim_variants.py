@@ -43,13 +43,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "full-node jobs never preemptible after 1,800 s": {"protect_full_nodes": True, "protect_after_s": 0.0},
     "rank per job, not per GPU-second": {"gpu_exponent": 0.0},
     "no wide tail mixed into forecasts": {"tail_weight": 0.0},
-    "preempt at 2x instead of 4x": {"preempt_ratio": 2.0},
+    # `kumiki` reads its preemption margin off the forecasts' measured errors since issue 14's ninth step
+    "fixed preemption margin 4x (before the ninth step)": {"spread_margin": False},
+    "fixed preemption margin 2x": {"spread_margin": False, "preempt_ratio": 2.0},
     "starving jobs reserve instead of evicting": {"starvation_preempts": False},
     "quantile ladder instead of Gittins": {"order": "forecast"},
     "previous kumiki (ladder, head reservation, 2x, protected)": {
         "order": "forecast",
         "reserve": True,
         "preempt_ratio": 2.0,
+        "spread_margin": False,
         "protect_full_nodes": True,
         "protect_after_s": 0.0,
         "starvation_preempts": False,

@@ -61,8 +61,8 @@ class QueuePolicy:
     uses_forecast: bool = False
     starvation_s: float = 0.0
     preempt_ratio: float = 2.0
-    # preemption: when both jobs carry forecasts, the rank margin is read off their forecasts' error spreads
-    # (`preempt_margin`) instead of the fixed `preempt_ratio`, which stays the margin without them
+    # preemption: when both jobs' forecasts carry a measured error (`error_sigma`), the rank margin is read off
+    # the two (`preempt_margin`) instead of the fixed `preempt_ratio`, which stays the margin without them
     spread_margin: bool = False
     # never preempt jobs that fill a node or more (reservations protect them instead), so they need
     # no periodic checkpoints
