@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kumiki.placement.core import IdlePolicy, PlacementBook, parse_idle_reclaim
+from kumiki.sched.forecasting import RuntimeForecast
 from tests.placement.test_core import gang, node
 
 
@@ -123,3 +124,22 @@ def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_
     book.admit("teammate", 703.0)
     assert [job.command.job_id for job in book.cycle(703.0)] == ["teammate"]  # on the freed GPUs
     assert [job.command.job_id for job in book.held_jobs()] == ["idle"]  # the next round asks for the victim
+
+
+def test_a_rank_preemption_clears_the_margin_the_forecasts_measured_errors_set() -> None:
+    """What placement heard on kumiki.job.forecast sets the margin: the same two forecasts, ~9x apart, evict
+    when both keys' errors are small and not when they are large (live, as in the simulator)."""
+    def evicted(error_sigma: float) -> list[str]:
+        book = PlacementBook(policy="kumiki", min_run_s=0.0)
+        book.upsert_node(node("a"), healthy=True)
+        for job, p50 in (("long", 20_000.0), ("short", 2_000.0)):
+            book.forecast(job, RuntimeForecast(p50, 3 * p50, "m", 1, log_sigma=0.3, error_sigma=error_sigma))
+        assert book.bind(gang("long", 8, preemptible=True), 0.0).job is not None
+        outcome = book.bind(gang("short", 8, preemptible=True), 1_000.0)
+        assert not outcome.bound
+        reasons = {victim.preemption.reason for victim in book.preemptions}
+        assert reasons <= {"rank"}
+        return [victim.job.command.job_id for victim in book.preemptions]
+
+    assert evicted(0.1) == ["long"]
+    assert evicted(1.5) == []
