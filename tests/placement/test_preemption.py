@@ -129,6 +129,7 @@ def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_
 def test_a_rank_preemption_clears_the_margin_the_forecasts_measured_errors_set() -> None:
     """What placement heard on kumiki.job.forecast sets the margin: the same two forecasts, ~9x apart, evict
     when both keys' errors are small and not when they are large (live, as in the simulator)."""
+
     def evicted(error_sigma: float) -> list[str]:
         book = PlacementBook(policy="kumiki", min_run_s=0.0)
         book.upsert_node(node("a"), healthy=True)

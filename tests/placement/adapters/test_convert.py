@@ -24,6 +24,8 @@ def test_both_spreads_come_through_and_unset_ones_stay_unknown() -> None:
     assert (bare.log_sigma, bare.error_sigma) == (None, None)
     # zero is a value (a key forecast exactly so far), not "unset"
     assert runtime_forecast(message(error_sigma=0.0)).error_sigma == 0.0
+    # crossed quantiles (two quantile regressions) are kept as sent: the policies read max(p50, p90)
+    assert runtime_forecast(message(p90_s=300.0)).p90_s == 300.0
 
 
 @pytest.mark.parametrize(
@@ -32,7 +34,6 @@ def test_both_spreads_come_through_and_unset_ones_stay_unknown() -> None:
         ({"p50_s": 0.0}, "p50_s"),
         ({"p50_s": math.nan}, "p50_s"),
         ({"p90_s": math.inf}, "p90_s"),
-        ({"p90_s": 300.0}, "p90_s"),  # below the p50
         ({"log_sigma": -0.1}, "log_sigma"),
         ({"error_sigma": math.nan}, "error_sigma"),
         ({"error_sigma": math.inf}, "error_sigma"),

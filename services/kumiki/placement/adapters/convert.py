@@ -59,8 +59,7 @@ def runtime_forecast(message: events_pb2.RuntimeForecast) -> RuntimeForecast:
         value = getattr(message, field)
         if not (math.isfinite(value) and value > 0):
             raise InvalidRequest(field, f"must be a finite number > 0, got {value}")
-    if message.p90_s < message.p50_s:
-        raise InvalidRequest("p90_s", f"must be >= p50_s ({message.p50_s}), got {message.p90_s}")
+    # a p90 below the p50 (two quantile regressions can cross) is kept: the policies read max(p50, p90)
     log_sigma = message.log_sigma if message.HasField("log_sigma") else None
     error_sigma = message.error_sigma if message.HasField("error_sigma") else None
     for field, sigma in (("log_sigma", log_sigma), ("error_sigma", error_sigma)):
