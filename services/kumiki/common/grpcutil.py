@@ -4,6 +4,7 @@ requests which do not decode into INVALID_ARGUMENT (every service's server insta
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -27,6 +28,13 @@ class InvalidRequest(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+
+
+def require_finite(field: str, value: float, *, positive: bool = False) -> float:
+    """A number field that must be finite and >= 0 (> 0 when `positive`); returns it."""
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise InvalidRequest(field, f"must be a finite number {'>' if positive else '>='} 0, got {value}")
+    return value
 
 
 MAX_INT64 = 2**63 - 1  # the largest count Postgres (bigint) and Kafka keep: a uint64 past it is refused

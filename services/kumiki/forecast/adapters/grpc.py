@@ -10,7 +10,7 @@ import asyncpg
 import grpc
 
 from kumiki.common.contracts.v1 import forecast_pb2, forecast_pb2_grpc
-from kumiki.common.grpcutil import InvalidRequest, abort_invalid, require_job
+from kumiki.common.grpcutil import InvalidRequest, abort_invalid, require_finite, require_job
 from kumiki.forecast.adapters.lifecycle import load_arrivals
 from kumiki.forecast.core import ForecastBook
 from kumiki.forecast.demand import HOUR_S, MAX_HORIZON_HOURS, Arrival, forecast_queues, hourly_demand
@@ -21,8 +21,7 @@ DEMAND_HISTORY_S = 14 * 24 * HOUR_S  # two weeks: enough for the daily season, c
 
 def features_from_request(request: forecast_pb2.PredictRequest) -> JobFeatures:
     require_job(request.job, generation=False)  # a forecast is per job, whatever its attempt
-    if not math.isfinite(request.gpus) or request.gpus < 0:
-        raise InvalidRequest("gpus", f"must be a finite number >= 0, got {request.gpus}")
+    require_finite("gpus", request.gpus)
     if not math.isfinite(request.submit_unix_s) or request.submit_unix_s < 0:
         raise InvalidRequest("submit_unix_s", f"must be >= 0, got {request.submit_unix_s}")
     return JobFeatures(

@@ -3,11 +3,10 @@ problem becomes InvalidRequest naming the field, so the servicer can answer INVA
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
-from kumiki.common.grpcutil import InvalidRequest, require_job, timestamp
+from kumiki.common.grpcutil import InvalidRequest, require_finite, require_job, timestamp
 from kumiki.common.requests import TOPOLOGY_FROM_WIRE, TOPOLOGY_TO_WIRE, pod_request, pod_resources
 from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
@@ -55,19 +54,12 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
 
 def runtime_forecast(message: events_pb2.RuntimeForecast) -> RuntimeForecast:
     """A forecast off the bus; InvalidRequest naming the field when a quantile or spread is not a usable number."""
-    for field in ("p50_s", "p90_s"):
-        value = getattr(message, field)
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidRequest(field, f"must be a finite number > 0, got {value}")
+    p50_s = require_finite("p50_s", message.p50_s, positive=True)
     # a p90 below the p50 (two quantile regressions can cross) is kept: the policies read max(p50, p90)
-    log_sigma = message.log_sigma if message.HasField("log_sigma") else None
-    error_sigma = message.error_sigma if message.HasField("error_sigma") else None
-    for field, sigma in (("log_sigma", log_sigma), ("error_sigma", error_sigma)):
-        if sigma is not None and not (math.isfinite(sigma) and sigma >= 0):
-            raise InvalidRequest(field, f"must be a finite number >= 0, got {sigma}")
-    return RuntimeForecast(
-        message.p50_s, message.p90_s, message.model, message.model_version, log_sigma, error_sigma=error_sigma
-    )
+    p90_s = require_finite("p90_s", message.p90_s, positive=True)
+    log_sigma = require_finite("log_sigma", message.log_sigma) if message.HasField("log_sigma") else None
+    error_sigma = require_finite("error_sigma", message.error_sigma) if message.HasField("error_sigma") else None
+    return RuntimeForecast(p50_s, p90_s, message.model, message.model_version, log_sigma, error_sigma=error_sigma)
 
 
 def node_spec(state: events_pb2.NodeState) -> NodeSpec:

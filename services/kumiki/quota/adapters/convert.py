@@ -5,11 +5,10 @@ answers and publishes."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, quota_pb2
-from kumiki.common.grpcutil import InvalidRequest, require_job, timestamp
+from kumiki.common.grpcutil import InvalidRequest, require_finite, require_job, timestamp
 from kumiki.quota.adapters.store import UsageRow
 from kumiki.quota.core import Admission, AdmitRequest, LifecycleState, Outcome, QueueStatus
 
@@ -35,8 +34,7 @@ def admit_request(request: quota_pb2.AdmitRequest) -> AdmitRequest:
     require_job(request.job)
     if not request.queue:
         raise InvalidRequest("queue", "required")
-    if not math.isfinite(request.gpus) or request.gpus < 0:
-        raise InvalidRequest("gpus", f"must be a finite number >= 0, got {request.gpus}")
+    require_finite("gpus", request.gpus)
     return AdmitRequest(
         job_id=request.job.job_id,
         generation=request.job.generation,
