@@ -101,6 +101,7 @@ def test_window_and_seed_are_applied(tmp_path):
         (["--policy", "fifo", "--seeds", "0,x"], "--seeds must list whole numbers, got 'x'"),
         (["--policy", "fifo", "--start-s", "5", "--end-s", "1"], "--end-s"),
         (["--policy", "fifo", "--checkpoint-cost-s", "-1"], "--checkpoint-cost-s must be >= 0"),
+        (["--policy", "fifo", "--shift", "x100"], "--shift: unknown shift 'x100' (known: x10, new-vc)"),
     ],
 )
 def test_bad_options_name_the_option(tmp_path, capsys, args, message):
@@ -108,6 +109,25 @@ def test_bad_options_name_the_option(tmp_path, capsys, args, message):
         simulate(tmp_path, *args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_shifted_trace_is_simulated_and_reported(tmp_path):
+    jobs = load_jobs(TINY)
+    submits = [job.submit_s for job in jobs if job.submit_s is not None]
+    middle = (min(submits) + max(submits)) / 2
+    renamed = sum(1 for job in jobs if job.queue == "11cb48" and job.submit_s is not None and job.submit_s >= middle)
+    code, out = simulate(tmp_path, "--policy", "fifo,kumiki", "--shift", "new-vc", "--no-plots")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["shift"] == {"name": "new-vc", "queue": "11cb48", "from_s": middle, "jobs": renamed}
+    assert report["policies"]["fifo"]["per_queue"]["never-seen"]["jobs"] == renamed > 0
+    assert "Synthetic shift new-vc: queue '11cb48'" in (out / "report.md").read_text()
+    # x10: the busiest queue's late jobs run ten times longer, so first-come-first-served takes longer
+    plain = json.loads((simulate(tmp_path / "plain", "--policy", "fifo", "--no-plots")[1] / "report.json").read_text())
+    code, out = simulate(tmp_path / "x10", "--policy", "fifo", "--shift", "x10", "--no-plots")
+    longer = json.loads((out / "report.json").read_text())
+    assert longer["config"]["shift"]["queue"] == "6c71a0"
+    assert longer["policies"]["fifo"]["avg_jct_s"] > plain["policies"]["fifo"]["avg_jct_s"]
 
 
 def test_bad_queue_file_and_unknown_queue(tmp_path, capsys):

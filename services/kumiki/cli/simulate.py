@@ -15,6 +15,7 @@ from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel
 from kumiki.sched.placement import STRATEGIES
 from kumiki.sched.policies import POLICIES
+from kumiki.sim.shifts import SHIFTS
 
 DEFAULT_CHECKPOINT = CheckpointModel()
 
@@ -61,6 +62,13 @@ def register(subparsers: Any) -> None:
         "--day-windows",
         action="store_true",
         help="also simulate each day of the trace on its own (forecasters warmed on the days before)",
+    )
+    simulate.add_argument(
+        "--shift",
+        default=None,
+        help=f"apply a synthetic distribution shift to the trace first ({', '.join(SHIFTS)}; kumiki.sim.shifts):"
+        " x10 makes the busiest queue's run times 10x from the trace's middle on, new-vc renames the second"
+        " busiest queue's jobs from then on to a queue never seen",
     )
     simulate.set_defaults(handler=run_simulate)
 
@@ -179,6 +187,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         window_table,
         write_json,
     )
+    from kumiki.sim.shifts import ShiftError, shift_trace
     from kumiki.sim.trace import TraceError, load_jobs, window
     from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -203,11 +212,18 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint-interval-s must be > 0")
     checkpoint = CheckpointModel(interval, cost, restore)
     shares = load_queue_shares(args.queues) if args.queues else None
+    shift = None
     try:
-        trace = window(load_jobs(args.trace), start_s, end_s)
+        full_trace = load_jobs(args.trace)
+        if args.shift is not None:
+            shift = shift_trace(full_trace, args.shift)
+            full_trace = shift.jobs
+        trace = window(full_trace, start_s, end_s)
         jobs_by_seed = {each: sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=each) for each in seeds}
     except (TraceError, WorkloadError) as error:
         raise UsageError(f"--trace: {error}") from None
+    except ShiftError as error:
+        raise UsageError(f"--shift: {error}") from None
     jobs = jobs_by_seed[seed]
     if not jobs:
         raise UsageError("--trace: no jobs in the chosen window")
@@ -222,6 +238,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         default_forecaster()  # a missing forecasting extra is a usage error before any run starts
 
     console = message_console()
+    if shift is not None:
+        console.print(f"synthetic shift {shift.describe()}")
     results = []
     report: dict[str, Any] = {
         "policies": {},
@@ -237,6 +255,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             "start_s": start_s,
             "end_s": end_s,
             "queues": shares,
+            "shift": None
+            if shift is None
+            else {"name": shift.name, "queue": shift.queue, "from_s": shift.from_s, "jobs": len(shift.changed)},
             "checkpoint": {
                 "interval_s": checkpoint.interval_s,
                 "checkpoint_cost_s": checkpoint.checkpoint_cost_s,
@@ -274,7 +295,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     sections_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
-            load_jobs(args.trace), trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds
+            full_trace, trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds
         )
         report["windows_spread"] = _window_spread(report["windows"])
         sections_md = (
@@ -317,7 +338,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     (out / "report.md").write_text(
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
-        f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
+        + (f"Synthetic shift {shift.describe()}.\n\n" if shift is not None else "")
+        + f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
         encoding="utf-8",
     )
     if not args.no_plots:

@@ -1,0 +1,69 @@
+import pytest
+
+from kumiki.sim.shifts import NEW_QUEUE, RUN_TIME_FACTOR, SHIFTS, ShiftError, shift_trace
+from kumiki.sim.trace import TraceJob
+
+
+def job(index: int, queue: str, submit_s: float | None, duration_s: float | None = 100.0) -> TraceJob:
+    return TraceJob(f"j{index}", submit_s, 1.0, None, None, duration_s, "u", queue, "", "")
+
+
+# "a" is the busiest queue, "b" the second; submits span 0..1000, so the middle is 500
+TRACE = [
+    job(0, "a", 0.0),
+    job(1, "b", 100.0),
+    job(2, "a", 400.0),
+    job(3, "c", 450.0),
+    job(4, "a", 500.0),
+    job(5, "b", 700.0),
+    job(6, "a", 900.0, None),
+    job(7, "a", 1000.0),
+    job(8, "b", None),
+]
+
+
+def test_x10_lengthens_only_the_busiest_queues_jobs_from_the_middle_on():
+    shift = shift_trace(TRACE, "x10")
+    assert (shift.queue, shift.from_s) == ("a", 500.0)
+    assert shift.changed == {"j4", "j6", "j7"}
+    for new, old in zip(shift.jobs, TRACE, strict=True):
+        if new.job_id in {"j4", "j7"}:
+            assert new.duration_s == old.duration_s * RUN_TIME_FACTOR
+            assert new.queue == old.queue and new.submit_s == old.submit_s
+        elif new.job_id == "j6":
+            assert new.duration_s is None  # nothing to scale: a trace without durations stays one
+        else:
+            assert new == old
+    assert "queue 'a'" in shift.describe() and "x10" in shift.describe()
+
+
+def test_new_vc_renames_the_second_busiest_queue_from_the_middle_on():
+    shift = shift_trace(TRACE, "new-vc")
+    assert shift.queue == "b" and shift.changed == {"j5"}
+    renamed = {each.job_id: each for each in shift.jobs}
+    assert renamed["j5"].queue == NEW_QUEUE and renamed["j5"].duration_s == 100.0
+    assert renamed["j1"].queue == "b" and renamed["j8"].queue == "b"  # before the middle, or never submitted
+    assert [each.job_id for each in shift.jobs] == [each.job_id for each in TRACE]
+
+
+@pytest.mark.parametrize(
+    ("jobs", "name", "message"),
+    [
+        (TRACE, "x100", "unknown shift 'x100' (known: x10, new-vc)"),
+        ([job(0, "a", None)], "x10", "no submit times"),
+        ([job(0, "a", 0.0), job(1, "a", 10.0)], "new-vc", "needs at least 2 queue(s); the trace has 1"),
+        ([job(0, "a", 0.0), job(1, NEW_QUEUE, 10.0)], "new-vc", "which the trace already has"),
+    ],
+)
+def test_a_shift_that_cannot_apply_says_why(jobs, name, message):
+    with pytest.raises(ShiftError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        shift_trace(jobs, name)
+
+
+@pytest.mark.parametrize("name", SHIFTS)
+def test_every_named_shift_changes_jobs_and_keeps_the_rest(name):
+    shift = shift_trace(TRACE, name)
+    assert shift.changed
+    assert [each for each in shift.jobs if each.job_id not in shift.changed] == [
+        each for each in TRACE if each.job_id not in shift.changed
+    ]
