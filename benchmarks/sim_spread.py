@@ -1,10 +1,10 @@
 """Does `kumiki` hold its margins on workloads the slice does not show? Spread over cluster loads and VC mixes.
 
     PYTHONPATH=services .venv/bin/python benchmarks/sim_spread.py [--nodes 36,40,44,48,56,64,72]
-        [--seeds 0,1,2] [--drop-each-queue 48] [--workers 2] [--trace philly-slice]
+        [--seeds 0,1,2] [--drop-each-queue 48] [--shift-at 48,64] [--workers 2] [--trace philly-slice]
         [--out out/sim-spread]
 
-Issue 14 measured `kumiki` on Philly weeks this repository does not have. Two stand-ins for "another week" can
+Issue 14 measured `kumiki` on Philly weeks this repository does not have. Three stand-ins for "another week" can
 be cut from the slice without tuning anything to them:
 
 - **load**: the same jobs on fewer or more nodes (`--nodes`): at 36 x 8 the queue is hours deep, at 72 x 8 it
@@ -12,7 +12,10 @@ be cut from the slice without tuning anything to them:
   sizes it was measured at is caught here;
 - **mix**: the slice with one VC left out, for every VC in turn (`--drop-each-queue NODES`, a jackknife at that
   size): another week's VC mix, from the VCs this one has. Leaving out a VC the forecaster serves badly, or
-  one that carries a third of the GPU time, changes both who waits and what the forecaster learns.
+  one that carries a third of the GPU time, changes both who waits and what the forecaster learns;
+- **shift**: issue 14's synthetic distribution shifts (`kumiki.sim.shifts`, `kumiki simulate --shift`) at each
+  size of `--shift-at`: the busiest VC's run times 10x from the slice's middle on (`x10`, which also overloads
+  the cluster), and the second busiest VC renamed to one never seen (`new-vc`).
 
 Every cell runs `kumiki`, its two references (`kumiki-noforecast`, `kumiki-oracle`) and `tiresias` and
 `srtf-oracle` under each ordering seed (`kumiki simulate --seeds`: the order of jobs submitted in the same
@@ -44,6 +47,7 @@ from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.report import over_seeds, summarize, write_json
+from kumiki.sim.shifts import SHIFTS, shift_trace
 from kumiki.sim.trace import TraceJob, load_jobs
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -53,19 +57,23 @@ POLICY_NAMES = (KUMIKI, NOFORECAST, ORACLE, TIRESIAS, SRTF)
 SRTF_BOUND = 1.15  # issue 14: kumiki within 1.15x of srtf-oracle
 TARGET_SHARE = 0.5
 
-# a cell: (nodes, the queue left out or "" for none); a run: a cell, a policy and an ordering seed
-Cell = tuple[int, str]
+# a cell: (nodes, the queue left out or "" for none, the shift or "" for none); a run: a cell, a policy and a seed
+Cell = tuple[int, str, str]
 
 
 # ---- one run (in a worker process) ----------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def _trace(path: str) -> tuple[TraceJob, ...]:
-    return tuple(load_jobs(path))
+@functools.lru_cache(maxsize=4)
+def _trace(path: str, shift: str) -> tuple[TraceJob, ...]:
+    jobs = load_jobs(path)
+    return tuple(shift_trace(jobs, shift).jobs if shift else jobs)
 
 
-def run_one(trace: str, nodes: int, drop: str, policy: str, seed: int) -> dict[str, Any]:
+def run_one(trace: str, cell: Cell, policy: str, seed: int) -> dict[str, Any]:
     """One simulation; a fresh forecaster per run (it learns online, and one run must not learn from another)."""
-    jobs = sim_jobs([job for job in _trace(trace) if job.queue != drop], max_gpus=nodes * GPUS_PER_NODE, seed=seed)
+    nodes, drop, shift = cell
+    jobs = sim_jobs(
+        [job for job in _trace(trace, shift) if job.queue != drop], max_gpus=nodes * GPUS_PER_NODE, seed=seed
+    )
     started = time.perf_counter()
     result = Simulator(
         uniform_cluster(nodes, GPUS_PER_NODE),
@@ -169,7 +177,7 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parts = [(name, report[name]) for name in ("load", "mix") if report.get(name)]
+    parts = [(name, report[name]) for name in ("load", "mix", "shift") if report.get(name)]
     fig, axes = plt.subplots(1, len(parts), figsize=(6.5 * len(parts), 4.6), squeeze=False)
     for ax, (name, cells) in zip(axes[0], parts, strict=True):
         labels = list(cells)
@@ -184,8 +192,14 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
         ax.axhline(1.0, color="black", linewidth=0.9)
         ax.axhline(SRTF_BOUND, color="black", linestyle=":", linewidth=0.9, label=f"{SRTF_BOUND}x (srtf-oracle bound)")
         ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, rotation=30 if name == "mix" else 0, fontsize=8)
-        ax.set_xlabel("nodes x 8 GPUs" if name == "load" else f"VC left out ({report['config']['mix_nodes']} x 8)")
+        ax.set_xticklabels(labels, rotation=0 if name == "load" else 30, fontsize=8)
+        ax.set_xlabel(
+            {
+                "load": "nodes x 8 GPUs",
+                "mix": f"VC left out ({report['config']['mix_nodes']} x 8)",
+                "shift": "nodes x 8 GPUs, shift",
+            }[name]
+        )
         ax.set_ylabel("kumiki's avg JCT / the reference's (< 1: kumiki ahead)")
         ax.set_title(f"{name}: grey dots are single seeds", fontsize=9)
         ax.grid(True, alpha=0.3)
@@ -205,6 +219,11 @@ def main() -> int:
         default="48",
         help="at this many nodes, rerun with each VC left out in turn ('' or 0 for none; default 48)",
     )
+    parser.add_argument(
+        "--shift-at",
+        default="48,64",
+        help=f"cluster sizes (nodes) at which to run each synthetic shift ({', '.join(SHIFTS)}); '' for none",
+    )
     parser.add_argument("--workers", default=str(os.cpu_count() or 1), help="processes sharing the runs")
     parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
     parser.add_argument("--out", default="out/sim-spread", help="folder for report.json and spread.png")
@@ -214,11 +233,17 @@ def main() -> int:
     mix_nodes = whole_numbers_or_exit(args.drop_each_queue or "0", "--drop-each-queue", 0, parser)
     if len(mix_nodes) != 1:
         parser.error("--drop-each-queue takes one cluster size")
+    shift_sizes = whole_numbers_or_exit(args.shift_at, "--shift-at", 1, parser) if args.shift_at.strip() else []
     workers = whole_numbers_or_exit(args.workers, "--workers", 1, parser)[0]
-    if not sizes and not mix_nodes[0]:
-        parser.error("nothing to run: give --nodes or --drop-each-queue")
+    if not sizes and not mix_nodes[0] and not shift_sizes:
+        parser.error("nothing to run: give --nodes, --drop-each-queue or --shift-at")
     out, trace = out_and_trace_or_exit(args.out, args.trace, parser)
-    for nodes in {*sizes, mix_nodes[0]} - {0}:
+    for name in SHIFTS if shift_sizes else ():
+        try:
+            shift_trace(trace, name)
+        except ValueError as error:
+            parser.error(f"--shift-at / --trace: {error}")
+    for nodes in {*sizes, mix_nodes[0], *shift_sizes} - {0}:
         try:
             sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=seeds[0])
         except WorkloadError as error:
@@ -229,7 +254,11 @@ def main() -> int:
     except OSError as error:
         parser.error(f"--out: cannot create {out}: {error.strerror}")
 
-    cells: list[Cell] = [(nodes, "") for nodes in sizes] + [(mix_nodes[0], queue) for queue in queues]
+    cells: list[Cell] = (
+        [(nodes, "", "") for nodes in sizes]
+        + [(mix_nodes[0], queue, "") for queue in queues]
+        + [(nodes, "", shift) for nodes in shift_sizes for shift in SHIFTS]
+    )
     plan = [(cell, policy, seed) for cell in cells for seed in seeds for policy in POLICY_NAMES]
     results: dict[Cell, dict[str, dict[int, dict[str, Any]]]] = {cell: {} for cell in cells}
     started = time.perf_counter()
@@ -240,32 +269,39 @@ def main() -> int:
     ):
         overall = progress.add_task(f"simulations on {workers} worker(s)", total=len(plan))
         pending: dict[Future[dict[str, Any]], tuple[Cell, str, int]] = {
-            pool.submit(run_one, str(args.trace), cell[0], cell[1], policy, seed): (cell, policy, seed)
+            pool.submit(run_one, str(args.trace), cell, policy, seed): (cell, policy, seed)
             for cell, policy, seed in plan
         }
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                (nodes, drop), policy, seed = pending.pop(future)
-                results[(nodes, drop)].setdefault(policy, {})[seed] = future.result()
-                progress.update(overall, description=f"last: {nodes} nodes{f' without {drop}' if drop else ''}")
+                cell, policy, seed = pending.pop(future)
+                results[cell].setdefault(policy, {})[seed] = future.result()
+                nodes, drop, shift = cell
+                what = f" without {drop}" if drop else f" shift {shift}" if shift else ""
+                progress.update(overall, description=f"last: {nodes} nodes{what}")
                 progress.advance(overall)
 
-    load = {str(nodes): cell_summary(results[(nodes, "")]) for nodes in sizes}
-    mix = {queue: cell_summary(results[(mix_nodes[0], queue)]) for queue in queues}
+    load = {str(nodes): cell_summary(results[(nodes, "", "")]) for nodes in sizes}
+    mix = {queue: cell_summary(results[(mix_nodes[0], queue, "")]) for queue in queues}
+    shifted = {
+        f"{nodes} {shift}": cell_summary(results[(nodes, "", shift)]) for nodes in shift_sizes for shift in SHIFTS
+    }
     report: dict[str, Any] = {
         "config": {
             "trace": str(args.trace),
             "nodes": sizes,
             "seeds": seeds,
             "mix_nodes": mix_nodes[0] or None,
+            "shift_nodes": shift_sizes,
             "gpus_per_node": GPUS_PER_NODE,
             "policies": list(POLICY_NAMES),
             "recovered_share": "(noforecast - kumiki) / (noforecast - oracle), mean JCT over the seeds",
         },
         "load": load,
         "mix": mix,
-        "verdict": {name: verdict(part) for name, part in (("load", load), ("mix", mix)) if part},
+        "shift": shifted,
+        "verdict": {name: verdict(part) for name, part in (("load", load), ("mix", mix), ("shift", shifted)) if part},
         "wall_s": round(time.perf_counter() - started, 1),
     }
     write_json(out / "report.json", report)
@@ -274,6 +310,8 @@ def main() -> int:
         print(markdown(f"Load: the whole slice on N x {GPUS_PER_NODE} GPUs", "nodes", load))
     if mix:
         print(markdown(f"Mix: {mix_nodes[0]} x {GPUS_PER_NODE} GPUs, one VC left out", "VC left out", mix))
+    if shifted:
+        print(markdown(f"Shift: the slice shifted on N x {GPUS_PER_NODE} GPUs", "nodes, shift", shifted))
     for name, result in report["verdict"].items():
         print(verdict_line(name, result))
     print(f"wall {report['wall_s']:,.0f} s; wrote {out / 'report.json'} and {out / 'spread.png'}")
