@@ -19,7 +19,7 @@ from _support import trace_jobs
 from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
 from kumiki.forecast.evaluate import DAY_S, Prediction, replay, score, scores_by
 from kumiki.forecast.models import build_default_forecaster
-from kumiki.sim.shifts import NEW_QUEUE, SHIFTS, shift_trace
+from kumiki.sim.shifts import SHIFTS, shift_trace
 
 
 def day_label(prediction: Prediction) -> str:
@@ -48,9 +48,8 @@ def main() -> int:
                 for name in factories
             }
             control_better = min(control[name].median_abs_log_error for name in ("global-median", "last-two"))
-            target = NEW_QUEUE if label == "new-vc" else shift.queue
             print(
-                f"| {label} ({target}) | {day} | {own.jobs} | {own.median_abs_log_error:.3f} | "
+                f"| {label} ({shift.target}) | {day} | {own.jobs} | {own.median_abs_log_error:.3f} | "
                 f"{scores['global-median'].median_abs_log_error:.3f} | {scores['last-two'].median_abs_log_error:.3f} | "
                 f"{own.median_abs_log_error / better:.2f} | {100 * own.p90_coverage:.0f}% | "
                 f"{control['kumiki'].median_abs_log_error:.3f} | "

@@ -47,7 +47,7 @@ from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.report import over_seeds, summarize, write_json
-from kumiki.sim.shifts import SHIFTS, shift_trace
+from kumiki.sim.shifts import SHIFTS, ShiftError, shift_trace
 from kumiki.sim.trace import TraceJob, load_jobs
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -241,7 +241,7 @@ def main() -> int:
     for name in SHIFTS if shift_sizes else ():
         try:
             shift_trace(trace, name)
-        except ValueError as error:
+        except ShiftError as error:
             parser.error(f"--shift-at / --trace: {error}")
     for nodes in {*sizes, mix_nodes[0], *shift_sizes} - {0}:
         try:

@@ -15,7 +15,7 @@ from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel
 from kumiki.sched.placement import STRATEGIES
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.shifts import SHIFTS
+from kumiki.sim.shifts import SHIFTS, ShiftError, shift_trace
 
 DEFAULT_CHECKPOINT = CheckpointModel()
 
@@ -187,7 +187,6 @@ def run_simulate(args: argparse.Namespace) -> int:
         window_table,
         write_json,
     )
-    from kumiki.sim.shifts import ShiftError, shift_trace
     from kumiki.sim.trace import TraceError, load_jobs, window
     from kumiki.sim.workload import WorkloadError, sim_jobs
 

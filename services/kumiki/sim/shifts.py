@@ -39,8 +39,13 @@ class ShiftedTrace:
     jobs: list[TraceJob]
     changed: frozenset[str]
 
+    @property
+    def target(self) -> str:
+        """The shifted jobs' queue after the shift (the new VC's name, or the same queue)."""
+        return NEW_QUEUE if self.name == "new-vc" else self.queue
+
     def describe(self) -> str:
-        what = f"run times x{RUN_TIME_FACTOR:g}" if self.name == "x10" else f"renamed to {NEW_QUEUE!r}"
+        what = f"run times x{RUN_TIME_FACTOR:g}" if self.name == "x10" else f"renamed to {self.target!r}"
         return f"{self.name}: queue {self.queue!r} {what} from {self.from_s:g} s on ({len(self.changed)} jobs)"
 
 
@@ -64,8 +69,9 @@ def shift_trace(jobs: Sequence[TraceJob], name: str) -> ShiftedTrace:
         if job.queue != queue or job.submit_s is None or job.submit_s < middle:
             return job
         if name == "x10":
-            duration = None if job.duration_s is None else job.duration_s * RUN_TIME_FACTOR
-            return dataclasses.replace(job, duration_s=duration)
+            if job.duration_s is None:
+                return job  # nothing to scale, and not counted as changed
+            return dataclasses.replace(job, duration_s=job.duration_s * RUN_TIME_FACTOR)
         return dataclasses.replace(job, queue=NEW_QUEUE)
 
     out = [shifted(job) for job in jobs]
