@@ -5,11 +5,13 @@ when its expected wait saved outweighs their lost work."""
 
 from __future__ import annotations
 
+import math
+
 from kumiki.sched.cluster import ClusterState, uniform_cluster
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sched.jobs import CheckpointModel, JobView, consolidated_gang
 from kumiki.sched.policies import POLICIES
-from kumiki.sched.preemption import lost_work, may_yield, victim_order
+from kumiki.sched.preemption import lost_work, may_yield, rescue_order, victim_order
 from kumiki.sched.scheduler import Scheduler
 
 HOUR = 3600.0
@@ -204,3 +206,13 @@ def test_no_move_when_the_gangs_gpus_are_not_free_anywhere() -> None:
     scheduler = fragmented({"a": now - MINUTE}, runs_s=6 * HOUR, nodes=2)
     scheduler.submit(forecast_view("gang", 8), consolidated_gang("gang", 8, 4), now=now)
     assert scheduler.defragmentation("gang", now) is None
+
+
+def test_rescue_order_is_the_orders_value_then_lost_work() -> None:
+    # the job the order values least (largest rank, smallest 1 / rank) goes first, however much it would lose
+    assert rescue_order(5000.0, 0, False, 1e6, "long") < rescue_order(10.0, 0, False, 100.0, "short")
+    assert rescue_order(10.0, 0, False, 100.0, "x") < rescue_order(20.0, 0, False, 100.0, "y")
+    assert rescue_order(10.0, 0, False, 0.0, "zero")[0] == math.inf  # no rank: valued above every ranked job
+    # a node's victims cost the sum of their values: two jobs ranked 200 cost as much as one ranked 100
+    pair = rescue_order(0.0, 0, False, 200.0, "a")[0] + rescue_order(0.0, 0, False, 200.0, "b")[0]
+    assert math.isclose(pair, rescue_order(0.0, 0, False, 100.0, "c")[0])

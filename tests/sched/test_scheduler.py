@@ -191,6 +191,38 @@ def test_kumiki_starving_job_evicts_even_a_higher_ranked_one():
     assert [p.job_id for p in decisions.preemptions] == ["short"] and started(decisions) == ["long"]
 
 
+def test_kumiki_starving_job_takes_its_room_from_the_lowest_ranked_job_not_the_cheapest():
+    """Two 1-GPU jobs run on a 2-GPU node: "long" (forecast 1e7 s, 1,000 s of unsaved work when the waiter starves)
+    and "short" (forecast 100 s, started 700 s before: less to lose). The starving job evicts "long", the job the
+    order would run last; with the guard's earlier rule (the cheapest to stop) it evicted "short"."""
+    waiter_at = 1000.0
+    starving_at = waiter_at + POLICIES["kumiki"].starvation_s
+
+    def evicted(policy: QueuePolicy) -> list[str]:
+        scheduler = Scheduler(policy, ClusterState.empty(uniform_cluster(1, 2)), "best-fit")
+        scheduler.submit(forecast_view("long", 1, 0.0, 1e7, 2e7), consolidated_gang("long", 1, 2))
+        scheduler.submit(forecast_view("blocker", 1, 0.0, 100.0, 200.0), consolidated_gang("blocker", 1, 2))
+        assert sorted(started(scheduler.schedule(0.0))) == ["blocker", "long"]
+        waiter = forecast_view("waiter", 1, waiter_at, 5e6, 1e7)
+        scheduler.submit(waiter, consolidated_gang("waiter", 1, 2), now=waiter_at)
+        # on its own merit the waiter is within the rank margin of "long": no preemption
+        assert scheduler.schedule(2000.0, consider_preemption=True).preemptions == []
+        scheduler.finished("blocker")
+        short_at = starving_at - 700.0
+        scheduler.submit(
+            forecast_view("short", 1, short_at, 100.0, 200.0), consolidated_gang("short", 1, 2), now=short_at
+        )
+        assert started(scheduler.schedule(short_at)) == ["short"]  # it outranks the waiter
+        assert scheduler.schedule(starving_at - 1.0).preemptions == []
+        decisions = scheduler.schedule(starving_at)
+        assert started(decisions) == ["waiter"]
+        assert all(p.reason == "starvation" for p in decisions.preemptions)
+        return [p.job_id for p in decisions.preemptions]
+
+    assert evicted(POLICIES["kumiki"]) == ["long"]
+    assert evicted(dataclasses.replace(POLICIES["kumiki"], starvation_by_rank=False)) == ["short"]
+
+
 def test_reconsider_reranks_waiting_jobs_and_keeps_their_wait():
     """A forecast switched off (the forecast gate) re-ranks the queue at once; starvation still counts from
     when each job first queued."""

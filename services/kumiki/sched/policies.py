@@ -73,6 +73,9 @@ class QueuePolicy:
     # a job starving (waiting `starvation_s` since it was queued) evicts whatever is cheapest to stop on
     # one node, whatever its shape (without this: full-node gangs only, others get a reservation)
     starvation_preempts: bool = False
+    # a starving job smaller than a node evicts the jobs the order values least (`rescue_order`), not the
+    # cheapest to stop; a full-node one clears the node that loses least work either way
+    starvation_by_rank: bool = False
     # `gittins` order: weight and width of the wide log-normal mixed into each forecast
     tail_weight: float = GITTINS_TAIL_WEIGHT
     tail_sigma: float = GITTINS_TAIL_SIGMA
@@ -123,6 +126,10 @@ KUMIKI = QueuePolicy(
     # default is the average-JCT order and the tail protection is a choice.
     protect_full_nodes=False,
     starvation_preempts=True,
+    # Under overload (the x10 shift) the cheapest victims were the jobs just started, which the order ranks
+    # best, and then jobs the guard itself had started: starving jobs now take their room from the
+    # lowest-ranked ones (docs/design/0003-forecast-trust.md, eleventh step).
+    starvation_by_rank=True,
     gpu_exponent=1.0,
     # Measured-trust mixing towards the forecast-free order (`kumiki-trust`) cost 7-10% of average JCT at
     # 48 x 8 on the Philly slice in every form tried (docs/design/0003-forecast-trust.md), so it is off here.

@@ -85,6 +85,21 @@ def victim_order(
     return (lost_gpu_s, priority, 0 if over_quota else 1, -rank, job_id)
 
 
+def rescue_order(
+    lost_gpu_s: float, priority: int, over_quota: bool, rank: float, job_id: str
+) -> tuple[float, int, int, float, str]:
+    """Sort key of a candidate victim of a starving job smaller than a node: the job the queue order values
+    least first, then as `victim_order`. The value is the order's index, 1 / rank (the completions a GPU-second
+    given to the job is expected to buy); a node's victims cost the sum of theirs.
+
+    The cheapest job to stop is usually the one that has just started, which the order ranks best: under
+    overload, starving jobs rescued that way pushed short jobs out and then each other (the guard's own
+    evictions were more than half of all), where taking the room from the jobs the order would run last keeps
+    its gain (docs/design/0003-forecast-trust.md, eleventh step)."""
+    index = 1.0 / rank if rank > 0 else math.inf
+    return (index, priority, 0 if over_quota else 1, lost_gpu_s, job_id)
+
+
 # ---- defragmentation: moving small jobs off the nodes a blocked gang needs ------------------------------------
 
 

@@ -28,7 +28,15 @@ from kumiki.sched.policies import (
     running_rank,
     waiting_key,
 )
-from kumiki.sched.preemption import LostWork, MoveValue, lost_work, may_yield, move_value, victim_order
+from kumiki.sched.preemption import (
+    LostWork,
+    MoveValue,
+    lost_work,
+    may_yield,
+    move_value,
+    rescue_order,
+    victim_order,
+)
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
 BACKFILL_LOOKAHEAD = 32
@@ -528,6 +536,8 @@ class Scheduler:
         min_run_s = self.min_run_s
         acknowledged = self.acknowledged
         priority = entry.view.priority
+        # a starving job smaller than a node takes its room from the jobs the order values least
+        sort_key = rescue_order if force and policy.starvation_by_rank and need < self.state.max_gpus else victim_order
         best: tuple[float, int, list[tuple[str, float, float, str]]] | None = None
         specs = self.state.spec.nodes
         for node in range(len(specs)) if nodes is None else nodes:
@@ -563,7 +573,7 @@ class Scheduler:
                     worse = victim_rank > margin * rank + lost * weight
                 if worse:
                     lost_gpu_s = lost * running.gpus
-                    order = victim_order(lost_gpu_s, view.priority, self._over_quota(view), victim_rank, job_id)
+                    order = sort_key(lost_gpu_s, view.priority, self._over_quota(view), victim_rank, job_id)
                     since = unsaved.since_checkpoint_s
                     victims.append((order, job_id, running.gpus, since * running.gpus, since, reason))
             if free + sum(victim[2] for victim in victims) < need:
