@@ -34,7 +34,7 @@ NO_FORECAST_FLOOR_S = 600.0
 NO_FORECAST_P50_S = UNINFORMED_P50_S
 NO_FORECAST_P90_S = UNINFORMED_P90_S
 # A job waiting longer than this (since it was last queued) starves: it gets the reservation (large
-# gangs first) and, where the policy says so, evicts what is cheapest to stop.
+# gangs first) and, where the policy says so, evicts jobs on one node to start.
 STARVATION_S = 24 * 3600.0
 # `kumiki`: a full-node job may be preempted (so it checkpoints) only during its first 6 h of progress;
 # past that it holds its node, so the longest gangs pay at most 11 checkpoints (660 s).
@@ -70,8 +70,8 @@ class QueuePolicy:
     # protected full-node jobs checkpoint (and may be preempted) during their first this many seconds of
     # progress, then never again; 0: never checkpoint, and yield only within the first interval (losing it)
     protect_after_s: float = 0.0
-    # a job starving (waiting `starvation_s` since it was queued) evicts whatever is cheapest to stop on
-    # one node, whatever its shape (without this: full-node gangs only, others get a reservation)
+    # a job starving (waiting `starvation_s` since it was queued) evicts jobs on one node, whatever its
+    # shape (without this: full-node gangs only, others get a reservation); which ones: `starvation_by_rank`
     starvation_preempts: bool = False
     # a starving job smaller than a node evicts the jobs the order values least (`rescue_order`), not the
     # cheapest to stop; a full-node one clears the node that loses least work either way
@@ -104,7 +104,7 @@ class QueuePolicy:
 
 # Kumiki: Gittins-index order on the forecast distribution, per GPU-second; preemption past a margin the two
 # forecasts' errors set (`preempt_margin`), re-examined as running jobs age; every single-node job stays
-# preemptible (and checkpointing), as in Tiresias; a job waiting 24 h evicts what is cheapest to stop.
+# preemptible (and checkpointing), as in Tiresias; a job waiting 24 h evicts the jobs the order values least.
 # Measured choices: docs/simulator.md.
 KUMIKI = QueuePolicy(
     "kumiki",

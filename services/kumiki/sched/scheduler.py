@@ -288,7 +288,7 @@ class Scheduler:
                 and self.policy.preemptive
                 and (target.shape[0] >= self.state.max_gpus or self.policy.starvation_preempts)
             ):
-                # a starving full-node gang stops waiting: preempt what is cheapest to stop, rank aside
+                # a starving job stops waiting: preempt on one node, rank margins aside (`_preempt_for` says whom)
                 self._preempt_for(target, now, decisions, force=True)
                 if target.view.job_id not in self.waiting:
                     self.reservation = None
