@@ -53,6 +53,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fixed preemption margin 4x (before the ninth step)": {"spread_margin": False},
     "fixed preemption margin 2x": {"spread_margin": False, "preempt_ratio": 2.0},
     "starving jobs reserve instead of evicting": {"starvation_preempts": False},
+    # since issue 14's eleventh step a starving job evicts the jobs the order values least
+    "starving jobs evict the cheapest to stop (before the eleventh step)": {"starvation_by_rank": False},
     "no starvation guard (a job may wait forever)": {"starvation_s": 0.0},
     "no forecasts (kumiki-noforecast)": {"uses_forecast": False, "backfill_on_reserved": False},
     "no forecasts, no starvation guard": {"uses_forecast": False, "backfill_on_reserved": False, "starvation_s": 0.0},

@@ -536,7 +536,7 @@ class Scheduler:
         min_run_s = self.min_run_s
         acknowledged = self.acknowledged
         priority = entry.view.priority
-        # a starving job smaller than a node takes its room from the jobs the order values least
+        # a starving job smaller than the largest node takes its room from the jobs the order values least
         sort_key = rescue_order if force and policy.starvation_by_rank and need < self.state.max_gpus else victim_order
         best: tuple[float, int, list[tuple[str, float, float, str]]] | None = None
         specs = self.state.spec.nodes
