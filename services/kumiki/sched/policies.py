@@ -73,8 +73,8 @@ class QueuePolicy:
     # a job starving (waiting `starvation_s` since it was queued) evicts jobs on one node, whatever its
     # shape (without this: full-node gangs only, others get a reservation); which ones: `starvation_by_rank`
     starvation_preempts: bool = False
-    # a starving job smaller than a node evicts the jobs the order values least (`rescue_order`), not the
-    # cheapest to stop; a full-node one clears the node that loses least work either way
+    # a starving job smaller than the largest node evicts the jobs the order values least (`rescue_order`),
+    # not the cheapest to stop; a larger one clears the node that loses least work either way
     starvation_by_rank: bool = False
     # `gittins` order: weight and width of the wide log-normal mixed into each forecast
     tail_weight: float = GITTINS_TAIL_WEIGHT

@@ -88,9 +88,9 @@ def victim_order(
 def rescue_order(
     lost_gpu_s: float, priority: int, over_quota: bool, rank: float, job_id: str
 ) -> tuple[float, int, int, float, str]:
-    """Sort key of a candidate victim of a starving job smaller than a node: the job the queue order values
-    least first, then as `victim_order`. The value is the order's index, 1 / rank (the completions a GPU-second
-    given to the job is expected to buy); a node's victims cost the sum of theirs.
+    """Sort key of a candidate victim of a starving job smaller than the largest node: the job the queue order
+    values least first, then by tier, over-quota and lost work. The value is the order's index, 1 / rank
+    (the completions a GPU-second given to the job is expected to buy); a node's victims cost the sum of theirs.
 
     The cheapest job to stop is usually the one that has just started, which the order ranks best: under
     overload, starving jobs rescued that way pushed short jobs out and then each other (the guard's own
