@@ -1,11 +1,20 @@
-"""Trust in a key's forecasts is measured from their own errors against the forecast-free prior."""
+"""Trust in a key's forecasts: from their errors against the forecast-free prior, or from how well they order."""
 
 from __future__ import annotations
 
 import math
 import random
 
-from kumiki.forecast.models import ForecastTrust, TrustConfig
+import pytest
+
+from kumiki.forecast.models import (
+    ConcordanceTrust,
+    ForecastTrust,
+    SelectionConfig,
+    TrustConfig,
+    WeightedSelection,
+    build_trust,
+)
 from kumiki.sched.forecasting import JobFeatures
 
 
@@ -48,3 +57,57 @@ def test_trust_falls_when_a_key_shifts_and_recovers_when_its_forecasts_do() -> N
 
 def test_no_trust_before_any_run() -> None:
     assert ForecastTrust().trust(job("a", 0)) == 0.0
+
+
+def test_concordance_trusts_forecasts_that_order_right_however_far_off_they_are() -> None:
+    rng = random.Random(7)
+    by_error, by_order = ForecastTrust(TrustConfig()), ConcordanceTrust(TrustConfig())
+    # one key, forecast 20x long every time: useless as a point estimate, exact as an order
+    for index in range(300):
+        actual = math.log(1800.0) + rng.gauss(0.0, 2.0)
+        forecast = actual + math.log(20.0) + rng.gauss(0.0, 0.1)
+        by_error.update(job("long", index), actual, forecast)
+        by_order.update(job("long", index), actual, forecast)
+    assert value(by_error, "long") < 0.05
+    assert by_order.trust(job("long", 999)) > 0.99
+
+
+def test_concordance_distrusts_reversed_forecasts_per_key() -> None:
+    rng = random.Random(8)
+    trust = ConcordanceTrust(TrustConfig())
+    for index in range(300):
+        actual = rng.gauss(7.5, 2.0)
+        trust.update(job("right", index), actual, actual + rng.gauss(0.0, 0.3))
+        reversed_actual = rng.gauss(7.5, 2.0)
+        trust.update(job("reversed", index), reversed_actual, 15.0 - reversed_actual)
+    assert trust.trust(job("right", 999)) > 0.99
+    assert trust.trust(job("reversed", 999)) < 0.01
+
+
+def test_concordance_scores_only_pairs_the_forecast_tells_apart() -> None:
+    trust = ConcordanceTrust(TrustConfig())
+    assert trust.score(5.0, 5.0) is None  # nothing to compare with yet
+    trust.update(job("a", 0), math.log(100.0), math.log(600.0))
+    trust.update(job("a", 1), math.log(900.0), math.log(600.0))
+    # the same forecast as both references: a forecast-free order ties them too, so nothing is scored
+    assert trust.score(math.log(50.0), math.log(600.0)) is None
+    assert trust.score(math.log(50.0), math.log(60.0)) == 1.0  # shorter than both, and forecast so
+    assert trust.score(math.log(500.0), math.log(60.0)) == 0.0  # one pair right, one wrong
+    assert trust.trust(job("a", 2)) == 0.0  # no pair told apart yet: no record, no trust
+
+
+def test_trust_measure_is_checked_and_reaches_the_forecasts() -> None:
+    with pytest.raises(ValueError, match="trust measure"):
+        build_trust(TrustConfig(measure="r2"))
+    with pytest.raises(ValueError, match="window"):
+        ConcordanceTrust(TrustConfig(window=1))
+    forecaster = WeightedSelection(SelectionConfig(trust=TrustConfig(measure="concordance")))
+    assert isinstance(forecaster.trust, ConcordanceTrust)
+    rng = random.Random(9)
+    for index in range(200):
+        features = JobFeatures(f"j{index}", "q", "", float(1 + index % 4), "", float(index))
+        forecaster.predict(features)
+        # run times grow with the GPU count, which the per-key models learn: the forecasts order
+        forecaster.observe(features, 60.0 * (1 + index % 4) ** 3 * math.exp(rng.gauss(0.0, 0.2)), float(index))
+    forecast = forecaster.predict(JobFeatures("next", "q", "", 2.0, "", 300.0))
+    assert forecast.trust is not None and forecast.trust > 0.9

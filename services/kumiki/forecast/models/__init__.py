@@ -6,8 +6,8 @@
 - `censored`: a per-key median that counts the runs still going (Kaplan-Meier), an expert to choose.
 - `selection`: the default forecaster, which weighs the experts and both baselines online per key by
   their own recent error.
-- `trust`: how far each key's forecasts have earned a scheduler's trust (a decayed likelihood ratio
-  against the uninformed prior), carried on every forecast.
+- `trust`: how far each key's forecasts have earned a scheduler's trust (their error against the
+  uninformed prior's, or how often they order jobs right), carried on every forecast.
 """
 
 from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median
@@ -53,7 +53,14 @@ from kumiki.forecast.models.selection import (
     model_factories,
     weighted_median,
 )
-from kumiki.forecast.models.trust import ForecastTrust, TrustConfig
+from kumiki.forecast.models.trust import (
+    TRUST_MEASURES,
+    ConcordanceTrust,
+    ForecastTrust,
+    TrustConfig,
+    TrustMeasure,
+    build_trust,
+)
 
 __all__ = [
     "DEFAULT_EXPERTS",
@@ -67,9 +74,11 @@ __all__ = [
     "P90_LEVEL",
     "PRIOR_LOG_S",
     "PRIOR_P90_OFFSET",
+    "TRUST_MEASURES",
     "BurstSiblings",
     "CalibrationConfig",
     "CensoredHistory",
+    "ConcordanceTrust",
     "ConformalP90",
     "ForecastTrust",
     "HistoryConfig",
@@ -86,8 +95,10 @@ __all__ = [
     "SelectionConfig",
     "SpreadConfig",
     "TrustConfig",
+    "TrustMeasure",
     "WeightedSelection",
     "build_default_forecaster",
+    "build_trust",
     "expert_factories",
     "job_keys",
     "job_vector",

@@ -34,7 +34,7 @@ from kumiki.forecast.models.experts import (
     log_runtime,
     remember,
 )
-from kumiki.forecast.models.trust import ForecastTrust, TrustConfig
+from kumiki.forecast.models.trust import TrustConfig, TrustMeasure, build_trust
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started, tell_stopped
 
 ExpertFactory = Callable[[], RuntimeForecaster]
@@ -108,7 +108,7 @@ class WeightedSelection:
     experts: dict[str, RuntimeForecaster] = field(init=False)
     version: int = field(init=False, default=0)
     calibration: ConformalP90 = field(init=False)
-    trust: ForecastTrust = field(init=False)
+    trust: TrustMeasure = field(init=False)
     _records: dict[Key, _Record] = field(init=False, default_factory=dict)
     _issued: dict[str, _Issued] = field(init=False, default_factory=dict)
 
@@ -122,7 +122,7 @@ class WeightedSelection:
             raise ValueError("decay must be in (0, 1], eta >= 0 and clip > 0")
         self.experts = {name: available[name]() for name in chosen}
         self.calibration = ConformalP90(self.config.calibration)
-        self.trust = ForecastTrust(self.config.trust)
+        self.trust = build_trust(self.config.trust)
 
     def weights(self, job: JobFeatures) -> dict[str, float]:
         """Each expert's weight for this job (equal before any key level has a record)."""
