@@ -8,16 +8,19 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer
 
 from kumiki.data import TRACES_DIR
 from kumiki.devstack.broker import start_noida
 from kumiki.devstack.processes import free_port, terminate
+
+Result = TypeVar("Result")
 
 TRACES = TRACES_DIR  # the traces the package ships (kumiki.data)
 PHILLY = TRACES / "philly-slice.csv"
@@ -112,3 +115,33 @@ def raw_consumer(bootstrap: str, topic: str, **options: Any) -> AIOKafkaConsumer
         auto_offset_reset="earliest",
         **options,
     )
+
+
+def run_in_processes(
+    function: Callable[..., Result],
+    plan: Sequence[tuple[Any, ...]],
+    workers: int,
+    describe: Callable[[tuple[Any, ...]], str],
+) -> Iterator[tuple[tuple[Any, ...], Result]]:
+    """`function(*arguments)` for every entry of `plan` on `workers` processes, with a progress bar (on stderr)
+    that names the last one done; yields (arguments, result) as each finishes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with (
+        Progress(*columns, console=Console(stderr=True)) as progress,
+        ProcessPoolExecutor(max_workers=workers) as pool,
+    ):
+        overall = progress.add_task(f"simulations on {workers} worker(s)", total=len(plan))
+        pending: dict[Future[Result], tuple[Any, ...]] = {
+            pool.submit(function, *arguments): arguments for arguments in plan
+        }
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                arguments = pending.pop(future)
+                result = future.result()
+                progress.update(overall, description=f"last: {describe(arguments)}")
+                progress.advance(overall)
+                yield arguments, result

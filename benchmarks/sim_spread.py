@@ -34,13 +34,10 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from _support import PHILLY, out_and_trace_or_exit, whole_numbers_or_exit
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from _support import PHILLY, out_and_trace_or_exit, run_in_processes, whole_numbers_or_exit
 
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
@@ -262,25 +259,14 @@ def main() -> int:
     plan = [(cell, policy, seed) for cell in cells for seed in seeds for policy in POLICY_NAMES]
     results: dict[Cell, dict[str, dict[int, dict[str, Any]]]] = {cell: {} for cell in cells}
     started = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with (
-        Progress(*columns, console=Console(stderr=True)) as progress,
-        ProcessPoolExecutor(max_workers=workers) as pool,
-    ):
-        overall = progress.add_task(f"simulations on {workers} worker(s)", total=len(plan))
-        pending: dict[Future[dict[str, Any]], tuple[Cell, str, int]] = {
-            pool.submit(run_one, str(args.trace), cell, policy, seed): (cell, policy, seed)
-            for cell, policy, seed in plan
-        }
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                cell, policy, seed = pending.pop(future)
-                results[cell].setdefault(policy, {})[seed] = future.result()
-                nodes, drop, shift = cell
-                what = f" without {drop}" if drop else f" shift {shift}" if shift else ""
-                progress.update(overall, description=f"last: {nodes} nodes{what}")
-                progress.advance(overall)
+
+    def describe(arguments: tuple[Any, ...]) -> str:
+        _, (nodes, drop, shift), _, _ = arguments
+        return f"{nodes} nodes" + (f" without {drop}" if drop else f" shift {shift}" if shift else "")
+
+    runs = [(str(args.trace), cell, policy, seed) for cell, policy, seed in plan]
+    for (_, cell, policy, seed), result in run_in_processes(run_one, runs, workers, describe):
+        results[cell].setdefault(policy, {})[seed] = result
 
     load = {str(nodes): cell_summary(results[(nodes, "", "")]) for nodes in sizes}
     mix = {queue: cell_summary(results[(mix_nodes[0], queue, "")]) for queue in queues}
