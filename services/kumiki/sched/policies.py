@@ -131,8 +131,10 @@ KUMIKI = QueuePolicy(
     # lowest-ranked ones (docs/design/0003-forecast-trust.md, eleventh step).
     starvation_by_rank=True,
     gpu_exponent=1.0,
-    # Measured-trust mixing towards the forecast-free order (`kumiki-trust`) cost 7-10% of average JCT at
-    # 48 x 8 on the Philly slice in every form tried (docs/design/0003-forecast-trust.md), so it is off here.
+    # Measured-trust mixing towards the forecast-free order (`kumiki-trust`) cost average JCT on the Philly slice
+    # in every form tried: 9% when first measured, 0.3-0.9% now at 48 and 64 x 8, with trust measured by error
+    # or by how well the forecasts order (docs/design/0003-forecast-trust.md, first and twelfth steps), so it is
+    # off here.
     use_trust=False,
 )
 
