@@ -51,7 +51,8 @@ def test_evaluate_writes_the_report_and_predictions_contract(
         "last-two",
     }
     for scores in report["models"].values():
-        assert set(scores) == {"jobs", "median_abs_log_error", "mae_s", "p90_coverage"}
+        assert set(scores) == {"jobs", "median_abs_log_error", "mae_s", "p90_coverage", "rank_agreement"}
+        assert scores["rank_agreement"] is None or -1.0 <= scores["rank_agreement"] <= 1.0
         assert scores["jobs"] == window_jobs
         assert isinstance(scores["median_abs_log_error"], float) and scores["median_abs_log_error"] >= 0
         assert isinstance(scores["mae_s"], float) and scores["mae_s"] >= 0

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from kumiki.data import TRACES_DIR
-from kumiki.forecast.evaluate import Prediction, default_factories, replay, score
+from kumiki.forecast.evaluate import ModelScore, Prediction, default_factories, replay, score, verdicts
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sim.trace import TraceJob, load_jobs
 
@@ -108,6 +108,32 @@ def test_score_is_median_abs_log_error_mae_and_p90_coverage() -> None:
     assert result.mae_s == pytest.approx((0.0 + 100.0 + 900.0) / 3)
     assert result.p90_coverage == pytest.approx(2 / 3)
     assert math.isnan(score([]).median_abs_log_error)
+    # one p50 for all three: it orders nothing, however close it is
+    assert math.isnan(result.rank_agreement)
+    assert score([]).as_dict()["rank_agreement"] is None
+
+
+def test_rank_agreement_tells_forecasts_that_order_from_ones_that_are_merely_close() -> None:
+    actuals = [60.0, 600.0, 1_800.0, 3_600.0, 36_000.0]
+
+    def scored(p50s: list[float]) -> ModelScore:
+        return score(
+            [
+                Prediction(f"j{i}", "m", p50, p50 * 2, actual, "m", 0.0)
+                for i, (p50, actual) in enumerate(zip(p50s, actuals, strict=True))
+            ]
+        )
+
+    # near the centre of every run, in the wrong order: small error, reversed order
+    close = scored([2_000.0, 1_900.0, 1_800.0, 1_700.0, 1_600.0])
+    # 20x long every time, in the right order: large error, exact order
+    ordered = scored([actual * 20.0 for actual in actuals])
+    assert close.median_abs_log_error < ordered.median_abs_log_error
+    assert close.rank_agreement == pytest.approx(-1.0)
+    assert ordered.rank_agreement == pytest.approx(1.0)
+    verdict = verdicts({"day 1": {"kumiki": ordered, "global-median": close}})[0]
+    assert verdict.as_dict()["rank_agreement"] == pytest.approx(1.0)
+    assert verdict.as_dict()["better_baseline_rank_agreement"] == pytest.approx(-1.0)
 
 
 def test_bad_window_and_empty_model_set_are_rejected() -> None:

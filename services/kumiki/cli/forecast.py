@@ -1,7 +1,8 @@
 """`kumiki forecast evaluate | demand`: score run-time forecasters and forecast queue demand on a trace.
 
 `evaluate` is a contract others script against: DIR/report.json is
-`{"models": {NAME: {"jobs", "median_abs_log_error", "mae_s", "p90_coverage"}}}` and DIR/predictions.csv
+`{"models": {NAME: {"jobs", "median_abs_log_error", "mae_s", "p90_coverage", "rank_agreement"}}}`
+(`rank_agreement`: Kendall's tau-b of p50s against run times, null where undefined) and DIR/predictions.csv
 has `job_id,model,p50_s,p90_s` for every scored job and model.
 """
 
@@ -103,10 +104,6 @@ def _out_dir(path: str) -> Path:
     return folder
 
 
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -157,10 +154,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     out = _out_dir(args.out)
     evaluation = _run_evaluation(jobs, names, args)
     report = {
-        "models": {
-            name: {key: _finite_or_none(value) for key, value in result.as_dict().items()}
-            for name, result in evaluation.scores.items()
-        },
+        "models": {name: result.as_dict() for name, result in evaluation.scores.items()},
         "trace": str(args.trace),
         "start_s": args.start_s,
         "end_s": args.end_s,
@@ -184,12 +178,7 @@ def _windows_report(evaluation: Evaluation, names: Sequence[str]) -> dict[str, A
     by_queue = scores_by(evaluation.predictions, lambda p: p.queue or "(none)")
 
     def table(grouped: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        return {
-            label: {
-                model: {k: _finite_or_none(v) for k, v in score.as_dict().items()} for model, score in models.items()
-            }
-            for label, models in grouped.items()
-        }
+        return {label: {model: score.as_dict() for model, score in models.items()} for label, models in grouped.items()}
 
     comparisons: dict[str, Any] = {}
     for model in names:
@@ -239,8 +228,8 @@ def _evaluation_markdown(evaluation: Evaluation, args: argparse.Namespace) -> st
         f"Scored jobs submitted in {window} s; {evaluation.trained_only} earlier jobs only trained; "
         f"{evaluation.skipped} jobs without submit time or duration skipped.",
         "",
-        "| model | jobs | median abs log error | vs better baseline | MAE (s) | p90 coverage |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| model | jobs | median abs log error | vs better baseline | MAE (s) | p90 coverage | order (tau-b) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, result in evaluation.scores.items():
         versus = "n/a"
@@ -248,7 +237,7 @@ def _evaluation_markdown(evaluation: Evaluation, args: argparse.Namespace) -> st
             versus = f"{100.0 * (result.median_abs_log_error / best[1] - 1.0):+.1f}%"
         lines.append(
             f"| {name} | {result.jobs} | {result.median_abs_log_error:.3f} | {versus} | "
-            f"{result.mae_s:,.0f} | {100.0 * result.p90_coverage:.1f}% |"
+            f"{result.mae_s:,.0f} | {100.0 * result.p90_coverage:.1f}% | {_tau(result.rank_agreement)} |"
         )
     if best is not None:
         lines += ["", f"Better baseline here: {best[0]} ({best[1]:.3f})."]
@@ -269,20 +258,26 @@ def _evaluation_markdown(evaluation: Evaluation, args: argparse.Namespace) -> st
 
 def _verdict_table(window: str, rows: Sequence[WindowVerdict]) -> list[str]:
     lines = [
-        f"| {window} | jobs | kumiki | better baseline | its error | ratio | p90 coverage |",
-        "|---|---:|---:|---|---:|---:|---:|",
+        f"| {window} | jobs | kumiki | better baseline | its error | ratio | p90 coverage | kumiki order "
+        "(tau-b) | its order |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for verdict in rows:
         lines.append(
             f"| {verdict.label} | {verdict.jobs} | {verdict.model_error:.3f} | {verdict.better_baseline} | "
-            f"{verdict.baseline_error:.3f} | {verdict.ratio:.2f} | {100.0 * verdict.p90_coverage:.1f}% |"
+            f"{verdict.baseline_error:.3f} | {verdict.ratio:.2f} | {100.0 * verdict.p90_coverage:.1f}% | "
+            f"{_tau(verdict.rank_agreement)} | {_tau(verdict.baseline_rank_agreement)} |"
         )
     return lines
 
 
+def _tau(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else "-"
+
+
 def _print_scores(evaluation: Evaluation) -> None:
     table = Table(title="run-time forecasts")
-    for column in ("model", "jobs", "median |log err|", "MAE s", "p90 coverage"):
+    for column in ("model", "jobs", "median |log err|", "MAE s", "p90 coverage", "order (tau-b)"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for name, result in evaluation.scores.items():
         table.add_row(
@@ -291,6 +286,7 @@ def _print_scores(evaluation: Evaluation) -> None:
             f"{result.median_abs_log_error:.3f}",
             f"{result.mae_s:,.0f}",
             f"{100.0 * result.p90_coverage:.1f}%",
+            _tau(result.rank_agreement),
         )
     Console().print(table)
 

@@ -66,14 +66,33 @@ class ModelScore:
     median_abs_log_error: float
     mae_s: float
     p90_coverage: float
+    # Kendall's tau-b between the p50s and the run times: how well the forecasts *order* the jobs, which is
+    # what a scheduler's order uses and what a median error can flatter (nan: fewer than two jobs, or one side
+    # all tied)
+    rank_agreement: float = math.nan
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return {
             "jobs": self.jobs,
-            "median_abs_log_error": self.median_abs_log_error,
-            "mae_s": self.mae_s,
-            "p90_coverage": self.p90_coverage,
+            "median_abs_log_error": finite_or_none(self.median_abs_log_error),
+            "mae_s": finite_or_none(self.mae_s),
+            "p90_coverage": finite_or_none(self.p90_coverage),
+            "rank_agreement": finite_or_none(self.rank_agreement),
         }
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN or infinity: an undefined score is null."""
+    return value if math.isfinite(value) else None
+
+
+def rank_agreement(forecasts: Sequence[float], actuals: Sequence[float]) -> float:
+    """Kendall's tau-b of two paired samples (O(n log n)); nan when undefined."""
+    if len(forecasts) < 2 or len(set(forecasts)) < 2 or len(set(actuals)) < 2:
+        return math.nan
+    from scipy.stats import kendalltau  # deferred: scipy takes a second to import
+
+    return float(kendalltau(forecasts, actuals).statistic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +119,7 @@ def score(predictions: Sequence[Prediction]) -> ModelScore:
         median_abs_log_error=median(log_errors),
         mae_s=sum(abs(p.p50_s - p.actual_s) for p in predictions) / len(predictions),
         p90_coverage=sum(1 for p in predictions if p.actual_s <= p.p90_s) / len(predictions),
+        rank_agreement=rank_agreement([p.p50_s for p in predictions], [p.actual_s for p in predictions]),
     )
 
 
@@ -182,8 +202,10 @@ class WindowVerdict:
     baseline_error: float
     ratio: float  # model / better baseline median |log error|
     p90_coverage: float
+    rank_agreement: float = math.nan  # the model's Kendall tau-b in this window
+    baseline_rank_agreement: float = math.nan  # the better baseline's
 
-    def as_dict(self) -> dict[str, float | int | str]:
+    def as_dict(self) -> dict[str, float | int | str | None]:
         return {
             "label": self.label,
             "jobs": self.jobs,
@@ -192,6 +214,8 @@ class WindowVerdict:
             "better_baseline_error": self.baseline_error,
             "ratio_to_better_baseline": self.ratio,
             "p90_coverage": self.p90_coverage,
+            "rank_agreement": finite_or_none(self.rank_agreement),
+            "better_baseline_rank_agreement": finite_or_none(self.baseline_rank_agreement),
         }
 
 
@@ -210,7 +234,19 @@ def verdicts(
         best_name, best = min(present, key=lambda item: item[1])
         own = scores[model]
         ratio = own.median_abs_log_error / best if best > 0 else math.inf
-        out.append(WindowVerdict(label, own.jobs, own.median_abs_log_error, best_name, best, ratio, own.p90_coverage))
+        out.append(
+            WindowVerdict(
+                label,
+                own.jobs,
+                own.median_abs_log_error,
+                best_name,
+                best,
+                ratio,
+                own.p90_coverage,
+                own.rank_agreement,
+                scores[best_name].rank_agreement,
+            )
+        )
     return out
 
 
