@@ -25,6 +25,8 @@ the default `kumiki` policy, docs/design/0003-forecast-trust.md).
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -132,8 +134,8 @@ class ConcordanceTrust:
         if self.config.window < 2 or self.config.min_runs < 2 or self.config.spread_window < 1:
             raise ValueError("window and min_runs must be >= 2 and spread_window >= 1")
         self._scores: dict[Key, RollingWindow] = {}
-        self._reference: list[tuple[float, float]] = []  # (log p50 issued, log run time), a ring
-        self._next = 0
+        # (log p50 issued, log run time) of the cluster's most recent finished jobs
+        self._reference: deque[tuple[float, float]] = deque(maxlen=self.config.spread_window)
 
     def score(self, log_runtime_s: float, log_p50_s: float) -> float | None:
         """Somers' D of one finished job's forecast against the reference jobs (None: it tells none apart)."""
@@ -172,19 +174,13 @@ class ConcordanceTrust:
                 if window is None:
                     window = self._scores[key] = RollingWindow(self.config.window)
                 window.add(score)
-        pair = (log_p50_s, log_runtime_s)
-        if len(self._reference) < self.config.spread_window:
-            self._reference.append(pair)
-        else:
-            self._reference[self._next] = pair
-            self._next = (self._next + 1) % self.config.spread_window
+        self._reference.append((log_p50_s, log_runtime_s))
 
 
 def probability_above_zero(values: list[float]) -> float:
     """P(mean > 0) from a sample, by the normal approximation to its mean (a zero spread decides by sign)."""
-    count = len(values)
-    mean = sum(values) / count
-    variance = sum((value - mean) ** 2 for value in values) / (count - 1)
+    mean = statistics.fmean(values)
+    variance = statistics.variance(values, mean)
     if variance <= 0.0:
         return 1.0 if mean > 0.0 else 0.0 if mean < 0.0 else 0.5
-    return 0.5 * (1.0 + math.erf(mean / math.sqrt(variance / count) / math.sqrt(2.0)))
+    return statistics.NormalDist().cdf(mean / math.sqrt(variance / len(values)))
