@@ -64,6 +64,9 @@ class QueuePolicy:
     # preemption: when both jobs' forecasts carry a measured error (`error_sigma`), the rank margin is read off
     # the two (`preempt_margin`) instead of the fixed `preempt_ratio`, which stays the margin without them
     spread_margin: bool = False
+    # with `spread_margin`: a victim past its p90 by its own measured error is ranked by what it has run, as
+    # without a forecast, so its margin is at most `preempt_ratio` (False: the error's margin whatever it has run)
+    cap_margin_past_forecast: bool = True
     # never preempt jobs that fill a node or more (reservations protect them instead), so they need
     # no periodic checkpoints
     protect_full_nodes: bool = False
@@ -118,7 +121,9 @@ KUMIKI = QueuePolicy(
     # The margin a victim's rank must clear is the two forecasts' own measured error (`preempt_margin`): keys
     # forecast well preempt at close to SRPT's margin, keys forecast badly hardly by rank at all. Against the
     # fixed 4x it raised the recovered share over 18 load and VC-mix cells of the slice from 38% to 43% (loads)
-    # and 13% to 19% (mixes), seeds 0-2 (docs/design/0003-forecast-trust.md, ninth step).
+    # and 13% to 19% (mixes), seeds 0-2 (docs/design/0003-forecast-trust.md, ninth step). A victim past its
+    # forecast by its own error is held to at most the forecast-free 4x (`cap_margin_past_forecast`): without
+    # that, reversed forecasts cost 23% against no forecasts (thirteenth step).
     spread_margin=True,
     # Protecting full-node jobs after 6 h (`kumiki-protect`) shortens the longest full-node jobs' tail (p99 of
     # >= 8-GPU jobs at 48 x 8: 1.91 million s against 2.46 million s) but costs every other job: it was what
@@ -195,7 +200,7 @@ def estimate_remaining(policy: QueuePolicy, view: JobView, executed_s: float, *,
     return executed_s
 
 
-def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView) -> float:
+def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView, victim_executed_s: float) -> float:
     """How many times the waiting job's rank a victim's must exceed (before lost work) to be preempted for it.
 
     Both ranks are estimates whose log errors have the forecasts' spreads, so the log of their ratio errs by
@@ -204,13 +209,24 @@ def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView) -> fl
     hardly by rank, which is where an eviction's cost exceeds what the reordering gains (issue 14's VC mixes).
     Only a measured error counts (`error_sigma`, the key's record with its bias): a forecast's claimed spread
     (`log_sigma`, its p90) cannot make the policy evict more eagerly. Without a measured error on both
-    sides: the policy's fixed, forecast-free `preempt_ratio`."""
+    sides: the policy's fixed, forecast-free `preempt_ratio`.
+
+    A victim that has run past its p90 by its own measured error (`victim_executed_s` beyond p50 x
+    e^(Z90 x error_sigma)) is a miss its forecast did not expect: its rank has grown with what it has run, as
+    it would without a forecast, so its margin is at most the forecast-free `preempt_ratio`
+    (`cap_margin_past_forecast`). Without that cap a key forecast badly enough (long jobs forecast short)
+    could not be evicted by rank at all, however long it ran: reversed forecasts cost 23% instead of 2%
+    (docs/design/0003-forecast-trust.md, thirteenth step)."""
     if not (policy.spread_margin and policy.uses_forecast and waiting.forecast and victim.forecast):
         return policy.preempt_ratio
     waiting_sigma, victim_sigma = waiting.forecast.error_sigma, victim.forecast.error_sigma
     if waiting_sigma is None or victim_sigma is None:
         return policy.preempt_ratio
-    return math.exp(Z90 * math.hypot(waiting_sigma, victim_sigma))
+    margin = math.exp(Z90 * math.hypot(waiting_sigma, victim_sigma))
+    past_forecast = victim_executed_s > victim.forecast.p50_s * math.exp(Z90 * victim_sigma)
+    if policy.cap_margin_past_forecast and past_forecast:
+        return min(margin, policy.preempt_ratio)
+    return margin
 
 
 def waiting_key(policy: QueuePolicy, view: JobView) -> float:

@@ -569,7 +569,7 @@ class Scheduler:
                     worse = victim_rank // LEVEL_SPAN_S > rank // LEVEL_SPAN_S
                 else:
                     weight = running.gpus**policy.gpu_exponent if policy.gpu_exponent else 1.0
-                    margin = preempt_margin(policy, entry.view, view)
+                    margin = preempt_margin(policy, entry.view, view, executed)
                     worse = victim_rank > margin * rank + lost * weight
                 if worse:
                     lost_gpu_s = lost * running.gpus
