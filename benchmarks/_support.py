@@ -117,6 +117,36 @@ def raw_consumer(bootstrap: str, topic: str, **options: Any) -> AIOKafkaConsumer
     )
 
 
+def simulation_grid(
+    parser: argparse.ArgumentParser, *, default_out: str, default_nodes: str = "48,64"
+) -> tuple[argparse.Namespace, list[int], list[int], int, Path, list[Any]]:
+    """The options every seeds-by-sizes simulation benchmark takes (--nodes, --seeds, --workers, --trace, --out),
+    parsed and validated: each size must hold the trace's largest job, and --out is created. Returns (all the
+    arguments, sizes, seeds, workers, out, trace jobs), or exits with the parser's usage error naming the option."""
+    from kumiki.sim.workload import WorkloadError, sim_jobs
+
+    parser.add_argument("--nodes", default=default_nodes, help="cluster sizes (nodes of 8 GPUs), comma-separated")
+    parser.add_argument("--seeds", default="0,1,2", help="orderings of same-second submits, comma-separated")
+    parser.add_argument("--workers", default=str(os.cpu_count() or 1), help="processes sharing the runs")
+    parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
+    parser.add_argument("--out", default=default_out, help="folder for report.json and the plot")
+    args = parser.parse_args()
+    sizes = whole_numbers_or_exit(args.nodes, "--nodes", 1, parser)
+    seeds = whole_numbers_or_exit(args.seeds, "--seeds", 0, parser)
+    workers = whole_numbers_or_exit(args.workers, "--workers", 1, parser)[0]
+    out, trace = out_and_trace_or_exit(args.out, args.trace, parser)
+    for nodes in sizes:
+        try:
+            sim_jobs(trace, max_gpus=nodes * 8, seed=seeds[0])
+        except WorkloadError as error:
+            parser.error(f"--nodes {nodes} / --trace: {error}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out: cannot create {out}: {error.strerror}")
+    return args, sizes, seeds, workers, out, trace
+
+
 def run_in_processes(
     function: Callable[..., Result],
     plan: Sequence[tuple[Any, ...]],

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import sys
 import textwrap
 import time
 from typing import Any
 
-from _support import PHILLY, out_and_trace_or_exit, run_in_processes, whole_numbers_or_exit
+from _support import run_in_processes, simulation_grid
 
 from kumiki.forecast.models import (
     ConcordanceTrust,
@@ -47,7 +46,7 @@ from kumiki.sched.policies import POLICIES, QueuePolicy
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.report import write_json
 from kumiki.sim.trace import load_jobs
-from kumiki.sim.workload import WorkloadError, sim_jobs
+from kumiki.sim.workload import sim_jobs
 
 GPUS_PER_NODE = 8
 
@@ -182,25 +181,7 @@ def plot(report: dict[str, Any], path: Any) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", default="48,64", help="cluster sizes (nodes of 8 GPUs), comma-separated")
-    parser.add_argument("--seeds", default="0,1,2", help="orderings of same-second submits, comma-separated")
-    parser.add_argument("--workers", default=str(os.cpu_count() or 1), help="processes sharing the runs")
-    parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
-    parser.add_argument("--out", default="out/trust-measures", help="folder for report.json and trust-measures.png")
-    args = parser.parse_args()
-    sizes = whole_numbers_or_exit(args.nodes, "--nodes", 1, parser)
-    seeds = whole_numbers_or_exit(args.seeds, "--seeds", 0, parser)
-    workers = whole_numbers_or_exit(args.workers, "--workers", 1, parser)[0]
-    out, trace = out_and_trace_or_exit(args.out, args.trace, parser)
-    for nodes in sizes:
-        try:
-            sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=seeds[0])
-        except WorkloadError as error:
-            parser.error(f"--nodes {nodes} / --trace: {error}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"--out: cannot create {out}: {error.strerror}")
+    args, sizes, seeds, workers, out, _ = simulation_grid(parser, default_out="out/trust-measures")
 
     plan = [(nodes, row, seed) for nodes in sizes for seed in seeds for row in ROWS]
     results: dict[int, dict[str, dict[int, dict[str, Any]]]] = {nodes: {row: {} for row in ROWS} for nodes in sizes}
