@@ -140,11 +140,34 @@ def simulation_grid(
             sim_jobs(trace, max_gpus=nodes * 8, seed=seeds[0])
         except WorkloadError as error:
             parser.error(f"--nodes {nodes} / --trace: {error}")
+    create_out_or_exit(out, parser)
+    return args, sizes, seeds, workers, out, trace
+
+
+def create_out_or_exit(out: Path, parser: argparse.ArgumentParser) -> None:
+    """Create --out (and its parents), or exit with the parser's usage error saying why not."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         parser.error(f"--out: cannot create {out}: {error.strerror}")
-    return args, sizes, seeds, workers, out, trace
+
+
+def write_sizes_report(
+    out: Path,
+    report: dict[str, Any],
+    plot: Callable[[dict[str, Any], Path], None],
+    png: str,
+    markdown: Callable[[int, Any], str],
+) -> None:
+    """Write report.json and the plot `png` into `out`, then print one markdown table per cluster size of
+    `report["sizes"]` and the wall time."""
+    from kumiki.sim.report import write_json
+
+    write_json(out / "report.json", report)
+    plot(report, out / png)
+    for nodes, summary in report["sizes"].items():
+        print(markdown(int(nodes), summary) + "\n")
+    print(f"wall {report['wall_s']:,.0f} s; wrote {out / 'report.json'} and {out / png}")
 
 
 def run_in_processes(

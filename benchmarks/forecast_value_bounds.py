@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _support import PHILLY, out_and_trace_or_exit, whole_numbers_or_exit
+from _support import PHILLY, create_out_or_exit, out_and_trace_or_exit, whole_numbers_or_exit
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -389,10 +389,7 @@ def main() -> int:
                 workloads[(nodes, seed)] = sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=seed)
             except WorkloadError as error:
                 parser.error(f"--nodes {nodes} / --trace: {error}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"--out: cannot create {out}: {error.strerror}")
+    create_out_or_exit(out, parser)
 
     table = rows(args.quick)
     report: dict[str, Any] = {

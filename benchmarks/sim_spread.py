@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from _support import PHILLY, out_and_trace_or_exit, run_in_processes, whole_numbers_or_exit
+from _support import PHILLY, create_out_or_exit, out_and_trace_or_exit, run_in_processes, whole_numbers_or_exit
 
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
@@ -246,10 +246,7 @@ def main() -> int:
         except WorkloadError as error:
             parser.error(f"--nodes {nodes} / --trace: {error}")
     queues = sorted({job.queue for job in trace}) if mix_nodes[0] else []
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"--out: cannot create {out}: {error.strerror}")
+    create_out_or_exit(out, parser)
 
     cells: list[Cell] = (
         [(nodes, "", "") for nodes in sizes]

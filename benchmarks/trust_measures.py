@@ -30,7 +30,7 @@ import textwrap
 import time
 from typing import Any
 
-from _support import run_in_processes, simulation_grid
+from _support import run_in_processes, simulation_grid, write_sizes_report
 
 from kumiki.forecast.models import (
     ConcordanceTrust,
@@ -44,7 +44,6 @@ from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import JobFeatures
 from kumiki.sched.policies import POLICIES, QueuePolicy
 from kumiki.sim.engine import SimConfig, Simulator
-from kumiki.sim.report import write_json
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs
 
@@ -197,11 +196,7 @@ def main() -> int:
         "sizes": {str(nodes): size_summary(results[nodes]) for nodes in sizes},
         "wall_s": round(time.perf_counter() - started, 1),
     }
-    write_json(out / "report.json", report)
-    plot(report, out / "trust-measures.png")
-    for nodes, summary in report["sizes"].items():
-        print(markdown(int(nodes), summary) + "\n")
-    print(f"wall {report['wall_s']:,.0f} s; wrote {out / 'report.json'} and {out / 'trust-measures.png'}")
+    write_sizes_report(out, report, plot, "trust-measures.png", markdown)
     return 0
 
 
