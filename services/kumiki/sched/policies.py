@@ -123,7 +123,7 @@ KUMIKI = QueuePolicy(
     # fixed 4x it raised the recovered share over 18 load and VC-mix cells of the slice from 38% to 43% (loads)
     # and 13% to 19% (mixes), seeds 0-2 (docs/design/0003-forecast-trust.md, ninth step). A victim past its
     # forecast by its own error is held to at most the forecast-free 4x (`cap_margin_past_forecast`): without
-    # that, reversed forecasts cost 23% against no forecasts (thirteenth step).
+    # that, reversed forecasts cost 17% against no forecasts at 48 x 8 (thirteenth step).
     spread_margin=True,
     # Protecting full-node jobs after 6 h (`kumiki-protect`) shortens the longest full-node jobs' tail (p99 of
     # >= 8-GPU jobs at 48 x 8: 1.91 million s against 2.46 million s) but costs every other job: it was what
@@ -215,8 +215,8 @@ def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView, victi
     e^(Z90 x error_sigma)) is a miss its forecast did not expect: its rank has grown with what it has run, as
     it would without a forecast, so its margin is at most the forecast-free `preempt_ratio`
     (`cap_margin_past_forecast`). Without that cap a key forecast badly enough (long jobs forecast short)
-    could not be evicted by rank at all, however long it ran: reversed forecasts cost 23% instead of 2%
-    (docs/design/0003-forecast-trust.md, thirteenth step)."""
+    could not be evicted by rank at all, however long it ran: reversed forecasts put `kumiki` 17% behind no
+    forecasts at 48 x 8, and level with it under the cap (docs/design/0003-forecast-trust.md, thirteenth step)."""
     if not (policy.spread_margin and policy.uses_forecast and waiting.forecast and victim.forecast):
         return policy.preempt_ratio
     waiting_sigma, victim_sigma = waiting.forecast.error_sigma, victim.forecast.error_sigma
