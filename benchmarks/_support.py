@@ -170,6 +170,24 @@ def write_sizes_report(
     print(f"wall {report['wall_s']:,.0f} s; wrote {out / 'report.json'} and {out / png}")
 
 
+def same_key_windows(jobs: Sequence[Any], window_s: float) -> Iterator[tuple[list[Any], list[tuple[int, int]]]]:
+    """Per (queue, GPUs) key: its jobs in submit order (ties in the order given), and for each of them the slice
+    [low, high) of those jobs submitted within +-`window_s` of it, the job itself included."""
+    import bisect
+    from collections import defaultdict
+
+    by_key: dict[tuple[str, int], list[Any]] = defaultdict(list)
+    for job in jobs:
+        by_key[(job.queue, job.gpus)].append(job)
+    for members in by_key.values():
+        members.sort(key=lambda job: job.submit_s)
+        submits = [job.submit_s for job in members]
+        low = [bisect.bisect_left(submits, submit - window_s) for submit in submits]
+        high = [bisect.bisect_right(submits, submit + window_s) for submit in submits]
+        windows = list(zip(low, high, strict=True))
+        yield members, windows
+
+
 def run_in_processes(
     function: Callable[..., Result],
     plan: Sequence[tuple[Any, ...]],

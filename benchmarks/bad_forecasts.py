@@ -24,7 +24,6 @@ forecasts cost. Writes report.json and bad-forecasts.png into --out and prints o
 from __future__ import annotations
 
 import argparse
-import bisect
 import dataclasses
 import math
 import random
@@ -35,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from _support import run_in_processes, simulation_grid, write_sizes_report
+from _support import run_in_processes, same_key_windows, simulation_grid, write_sizes_report
 
 from kumiki.forecast.models import SelectionConfig, WeightedSelection, build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
@@ -84,16 +83,9 @@ def reversed_table(jobs: Sequence[SimJobSpec], rng: random.Random) -> dict[str, 
 
 
 def key_shuffled_table(jobs: Sequence[SimJobSpec], rng: random.Random) -> dict[str, float]:
-    by_key: dict[tuple[str, int], list[SimJobSpec]] = defaultdict(list)
-    for job in jobs:
-        by_key[(job.queue, job.gpus)].append(job)
     table: dict[str, float] = {}
-    for members in by_key.values():
-        members.sort(key=lambda job: (job.submit_s, job.job_id))
-        submits = [job.submit_s for job in members]
-        for job in members:
-            low = bisect.bisect_left(submits, job.submit_s - REGIME_WINDOW_S)
-            high = bisect.bisect_right(submits, job.submit_s + REGIME_WINDOW_S)
+    for members, windows in same_key_windows(jobs, REGIME_WINDOW_S):  # `jobs` come sorted by id: ties by id
+        for job, (low, high) in zip(members, windows, strict=True):
             table[job.job_id] = members[rng.randrange(low, high)].duration_s
     return table
 

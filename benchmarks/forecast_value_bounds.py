@@ -31,21 +31,19 @@ and recovered.png (x: median |log error|, y: recovered share) into --out; prints
 from __future__ import annotations
 
 import argparse
-import bisect
 import functools
 import math
 import random
 import statistics
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _support import PHILLY, create_out_or_exit, out_and_trace_or_exit, whole_numbers_or_exit
+from _support import PHILLY, create_out_or_exit, out_and_trace_or_exit, same_key_windows, whole_numbers_or_exit
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -102,19 +100,12 @@ class WindowOracle:
 
     def __init__(self, jobs: Sequence[SimJobSpec], window_s: float, model: str) -> None:
         self.model = model
-        by_key: dict[tuple[str, int], list[SimJobSpec]] = defaultdict(list)
-        for job in jobs:
-            by_key[(job.queue, job.gpus)].append(job)
         self.belief: dict[str, tuple[float, float]] = {}
         self.window_sizes: list[int] = []
-        for members in by_key.values():
-            members.sort(key=lambda job: job.submit_s)
-            submits = [job.submit_s for job in members]
+        for members, windows in same_key_windows(jobs, window_s):
             durations = np.array([job.duration_s for job in members])
             logs = np.log(np.maximum(durations, 1.0))
-            for job in members:
-                low = bisect.bisect_left(submits, job.submit_s - window_s)
-                high = bisect.bisect_right(submits, job.submit_s + window_s)
+            for job, (low, high) in zip(members, windows, strict=True):
                 sigma = float(np.std(logs[low:high]))
                 self.belief[job.job_id] = (float(np.median(durations[low:high])), max(sigma, MIN_LOG_SIGMA))
                 self.window_sizes.append(high - low)

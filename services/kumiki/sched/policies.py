@@ -223,8 +223,7 @@ def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView, victi
     if waiting_sigma is None or victim_sigma is None:
         return policy.preempt_ratio
     margin = math.exp(Z90 * math.hypot(waiting_sigma, victim_sigma))
-    past_forecast = victim_executed_s > victim.forecast.p50_s * math.exp(Z90 * victim_sigma)
-    if policy.cap_margin_past_forecast and past_forecast:
+    if policy.cap_margin_past_forecast and victim_executed_s > victim.forecast.p50_s * math.exp(Z90 * victim_sigma):
         return min(margin, policy.preempt_ratio)
     return margin
 
