@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from kumiki.forecast.models import DEFAULT_SELECTION, SelectionConfig, WeightedSelection
+from kumiki.forecast.models import DEFAULT_SELECTION, WeightedSelection
 from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median
 from kumiki.forecast.models.experts import HistoryMedianForecaster
 from kumiki.sched.cluster import uniform_cluster
@@ -98,15 +98,15 @@ def test_a_new_key_with_its_first_runs_going_long_is_at_least_that_long():
 
 
 def test_the_selection_passes_starts_and_stops_to_the_censored_expert():
-    assert "history-censored" not in WeightedSelection().experts  # a choice, not the default (docs/forecast.md)
-    selection = WeightedSelection(SelectionConfig(experts=(*DEFAULT_SELECTION, "history-censored")))
+    assert "history-censored" in DEFAULT_SELECTION  # weighed by default since the record counts running jobs
+    selection = WeightedSelection()
     censored = selection.experts["history-censored"]
     assert isinstance(censored, CensoredHistory)
     selection.predict(job("a", 0.0))
     tell_started(selection, "a", 10.0)
     tell_stopped(selection, "a", 70.0)
-    assert censored._runs["a"].banked_s == pytest.approx(60.0)
-    assert censored._runs["a"].since_s is None
+    assert censored._runs["a"].clock.banked_s == pytest.approx(60.0)
+    assert censored._runs["a"].clock.since_s is None
 
 
 class Listening:

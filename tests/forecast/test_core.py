@@ -78,3 +78,26 @@ def test_a_bound_open_job_is_passed_to_a_forecaster_that_listens_for_starts() ->
     deaf.submitted(features("a"))
     deaf.started("a", 12.0)
     assert deaf.finished("a", 50.0, 62.0, features("a")) is not None
+
+
+@dataclass
+class ListensForStops(ListensForStarts):
+    stops: list[tuple[str, float]] = field(default_factory=list)
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        self.stops.append((job_id, stop_s))
+
+
+def test_a_cancelled_or_unmeasurable_job_stops_its_clock_in_a_forecaster_that_counts_running_jobs() -> None:
+    listening = ListensForStops()
+    book = ForecastBook(listening)
+    for job in ("cancelled", "no-runtime"):
+        book.submitted(features(job))
+        book.started(job, 10.0)
+    book.released("cancelled", 500.0)
+    book.released("cancelled", 600.0)  # told twice (a redelivery): stopped once
+    book.released("never-submitted", 700.0)
+    assert book.finished("no-runtime", 0.0, 800.0, features("no-runtime")) is None
+    assert listening.stops == [("cancelled", 500.0), ("no-runtime", 800.0)]
+    assert "cancelled" not in book.open_jobs and "cancelled" not in book.given
+    assert listening.observed == []  # nothing learned from either

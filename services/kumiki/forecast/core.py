@@ -9,7 +9,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started, tell_stopped
 
 ACCURACY_WINDOW = 200  # endings per model in the rolling accuracy figures
 
@@ -71,6 +71,14 @@ class ForecastBook:
         if job_id in self.open_jobs:
             tell_started(self.forecaster, job_id, at_s)
 
+    def released(self, job_id: str, at_s: float) -> None:
+        """An open job was cancelled before it finished: nothing to learn, but a forecaster that counts running jobs
+        (the censored expert, the selection's record, the p90's coverage) must stop its clock, or it would count
+        the job as running, longer and longer, for ever."""
+        if self.open_jobs.pop(job_id, None) is not None:
+            self.given.pop(job_id, None)
+            tell_stopped(self.forecaster, job_id, at_s)
+
     def finished(self, job_id: str, runtime_s: float, finished_s: float, fallback: JobFeatures) -> FinishedJob | None:
         """Learn from a finished job (the submit-time features if we saw the submit); None for a bad runtime.
 
@@ -80,6 +88,7 @@ class ForecastBook:
         given = self.given.pop(job_id, None)
         self.last_accuracy = None
         if runtime_s <= 0:
+            tell_stopped(self.forecaster, job_id, finished_s)  # ended, with nothing to learn: its clock stops
             return None
         self.last_accuracy = self.accuracy.add(given or self.forecaster.predict(features), runtime_s)
         self.forecaster.observe(features, runtime_s, finished_s)

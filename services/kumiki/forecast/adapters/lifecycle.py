@@ -96,6 +96,8 @@ class LifecycleHandler:
             )
         elif message.state in (events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING):
             self.book.started(message.job.job_id, at.timestamp())
+        elif message.state == events_pb2.JOB_STATE_RELEASED:
+            self.book.released(message.job.job_id, at.timestamp())
         elif message.state in FINAL_STATES:
             # a job first seen at its end (bound at once, never queued): it started at least its run time ago
             started = at - timedelta(seconds=max(0.0, message.runtime_s))

@@ -3,14 +3,17 @@
 - `experts`: the individual models (per-key rolling medians, the burst + median-of-experts ensemble, the
   statsmodels quantile regression) and their building blocks (key hierarchy, rolling windows, the
   conformal p90 and spread).
-- `censored`: a per-key median that counts the runs still going (Kaplan-Meier), an expert to choose.
+- `censored`: a per-key median that counts the runs still going (Kaplan-Meier), one of the weighed models.
+- `cohort`: the record the selection weighs the models by: each key level's last started jobs, the running
+  ones counted by the error they already prove.
 - `selection`: the default forecaster, which weighs the experts and both baselines online per key by
   their own recent error.
 - `trust`: how far each key's forecasts have earned a scheduler's trust (their error against the
   uninformed prior's, or how often they order jobs right), carried on every forecast.
 """
 
-from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median
+from kumiki.forecast.models.censored import CensoredHistory, RunClock, kaplan_meier_median
+from kumiki.forecast.models.cohort import StartCohorts
 from kumiki.forecast.models.experts import (
     DEFAULT_EXPERTS,
     EXPERT_FEATURES,
@@ -92,8 +95,10 @@ __all__ = [
     "QuantRegForecaster",
     "QuantileRegression",
     "RollingWindow",
+    "RunClock",
     "SelectionConfig",
     "SpreadConfig",
+    "StartCohorts",
     "TrustConfig",
     "TrustMeasure",
     "WeightedSelection",

@@ -61,19 +61,39 @@ def kaplan_meier_median(samples: list[tuple[float, bool]]) -> float | None:
 
 
 @dataclass(slots=True)
-class _Run:
-    """A started job's run so far: seconds banked before its last stop, the running start, its end."""
+class RunClock:
+    """How long a started job has run: seconds banked before its last stop, plus the time since its running start.
+
+    Preemptions the job survives stop the clock, so a job waiting to restart is not counted as running."""
 
     banked_s: float = 0.0
     since_s: float | None = None  # running since (None: stopped, or finished)
+
+    def start(self, start_s: float) -> None:
+        if self.since_s is None:
+            self.since_s = start_s
+
+    def stop(self, stop_s: float) -> None:
+        if self.since_s is not None:
+            self.banked_s += max(0.0, stop_s - self.since_s)
+            self.since_s = None
+
+    def ran_s(self, now_s: float) -> float:
+        return self.banked_s + (max(0.0, now_s - self.since_s) if self.since_s is not None else 0.0)
+
+
+@dataclass(slots=True)
+class _Run:
+    """A started job in the key lanes: its clock, its run time once it finished, the lanes still holding it."""
+
+    clock: RunClock = field(default_factory=RunClock)
     log_runtime_s: float | None = None  # set when it finished
     lanes: int = 0  # key lanes still holding it (forgotten at 0)
 
     def sample(self, now_s: float) -> tuple[float, bool]:
         if self.log_runtime_s is not None:
             return self.log_runtime_s, True
-        running = self.banked_s + (max(0.0, now_s - self.since_s) if self.since_s is not None else 0.0)
-        return log_runtime(running), False
+        return log_runtime(self.clock.ran_s(now_s)), False
 
 
 @dataclass(slots=True)
@@ -126,19 +146,18 @@ class CensoredHistory:
             if job is None:
                 return  # never forecast here (or forgotten): nothing to place it in
             run = self._enter(job)
-        if run.log_runtime_s is None and run.since_s is None:
-            run.since_s = start_s
+        if run.log_runtime_s is None:
+            run.clock.start(start_s)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
         run = self._runs.get(job_id)
-        if run is not None and run.since_s is not None:
-            run.banked_s += max(0.0, stop_s - run.since_s)
-            run.since_s = None
+        if run is not None:
+            run.clock.stop(stop_s)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         self._pending.pop(job.job_id, None)
         run = self._runs.get(job.job_id) or self._enter(job)  # a run it never saw start (history): exact only
-        run.since_s = None
+        run.clock.since_s = None
         run.log_runtime_s = log_runtime(runtime_s)
         self.version += 1
 

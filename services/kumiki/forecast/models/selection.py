@@ -3,11 +3,14 @@
 Which model predicts best changes from key to key and from week to week (on the Philly slice the
 cluster-wide median wins one day, "last two of the same key" another, the long per-key median a third;
 docs/forecast.md). No fixed choice survives that, so the forecaster runs them all and weighs them as
-it goes: per key level (the most specific one with enough finished runs: (queue, user, GPUs, name),
-(queue, GPUs), queue, cluster), the decayed mean |log error| of each model on that key's finished
-jobs; weights exp(-eta x (error - best error)); the forecast is the weighted median of the models'
-log p50s (the loss scored is |log error|, whose minimiser is a median). Errors are counted only when
-a job has finished, against what each model said at its submit, so nothing is learned early.
+it goes: per key level (the most specific one with enough scored runs: (queue, user, GPUs, name),
+(queue, GPUs), queue, cluster), each model's mean |log error| on the key level's last ~100 started jobs
+(`StartCohorts`), against what the model said at the job's submit; weights exp(-eta x (error - best
+error)); the forecast is the weighted median of the models' log p50s (the loss scored is |log error|,
+whose minimiser is a median). A finished job counts its error; a job still running counts the error it
+already proves (what it has run so far against each forecast below it), so the models that say "short"
+are not rewarded while the long runs have not finished yet. `SelectionConfig(score_running=False)` keeps
+the earlier record: a decayed mean over finished jobs only.
 
 The p90 and the spread (`log_sigma`) are calibrated online on the combined forecast's own residuals
 (`ConformalP90`), so they widen where the combination is wrong; `trust` (`ForecastTrust`) says whether
@@ -21,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kumiki.forecast.models.censored import CensoredHistory
+from kumiki.forecast.models.cohort import StartCohorts
 from kumiki.forecast.models.experts import (
     GLOBAL_KEY,
     CalibrationConfig,
@@ -40,13 +44,16 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForeca
 ExpertFactory = Callable[[], RuntimeForecaster]
 
 
-# The models the default forecaster weighs: every one of `expert_factories()` except `history-censored`, which is
-# there to be chosen (`SelectionConfig.experts`) and was measured against this set (docs/forecast.md): its
-# Kaplan-Meier median moved the slice's simulations by no more than their seed-to-seed noise, either way.
+# The models the default forecaster weighs: all of `expert_factories()`. `history-censored` (the Kaplan-Meier
+# median that counts the runs still going) joined when the record started counting running jobs too
+# (`SelectionConfig.score_running`): scored on finished jobs only, it could never show what it is for, since
+# the jobs it is right about are the ones that have not finished (docs/design/0003-forecast-trust.md,
+# fourteenth step).
 DEFAULT_SELECTION = (
     "kumiki-ensemble",
     "history-median",
     "history-100",
+    "history-censored",
     "quantreg",
     "global-median",
     "last-two",
@@ -80,6 +87,9 @@ class SelectionConfig:
     spread: SpreadConfig = field(default_factory=SpreadConfig)
     trust: TrustConfig = field(default_factory=TrustConfig)
     experts: tuple[str, ...] = DEFAULT_SELECTION  # a subset of expert_factories() (empty: all of them)
+    # score the experts on each key level's last started jobs, counting the running ones by the error they
+    # already prove (`StartCohorts`, over ~1 / (1 - decay) jobs); False: a decayed record of finished jobs only
+    score_running: bool = True
 
 
 @dataclass(slots=True)
@@ -92,6 +102,7 @@ class _Record:
 
 @dataclass(frozen=True, slots=True)
 class _Issued:
+    keys: tuple[Key, ...]
     expert_log_p50: tuple[float, ...]
     log_p50: float
     log_p90: float
@@ -111,6 +122,8 @@ class WeightedSelection:
     trust: TrustMeasure = field(init=False)
     _records: dict[Key, _Record] = field(init=False, default_factory=dict)
     _issued: dict[str, _Issued] = field(init=False, default_factory=dict)
+    cohorts: StartCohorts | None = field(init=False, default=None)  # the record, when it counts running jobs
+    _now_s: float = field(init=False, default=-math.inf)  # the latest time the forecaster has heard of
 
     def __post_init__(self) -> None:
         available = dict(self.factories if self.factories is not None else expert_factories())
@@ -123,22 +136,43 @@ class WeightedSelection:
         self.experts = {name: available[name]() for name in chosen}
         self.calibration = ConformalP90(self.config.calibration)
         self.trust = build_trust(self.config.trust)
+        if self.config.score_running:  # the decayed record's span: ~1 / (1 - decay) runs
+            window = max(1, round(1.0 / (1.0 - self.config.decay))) if self.config.decay < 1.0 else 1_000_000
+            self.cohorts = StartCohorts(len(self.experts), window, self.config.clip)
 
     def weights(self, job: JobFeatures) -> dict[str, float]:
         """Each expert's weight for this job (equal before any key level has a record)."""
         names = list(self.experts)
         for key in job_keys(job):
-            record = self._records.get(key)
+            if self.cohorts is not None:
+                errors, counted = self.cohorts.score(key, self._now_s)
+                runs = float(counted)
+            else:
+                record = self._records.get(key)
+                if record is None:
+                    continue
+                errors, runs = record.errors, record.runs
             needed = 1e-9 if key == GLOBAL_KEY else self.config.min_runs
-            if record is not None and record.runs >= needed:
-                means = [total / record.runs for total in record.errors]
+            if runs >= needed:
+                means = [total / runs for total in errors]
                 best = min(means)
                 raw = [math.exp(-self.config.eta * (mean - best)) for mean in means]
                 total = sum(raw)
                 return {name: value / total for name, value in zip(names, raw, strict=True)}
         return {name: 1.0 / len(names) for name in names}
 
+    def _record(self, job: JobFeatures, log_p50s: tuple[float, ...], actual: float) -> None:
+        errors = [min(abs(value - actual), self.config.clip) for value in log_p50s]
+        decay = self.config.decay
+        for key in job_keys(job):
+            record = self._records.get(key)
+            if record is None:
+                record = self._records[key] = _Record([0.0] * len(errors))
+            record.errors = [total * decay + error for total, error in zip(record.errors, errors, strict=True)]
+            record.runs = record.runs * decay + 1.0
+
     def predict(self, job: JobFeatures) -> RuntimeForecast:
+        self._now_s = max(self._now_s, job.submit_s)
         self.calibration.advance(job.submit_s)
         values = tuple(math.log(max(expert.predict(job).p50_s, 1e-9)) for expert in self.experts.values())
         weights = self.weights(job)
@@ -146,7 +180,7 @@ class WeightedSelection:
         log_p90 = log_p50 + self.calibration.offset(job)
         spread = self.calibration.spread(job, self.config.spread)
         calibrated = self.calibration.is_calibrated(job)
-        remember(self._issued, job.job_id, _Issued(values, log_p50, log_p90, calibrated))
+        remember(self._issued, job.job_id, _Issued(job_keys(job), values, log_p50, log_p90, calibrated))
         leader = max(weights, key=lambda name: weights[name])
         return RuntimeForecast(
             math.exp(log_p50),
@@ -161,30 +195,34 @@ class WeightedSelection:
     def started(self, job_id: str, start_s: float) -> None:
         """The job began running: past its p90 from now, the calibration counts it a miss before it ends; the
         experts that listen (`history-censored`) count it as a run at least this long."""
+        self._now_s = max(self._now_s, start_s)
         issued = self._issued.get(job_id)
-        if issued is not None and issued.calibrated:
-            self.calibration.started(job_id, issued.log_p90, start_s)
+        if issued is not None:
+            if issued.calibrated:
+                self.calibration.started(job_id, issued.log_p90, start_s)
+            if self.cohorts is not None:
+                self.cohorts.started(job_id, issued.keys, issued.expert_log_p50, start_s)
         for expert in self.experts.values():
             tell_started(expert, job_id, start_s)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
-        """The job was stopped short of its end (preempted): the experts that listen stop its clock."""
+        """The job was stopped short of its end (preempted): its clock stops here and in the experts that listen."""
+        self._now_s = max(self._now_s, stop_s)
+        if self.cohorts is not None:
+            self.cohorts.stopped(job_id, stop_s)
         for expert in self.experts.values():
             tell_stopped(expert, job_id, stop_s)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        self._now_s = max(self._now_s, finished_s)
         self.calibration.advance(finished_s)
         actual = log_runtime(runtime_s)
         issued = self._issued.pop(job.job_id, None)
         if issued is not None:
-            errors = [min(abs(value - actual), self.config.clip) for value in issued.expert_log_p50]
-            decay = self.config.decay
-            for key in job_keys(job):
-                record = self._records.get(key)
-                if record is None:
-                    record = self._records[key] = _Record([0.0] * len(errors))
-                record.errors = [total * decay + error for total, error in zip(record.errors, errors, strict=True)]
-                record.runs = record.runs * decay + 1.0
+            if self.cohorts is not None:
+                self.cohorts.finished(job.job_id, issued.keys, issued.expert_log_p50, actual)
+            else:
+                self._record(job, issued.expert_log_p50, actual)
             covered = actual <= issued.log_p90 if issued.calibrated else None
             self.calibration.update(job, actual - issued.log_p50, covered)
             self.trust.update(job, actual, issued.log_p50)
