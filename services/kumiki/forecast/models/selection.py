@@ -194,7 +194,8 @@ class WeightedSelection:
 
     def started(self, job_id: str, start_s: float) -> None:
         """The job began running: past its p90 from now, the calibration counts it a miss before it ends; the
-        experts that listen (`history-censored`) count it as a run at least this long."""
+        record (`StartCohorts`) and the experts that listen (`history-censored`) count it as a run at least
+        this long."""
         self._now_s = max(self._now_s, start_s)
         issued = self._issued.get(job_id)
         if issued is not None:
