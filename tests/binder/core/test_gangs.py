@@ -62,3 +62,27 @@ def test_submit_order_is_priority_then_oldest_pod_then_job_id() -> None:
         "ns/pod/a-late",
         "ns/pod/empty",
     ]
+
+
+def test_bind_request_fields_carry_the_forecasting_features() -> None:
+    def pod(name: str, limit: str | None = None, deadline: int | None = None, image: str = "") -> core.Pod:
+        obj = pod_object("ns", name, gpus=1, group="g")
+        container = obj["spec"]["containers"][0]
+        container["command"], container["args"] = ["python", f"{name}.py"], ["--fast"]
+        if image:
+            container["image"] = image
+        if limit is not None:
+            obj["metadata"]["annotations"][core.TIME_LIMIT_ANNOTATION] = limit
+        if deadline is not None:
+            obj["spec"]["activeDeadlineSeconds"] = deadline
+        return core.parse_pod(obj)
+
+    gang = core.Gang(job_id="ns/g", namespace="ns", group="g")
+    limited = [pod("a", image="registry.example/a:1"), pod("b", limit="2h"), pod("c", limit="1h", deadline=5400)]
+    fields = core.bind_request_fields(gang, limited)
+    assert fields["image"] == "registry.example/a:1" and fields["command"] == "python a.py --fast"  # the first pod's
+    assert fields["time_limit_s"] == 3600.0  # the smallest across the pods that ask for one
+    assert core.bind_request_fields(gang, [pod("d", deadline=600), pod("e", limit="1d")])["time_limit_s"] == 600.0
+    unlimited = core.bind_request_fields(gang, [pod("f"), pod("g")])
+    assert "time_limit_s" not in unlimited  # proto3 optional: unset, not 0
+    assert unlimited["image"] == "registry.example/train:1" and unlimited["command"] == "python f.py --fast"

@@ -73,3 +73,102 @@ def test_topology_annotations_become_the_scheduling_cores_levels() -> None:
         core.Topology("nvlink_island", required=True)
     )
     assert topology({core.TOPOLOGY_ANNOTATION: "rack"}) == core.Topology("rack", required=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("3600", 3600.0),
+        ("5400.5", 5400.5),
+        (" 45 ", 45.0),
+        ("90s", 90.0),
+        ("90m", 5400.0),
+        ("2h", 7200.0),
+        ("1h30m", 5400.0),
+        ("1d", 86400.0),
+        ("1.5h", 5400.0),
+        ("0h30m", 1800.0),
+    ],
+)
+def test_durations_in_seconds_or_number_and_unit_parts(text: str, seconds: float) -> None:
+    assert core.parse_duration_s(text, "where") == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("0", "must be a positive, finite time, got '0'"),
+        ("0s", "must be a positive, finite time, got '0s'"),
+        ("-5", "must be a positive, finite time, got '-5'"),
+        ("1" + "0" * 400, "must be a positive, finite time"),  # inf as a float
+        ("abc", "expected seconds or a duration such as 90m, 1h30m, 1d, got 'abc'"),
+        ("5x", "expected seconds or a duration such as 90m, 1h30m, 1d, got '5x'"),
+        ("", "got ''"),
+        ("h", "got 'h'"),
+        ("1h 30m", "got '1h 30m'"),
+        ("inf", "got 'inf'"),
+        ("nan", "got 'nan'"),
+        ("1e3", "got '1e3'"),
+        ("-5m", "got '-5m'"),
+        ("\u0663", "got"),  # a non-ASCII digit float() would take
+    ],
+)
+def test_a_bad_duration_names_the_field_and_the_text(text: str, problem: str) -> None:
+    with pytest.raises(core.PodSpecError) as raised:
+        core.parse_duration_s(text, "where")
+    assert str(raised.value).startswith("where: ") and problem in str(raised.value)
+
+
+def time_limited(annotation: str | None = None, deadline: object = None) -> core.Pod:
+    obj = pod_object("ns", "t", gpus=1)
+    if annotation is not None:
+        obj["metadata"]["annotations"][core.TIME_LIMIT_ANNOTATION] = annotation
+    if deadline is not None:
+        obj["spec"]["activeDeadlineSeconds"] = deadline
+    return core.parse_pod(obj)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "deadline", "seconds"),
+    [
+        (None, None, None),
+        ("3600", None, 3600.0),
+        ("90m", None, 5400.0),
+        ("1h30m", None, 5400.0),
+        ("1d", None, 86400.0),
+        (None, 7200, 7200.0),
+        ("1h", 7200, 3600.0),  # both: the smaller
+        ("1d", 600, 600.0),
+    ],
+)
+def test_the_time_limit_from_the_annotation_or_the_active_deadline_the_smaller_wins(
+    annotation: str | None, deadline: int | None, seconds: float | None
+) -> None:
+    pod = time_limited(annotation, deadline)
+    assert pod.invalid == "" and pod.resources is not None
+    assert pod.time_limit_s == seconds
+
+
+@pytest.mark.parametrize(
+    ("annotation", "deadline", "problem"),
+    [
+        ("0", None, "kumiki.io/time-limit: must be a positive, finite time, got '0'"),
+        ("-60", None, "kumiki.io/time-limit: must be a positive, finite time, got '-60'"),
+        ("abc", None, "kumiki.io/time-limit: expected seconds or a duration such as 90m, 1h30m, 1d, got 'abc'"),
+        ("5x", None, "kumiki.io/time-limit: expected seconds or a duration such as 90m, 1h30m, 1d, got '5x'"),
+        ("5x", 600, "kumiki.io/time-limit: expected seconds"),  # a valid deadline does not hide a bad annotation
+        (None, 0, "spec.activeDeadlineSeconds: must be a whole number of seconds from 1 to 2**63 - 1, got 0"),
+        (None, -5, "spec.activeDeadlineSeconds: must be a whole number of seconds from 1 to 2**63 - 1, got -5"),
+        (None, 1.5, "spec.activeDeadlineSeconds: must be a whole number of seconds from 1 to 2**63 - 1, got 1.5"),
+        (None, "600", "spec.activeDeadlineSeconds: must be a whole number of seconds from 1 to 2**63 - 1, got '600'"),
+        (None, True, "spec.activeDeadlineSeconds: must be a whole number of seconds from 1 to 2**63 - 1, got True"),
+        (None, 2**63, "spec.activeDeadlineSeconds: must be a whole number of seconds"),
+        ("1h", 1.5, "spec.activeDeadlineSeconds: "),
+    ],
+)
+def test_a_bad_time_limit_makes_the_pod_invalid_naming_the_field(
+    annotation: str | None, deadline: object, problem: str
+) -> None:
+    pod = time_limited(annotation, deadline)
+    assert pod.resources is None and pod.time_limit_s is None
+    assert problem in pod.invalid

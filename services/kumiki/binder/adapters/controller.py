@@ -568,6 +568,10 @@ class Binder:
         request.priority_tier = fields["priority_tier"]
         request.preemptible = fields["preemptible"]
         request.name = fields["name"]
+        request.image = fields["image"]
+        request.command = fields["command"]
+        if "time_limit_s" in fields:  # proto3 optional: left unset when no pod asks for a limit
+            request.time_limit_s = fields["time_limit_s"]
         if generation != gang.generation or gang.released == generation:
             gang.bound = False
             gang.running_published = 0

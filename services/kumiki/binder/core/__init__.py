@@ -54,6 +54,7 @@ from kumiki.binder.core.names import (
     PREEMPTIBLE_LABEL,
     QUEUE_LABEL,
     SCHEDULER_NAME,
+    TIME_LIMIT_ANNOTATION,
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_LEVELS,
     TOPOLOGY_REQUIRED_ANNOTATION,
@@ -78,12 +79,15 @@ from kumiki.binder.core.nodes import (
     parse_node,
 )
 from kumiki.binder.core.pods import (
+    COMMAND_MAX_CHARS,
     INT32_MAX,
     Pod,
     PodKey,
     created_unix_s,
     job_id_for,
     parse_pod,
+    pod_command,
+    pod_image,
 )
 from kumiki.binder.core.quantities import (
     MIB,
@@ -92,8 +96,10 @@ from kumiki.binder.core.quantities import (
 )
 from kumiki.binder.core.requests import (
     Topology,
+    parse_duration_s,
     pod_requests,
     pod_resources,
+    time_limit_of,
     topology_of,
 )
 from kumiki.binder.core.writeback import (
@@ -105,6 +111,7 @@ from kumiki.binder.core.writeback import (
 
 __all__ = [
     "BLOCKING_EFFECTS",
+    "COMMAND_MAX_CHARS",
     "GENERATION_ANNOTATION",
     "GPU_FRACTION_ANNOTATION",
     "GPU_INDICES_ANNOTATION",
@@ -129,6 +136,7 @@ __all__ = [
     "QUEUE_LABEL",
     "REQUIRED_AFFINITY",
     "SCHEDULER_NAME",
+    "TIME_LIMIT_ANNOTATION",
     "TOPOLOGY_ANNOTATION",
     "TOPOLOGY_LEVELS",
     "TOPOLOGY_REQUIRED_ANNOTATION",
@@ -158,13 +166,17 @@ __all__ = [
     "node_choice",
     "node_rules",
     "node_taints",
+    "parse_duration_s",
     "parse_node",
     "parse_pod",
+    "pod_command",
+    "pod_image",
     "pod_requests",
     "pod_resources",
     "quantity",
     "reason_text",
     "same_requests",
+    "time_limit_of",
     "topology_of",
     "with_choice",
 ]

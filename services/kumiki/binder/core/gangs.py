@@ -62,9 +62,11 @@ class Gang:
 
 
 def bind_request_fields(gang: Gang, pods: Sequence[Pod]) -> dict[str, Any]:
-    """The fields of the BindRequest for `pods` (all of them valid), in request order."""
+    """The fields of the BindRequest for `pods` (all of them valid), in request order. The forecasting features
+    are the first pod's; the time limit is the tightest any pod asks for (the gang's run ends with its first
+    pod killed), and absent when none asks (`time_limit_s` is a proto3 optional: unset means no limit)."""
     first = pods[0]
-    return {
+    fields: dict[str, Any] = {
         "queue": first.queue,
         "pods": [pod.resources for pod in pods],
         "min_members": min(gang.min_member, len(pods)) if gang.group and gang.min_member else 0,
@@ -72,7 +74,13 @@ def bind_request_fields(gang: Gang, pods: Sequence[Pod]) -> dict[str, Any]:
         "priority_tier": max(pod.priority for pod in pods),
         "preemptible": all(pod.preemptible for pod in pods),
         "name": gang.group or first.key.name,
+        "image": first.image,
+        "command": first.command,
     }
+    limits = [pod.time_limit_s for pod in pods if pod.time_limit_s is not None]
+    if limits:
+        fields["time_limit_s"] = min(limits)
+    return fields
 
 
 def same_requests(logged: Sequence[PodRequest | None], pods: Sequence[PodRequest | None]) -> bool:

@@ -14,6 +14,9 @@ TOPOLOGY_ANNOTATION = "kumiki.io/topology"  # nvlink-island, node, rack
 TOPOLOGY_REQUIRED_ANNOTATION = "kumiki.io/topology-required"  # "true": never break the level
 GPU_MODEL_SELECTOR = "nvidia.com/gpu.product"  # nodeSelector (or the kumiki.io/gpu-model annotation)
 GPU_MODEL_ANNOTATION = "kumiki.io/gpu-model"
+# a requested run time ("3600", "90m", "1h30m"): a forecasting feature and a cap on the forecast, as
+# spec.activeDeadlineSeconds is (the smaller of the two counts)
+TIME_LIMIT_ANNOTATION = "kumiki.io/time-limit"
 # written on the pod through its Binding (the API server copies a Binding's annotations onto the pod in the
 # same write that sets spec.nodeName): what a device plugin or DRA driver on the node reads
 JOB_ANNOTATION = "kumiki.io/job"

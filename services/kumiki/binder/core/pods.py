@@ -1,4 +1,5 @@
-"""A pod as the binder keeps it: its key, gang, phase, validated request and node rules (`parse_pod`)."""
+"""A pod as the binder keeps it: its key, gang, phase, validated request, node rules and forecasting features
+(`parse_pod`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from kumiki.binder.core.names import (
 )
 from kumiki.binder.core.node_rules import NodeRules, node_rules
 from kumiki.binder.core.quantities import PodSpecError
-from kumiki.binder.core.requests import Topology, pod_resources, topology_of
+from kumiki.binder.core.requests import Topology, pod_resources, time_limit_of, topology_of
 from kumiki.sched.jobs import PodRequest
 
 INT32_MAX = 2**31 - 1
+COMMAND_MAX_CHARS = 1024  # a forecasting key, never run: a long argument list need not travel whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,10 @@ class Pod:
     generation_annotation: int
     created_unix_s: float = 0.0  # metadata.creationTimestamp (whole seconds; 0: absent or unreadable)
     rules: NodeRules = field(default_factory=lambda: NodeRules())  # nodeSelector, node affinity, tolerations
+    # forecasting features, passed to Placement in the BindRequest
+    image: str = ""  # spec.containers[0].image
+    command: str = ""  # spec.containers[0] command + args, space-joined, at most COMMAND_MAX_CHARS
+    time_limit_s: float | None = None  # spec.activeDeadlineSeconds / kumiki.io/time-limit, the smaller; None: neither
 
     @property
     def job_id(self) -> str:
@@ -79,6 +85,30 @@ def created_unix_s(metadata: Mapping[str, Any]) -> float:
     return stamp.timestamp() if stamp.tzinfo is not None else 0.0
 
 
+def _first_container(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    containers = spec.get("containers")
+    if isinstance(containers, list) and containers and isinstance(containers[0], Mapping):
+        return containers[0]
+    return {}
+
+
+def pod_image(spec: Mapping[str, Any]) -> str:
+    """The first container's image ("" when absent): the forecaster keys run times on what runs."""
+    return str(_first_container(spec).get("image") or "")
+
+
+def pod_command(spec: Mapping[str, Any]) -> str:
+    """The first container's command and args, space-joined and cut at COMMAND_MAX_CHARS: a forecasting key
+    (the same script with the same flags tends to run as long), not something anyone runs, so cutting is safe."""
+    container = _first_container(spec)
+    parts: list[str] = []
+    for key in ("command", "args"):
+        value = container.get(key)
+        if isinstance(value, list):
+            parts.extend(str(part) for part in value)
+    return " ".join(parts)[:COMMAND_MAX_CHARS]
+
+
 def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     """A pod as the API returns it. Never raises for a bad request: the pod is kept with `invalid` set, so
     the binder can tell the user on the pod itself. `known`: the same pod (same uid) as read before, whose
@@ -94,13 +124,16 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     resources: PodRequest | None = None
     topology = Topology()
     rules = NodeRules()
+    time_limit_s: float | None = None
     if known is not None and uid and known.uid == uid:
         resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules
+        time_limit_s = known.time_limit_s
     else:
         try:
             resources = pod_resources(metadata, spec)
             topology = topology_of(annotations)
             rules = node_rules(spec)
+            time_limit_s = time_limit_of(annotations, spec)
         except PodSpecError as error:
             invalid = str(error)
             resources = None
@@ -126,4 +159,7 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
         generation_annotation=generation,
         created_unix_s=created_unix_s(metadata),
         rules=rules,
+        image=pod_image(spec),
+        command=pod_command(spec),
+        time_limit_s=time_limit_s,
     )

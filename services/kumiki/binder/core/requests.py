@@ -1,9 +1,10 @@
 """What a pod asks for, read the way users write it: `nvidia.com/gpu`, one MIG resource, a GPU fraction and
-GPU memory by annotation, CPU and memory requests, a topology constraint."""
+GPU memory by annotation, CPU and memory requests, a topology constraint, a time limit."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from kumiki.binder.core.names import (
     GPU_MODEL_SELECTOR,
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
+    TIME_LIMIT_ANNOTATION,
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_LEVELS,
     TOPOLOGY_REQUIRED_ANNOTATION,
@@ -24,6 +26,12 @@ from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
 from kumiki.sched.jobs import MIB_PER_GB, PodRequest, RequestError
 
 MAX_AMOUNT = 2**53  # cpu_milli, memory_mib, gpu_memory_mib: Placement's bound (it holds them as doubles)
+INT64_MAX = 2**63 - 1  # spec.activeDeadlineSeconds is an int64
+DURATION_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_SECONDS = re.compile(rf"[+-]?{_NUMBER}", re.ASCII)  # signed, so "-5" is told "must be positive"
+_DURATION = re.compile(rf"(?:{_NUMBER}[smhd])+", re.ASCII)
+_DURATION_PART = re.compile(rf"({_NUMBER})([smhd])", re.ASCII)
 
 
 def _amount(value: float, where: str, unit: str) -> int:
@@ -137,3 +145,37 @@ def topology_of(annotations: Mapping[str, str]) -> Topology:
         raise PodSpecError(TOPOLOGY_ANNOTATION, f"expected one of {', '.join(TOPOLOGY_LEVELS)}, got {level_text!r}")
     required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION, "false").lower() == "true"
     return Topology(level=level, required=required)
+
+
+def parse_duration_s(text: str, field: str) -> float:
+    """Seconds from plain seconds ("3600", "5400.5") or number+unit parts ("90m", "1h30m", "1d"; units s, m, h,
+    d), as users write a run time. Positive and finite, else a PodSpecError naming `field` and the text: a
+    limit misread would cap the forecast wrongly, so it is refused rather than guessed."""
+    raw = text.strip()
+    if _SECONDS.fullmatch(raw):
+        seconds = float(raw)
+    elif _DURATION.fullmatch(raw):
+        seconds = sum(float(number) * DURATION_UNITS_S[unit] for number, unit in _DURATION_PART.findall(raw))
+    else:
+        raise PodSpecError(field, f"expected seconds or a duration such as 90m, 1h30m, 1d, got {text!r}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise PodSpecError(field, f"must be a positive, finite time, got {text!r}")
+    return seconds
+
+
+def time_limit_of(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> float | None:
+    """The run time the pod asks for, in seconds: spec.activeDeadlineSeconds or the kumiki.io/time-limit
+    annotation, the smaller when both are given (the kubelet ends the pod at the deadline whatever the
+    annotation says); None when neither is."""
+    limits: list[float] = []
+    deadline = spec.get("activeDeadlineSeconds")
+    if deadline is not None:
+        if isinstance(deadline, bool) or not isinstance(deadline, int) or not 0 < deadline <= INT64_MAX:
+            raise PodSpecError(
+                "spec.activeDeadlineSeconds", f"must be a whole number of seconds from 1 to 2**63 - 1, got {deadline!r}"
+            )
+        limits.append(float(deadline))
+    text = annotations.get(TIME_LIMIT_ANNOTATION)
+    if text is not None:
+        limits.append(parse_duration_s(str(text), TIME_LIMIT_ANNOTATION))
+    return min(limits, default=None)
