@@ -32,7 +32,17 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
             book = host.runtime.components["book"]
             await wait_until(lambda: len(book.nodes) == 1, what="the node")  # type: ignore[attr-defined]
             blocker = await stub.Bind(bind_request("blocker", [whole(8)], name="bert-pretrain"))
-            waits = await stub.Bind(bind_request("waits", [whole(8)], name="bert-pretrain"))
+            # the features a pod carries travel with the job: the forecast never exceeds the time it asked for
+            waits = await stub.Bind(
+                bind_request(
+                    "waits",
+                    [whole(8)],
+                    name="bert-pretrain",
+                    image="registry.example/nlp/bert:7",
+                    command="python pretrain.py --config base.yaml",
+                    time_limit_s=60.0,
+                )
+            )
             assert (blocker.outcome, waits.outcome) == (
                 placement_pb2.BindResponse.OUTCOME_BOUND,
                 placement_pb2.BindResponse.OUTCOME_PENDING,
@@ -41,6 +51,7 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
             forecast_of_waiting = events_pb2.RuntimeForecast.FromString(record.value)
             assert forecast_of_waiting.job.job_id == "waits", "only the job that waits was announced"
             assert 0 < forecast_of_waiting.p50_s <= forecast_of_waiting.p90_s and forecast_of_waiting.model
+            assert forecast_of_waiting.p90_s <= 60.0, "a cold forecast (half an hour) is capped at the time limit"
             for job in ("blocker", "waits"):
                 if job == "waits":  # the cycle starts it once the blocker's GPUs are free
 
@@ -59,8 +70,8 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
 
         async def learned() -> list[asyncpg.Record]:
             rows = await pool.fetch(
-                "SELECT job_id, final_state, runtime_s, p50_s, submitted_at, finished_at FROM forecast.job_history"
-                " ORDER BY job_id"
+                "SELECT job_id, final_state, runtime_s, p50_s, submitted_at, finished_at, image, command, time_limit_s"
+                " FROM forecast.job_history ORDER BY job_id"
             )
             return rows if [row["job_id"] for row in rows if row["runtime_s"]] == ["blocker", "waits"] else []
 
@@ -68,6 +79,9 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
         rows = {row["job_id"]: row for row in await learned()}
         assert {row["final_state"] for row in rows.values()} == {"completed"}
         assert rows["waits"]["p50_s"] == pytest.approx(forecast_of_waiting.p50_s), "its forecast was recorded"
+        waits_features = (rows["waits"]["image"], rows["waits"]["command"], rows["waits"]["time_limit_s"])
+        assert waits_features == ("registry.example/nlp/bert:7", "python pretrain.py --config base.yaml", 60.0)
+        assert (rows["blocker"]["image"], rows["blocker"]["time_limit_s"]) == ("", None), "none asked, none kept"
         blocker = rows["blocker"]  # never announced: its start is read off its end and run time
         assert (blocker["finished_at"] - blocker["submitted_at"]).total_seconds() == pytest.approx(
             blocker["runtime_s"], abs=2e-6

@@ -9,9 +9,16 @@ import pytest
 
 from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
 from kumiki.forecast.evaluate import replay, rolling_origin, verdicts
-from kumiki.forecast.models import SelectionConfig, WeightedSelection, build_default_forecaster, weighted_median
+from kumiki.forecast.models import (
+    SelectionConfig,
+    WeightedSelection,
+    build_default_forecaster,
+    job_keys,
+    weighted_median,
+)
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, tell_started, tell_stopped
 from kumiki.sim.trace import TraceJob
+from kumiki.sim.workload import featured_trace, without_pod_features
 
 from .synthetic import trace_job
 
@@ -154,3 +161,40 @@ def test_a_running_job_proves_nothing_until_it_outruns_a_forecast_and_its_end_re
     tell_started(reference, "sweep", 10_000.0)
     reference.observe(feature("sweep", 10_000.0), 6_000.0, 55_940.0)
     assert selection.weights(feature("probe-7", 56_000.0)) == reference.weights(feature("probe-7", 56_000.0))
+
+
+def test_the_jobs_own_script_is_the_most_specific_key_and_traces_without_it_keep_their_keys() -> None:
+    plain = JobFeatures("j", "vc1", "alice", 1.0, "bert", 0.0)
+    featured = JobFeatures("j", "vc1", "alice", 1.0, "bert", 0.0, "img:1", "python train.py", 7200.0)
+    assert job_keys(plain) == (("k", "vc1", "alice", "1", "bert"), ("qg", "vc1", "1"), ("q", "vc1"), ("all",))
+    assert job_keys(featured)[0] == ("s", "vc1", "alice", "1", "img:1", "python train.py", "7200")
+    assert job_keys(featured)[1:] == job_keys(plain)
+    renamed = JobFeatures("j", "vc1", "alice", 1.0, "bert-run-2", 0.0, "img:1", "python train.py", 7200.0)
+    assert job_keys(renamed)[0] == job_keys(featured)[0], "a fresh job name is the same script"
+    anonymous = JobFeatures("j", "vc1", "", 1.0, "", 0.0, "", "python eval.py")
+    assert [key[0] for key in job_keys(anonymous)] == ["s", "qg", "q", "all"]
+
+
+def test_no_forecast_exceeds_the_time_the_job_asked_for() -> None:
+    forecaster = build_default_forecaster()
+    for index in range(40):  # the key runs ten hours
+        job = JobFeatures(f"long-{index}", "vc1", "alice", 1.0, "", float(index))
+        forecaster.predict(job)
+        forecaster.observe(job, 36_000.0, float(index) + 36_000.0)
+    unlimited = forecaster.predict(JobFeatures("free", "vc1", "alice", 1.0, "", 50_000.0))
+    limited = forecaster.predict(JobFeatures("capped", "vc1", "alice", 1.0, "", 50_000.0, time_limit_s=3600.0))
+    assert unlimited.p50_s > 10_000.0
+    assert (limited.p50_s, limited.p90_s) == (pytest.approx(3600.0), pytest.approx(3600.0))
+    roomy = forecaster.predict(JobFeatures("roomy", "vc1", "alice", 1.0, "", 50_000.0, time_limit_s=1e7))
+    assert (roomy.p50_s, roomy.p90_s) == (pytest.approx(unlimited.p50_s), pytest.approx(unlimited.p90_s))
+
+
+def test_pod_features_let_the_forecaster_tell_scripts_apart() -> None:
+    """Within a team's queue and GPU count run times differ by orders of magnitude from script to script; with the
+    image, command and time limit the forecaster keys on the script, without them on (queue, GPUs) at best."""
+    jobs = featured_trace(2000, total_gpus=32, seed=3)
+    factories = {"kumiki": build_default_forecaster}
+    with_features = replay(jobs, factories).scores["kumiki"]
+    without = replay(without_pod_features(jobs), factories).scores["kumiki"]
+    assert with_features.median_abs_log_error < 0.5 * without.median_abs_log_error
+    assert 0.8 <= with_features.p90_coverage <= 0.97

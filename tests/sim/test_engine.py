@@ -7,11 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kumiki.sched.cluster import uniform_cluster
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sched.jobs import JobView, OracleJobView
 from kumiki.sched.policies import KUMIKI_PROTECT_AFTER_S, POLICIES
 from kumiki.sched.scheduler import Scheduler
 from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
 from kumiki.sim.report import summarize
+from kumiki.sim.workload import featured_trace, sim_jobs
 from tests.sim.forecasters import QueueMedianForecaster
 
 
@@ -158,3 +160,27 @@ def test_kumiki_preempted_full_node_job_keeps_its_last_checkpoint():
     assert simulator._last_checkpoint(8000.0, 9000.0) == 7200.0
     assert simulator._last_checkpoint(50_000.0, 9000.0) == 7200.0
     assert simulator._last_checkpoint(4000.0, math.inf) == 3600.0
+
+
+def test_pod_features_reach_the_forecaster():
+    """The simulator hands the forecaster what a trace's pods carry (how much they are worth to the schedule is
+    measured over seeds and loads by `benchmarks/pod_features.py`, not asserted here: it is not always positive)."""
+    trace = featured_trace(300, total_gpus=16, load=1.2, seed=0)
+    seen: list[JobFeatures] = []
+
+    class Recording(QueueMedianForecaster):
+        def predict(self, job: JobFeatures) -> RuntimeForecast:
+            seen.append(job)
+            return super().predict(job)
+
+    Simulator(
+        uniform_cluster(2, 8), sim_jobs(trace, max_gpus=16), SimConfig(POLICIES["kumiki"]), forecaster=Recording()
+    ).run()
+    by_id = {job.job_id: job for job in trace}
+    assert len(seen) == len(trace)
+    assert all(
+        (job.image, job.command, job.time_limit_s)
+        == (by_id[job.job_id].image, by_id[job.job_id].command, by_id[job.job_id].time_limit_s)
+        for job in seen
+    )
+    assert any(job.time_limit_s for job in seen) and all(job.command for job in seen)

@@ -37,6 +37,23 @@ def require_finite(field: str, value: float, *, positive: bool = False) -> float
     return value
 
 
+# An image name or a command line is a forecasting key, not a payload: longer ones are refused
+MAX_FEATURE_CHARS = 4096
+
+
+def job_feature_fields(message: Any) -> tuple[str, str, float | None]:
+    """The forecasting features a request or event carries (`image`, `command`, `time_limit_s`), validated:
+    InvalidRequest names the field that is too long or a time limit that is not a finite number > 0."""
+    for field in ("image", "command"):
+        text = getattr(message, field)
+        if len(text) > MAX_FEATURE_CHARS:
+            raise InvalidRequest(field, f"must be at most {MAX_FEATURE_CHARS} characters, got {len(text)}")
+    limit = message.time_limit_s if message.HasField("time_limit_s") else None
+    if limit is not None:
+        require_finite("time_limit_s", limit, positive=True)
+    return message.image, message.command, limit
+
+
 MAX_INT64 = 2**63 - 1  # the largest count Postgres (bigint) and Kafka keep: a uint64 past it is refused
 
 

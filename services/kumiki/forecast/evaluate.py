@@ -45,6 +45,9 @@ def job_features(job: TraceJob) -> JobFeatures:
         gpus=job.gpus,
         name=job.model,
         submit_s=job.submit_s,
+        image=job.image,
+        command=job.command,
+        time_limit_s=job.time_limit_s,
     )
 
 

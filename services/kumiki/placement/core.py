@@ -45,6 +45,10 @@ class BindCommand:
     preemptible: bool = False
     user: str = ""
     name: str = ""
+    # what the pods carry for the forecaster: the image, the first container's command line, the run time asked for
+    image: str = ""
+    command_line: str = ""
+    time_limit_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +100,17 @@ def _queued(command: BindCommand) -> PendingReason:
 def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast | None = None) -> JobView:
     """What the queue policy sees of a live job: its submit-time features and its forecast (no run time)."""
     gpus = command.request.gpu_demand
-    features = JobFeatures(command.job_id, command.queue, command.user, gpus, command.name, submitted_s)
+    features = JobFeatures(
+        command.job_id,
+        command.queue,
+        command.user,
+        gpus,
+        command.name,
+        submitted_s,
+        command.image,
+        command.command_line,
+        command.time_limit_s,
+    )
     return JobView(
         features,
         gpus=round(gpus),

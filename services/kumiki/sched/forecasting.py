@@ -27,7 +27,11 @@ WRONG_TAIL_SIGMA = 2.5
 
 @dataclass(frozen=True, slots=True)
 class JobFeatures:
-    """What is known about a job when it is submitted."""
+    """What is known about a job when it is submitted.
+
+    `image`, `command` and `time_limit_s` are what a pod carries and a trace usually does not (its container
+    image, its first container's command and arguments, the run time it asked for: `activeDeadlineSeconds` or
+    the `kumiki.io/time-limit` annotation); empty or None when unknown."""
 
     job_id: str
     queue: str
@@ -35,6 +39,9 @@ class JobFeatures:
     gpus: float
     name: str
     submit_s: float
+    image: str = ""
+    command: str = ""
+    time_limit_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

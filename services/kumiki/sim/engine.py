@@ -37,6 +37,9 @@ class SimJobSpec:
     queue: str = ""
     user: str = ""
     name: str = ""
+    image: str = ""
+    command: str = ""
+    time_limit_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -183,7 +186,17 @@ class Simulator:
         for job in jobs:
             if job.gpus > self.gpus_per_node * len(spec.nodes):
                 raise ValueError(f"job {job.job_id} needs {job.gpus} GPUs, more than the cluster has")
-            features = JobFeatures(job.job_id, job.queue, job.user, float(job.gpus), job.name, job.submit_s)
+            features = JobFeatures(
+                job.job_id,
+                job.queue,
+                job.user,
+                float(job.gpus),
+                job.name,
+                job.submit_s,
+                job.image,
+                job.command,
+                job.time_limit_s,
+            )
             request = consolidated_gang(job.job_id, job.gpus, self.gpus_per_node)
             self.jobs[job.job_id] = _SimJob(job, features, job.duration_s, request)
             self._push(job.submit_s, ARRIVAL, job.job_id, 0)

@@ -17,6 +17,8 @@ from pathlib import Path
 from kumiki.data import bundled_trace
 
 TRACE_COLUMNS = ("job_id", "submit_s", "gpus", "cpus", "mem_gb", "duration_s", "user", "queue", "status", "model")
+# What pods carry and the public traces do not: read when the header has them (the forecaster keys on them)
+OPTIONAL_TRACE_COLUMNS = ("image", "command", "time_limit_s")
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 
@@ -38,6 +40,9 @@ class TraceJob:
     queue: str
     status: str
     model: str
+    image: str = ""
+    command: str = ""
+    time_limit_s: float | None = None  # the run time the job asked for; None: none asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,9 @@ def parse_job(where: str, row: dict[str, str]) -> TraceJob:
         raise TraceError(f"{where}: column 'job_id' is empty but required")
     gpus = _number(row["gpus"], where=where, column="gpus", required=True)
     assert gpus is not None
+    time_limit_s = _number(row.get("time_limit_s", ""), where=where, column="time_limit_s", required=False)
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise TraceError(f"{where}: column 'time_limit_s' must be > 0 when given, got {row['time_limit_s']!r}")
     return TraceJob(
         job_id=job_id,
         submit_s=_number(row["submit_s"], where=where, column="submit_s", required=False),
@@ -120,6 +128,9 @@ def parse_job(where: str, row: dict[str, str]) -> TraceJob:
         queue=row["queue"].strip(),
         status=row["status"].strip(),
         model=row["model"].strip(),
+        image=row.get("image", "").strip(),
+        command=row.get("command", "").strip(),
+        time_limit_s=time_limit_s,
     )
 
 

@@ -4,9 +4,10 @@ import math
 
 import pytest
 
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest
-from kumiki.placement.adapters.convert import runtime_forecast
+from kumiki.placement.adapters.convert import bind_command, command_from_lifecycle, command_lifecycle, runtime_forecast
+from kumiki.placement.core import job_view
 
 
 def message(**fields: float) -> events_pb2.RuntimeForecast:
@@ -46,3 +47,39 @@ def test_a_forecast_that_could_not_order_a_queue_is_refused_naming_the_field(
         runtime_forecast(message(**fields))
     assert error.value.field == field
     assert str(error.value).startswith(f"{field}: must be")
+
+
+def featured_request(**fields: object) -> placement_pb2.BindRequest:
+    return placement_pb2.BindRequest(
+        job=common_pb2.JobRef(job_id="j", generation=1),
+        queue="team-a",
+        pods=[common_pb2.PodResources(gpus=1)],
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_pod_features_reach_the_queue_policy_and_survive_a_restart() -> None:
+    command = bind_command(featured_request(image="img:1", command="python train.py", time_limit_s=7200.0))
+    features = job_view(command, 5.0).features
+    assert (features.image, features.command, features.time_limit_s) == ("img:1", "python train.py", 7200.0)
+    submitted = command_lifecycle(command, events_pb2.JOB_STATE_SUBMITTED)
+    assert command_from_lifecycle(events_pb2.JobLifecycle.FromString(submitted.SerializeToString())) == command
+    bare = bind_command(featured_request())
+    assert (bare.image, bare.command_line, bare.time_limit_s) == ("", "", None)
+    assert not command_lifecycle(bare, events_pb2.JOB_STATE_SUBMITTED).HasField("time_limit_s"), "none asked"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"time_limit_s": 0.0}, "time_limit_s"),
+        ({"time_limit_s": -60.0}, "time_limit_s"),
+        ({"time_limit_s": math.inf}, "time_limit_s"),
+        ({"image": "x" * 5000}, "image"),
+        ({"command": "y" * 5000}, "command"),
+    ],
+)
+def test_an_unusable_pod_feature_is_refused_naming_the_field(fields: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        bind_command(featured_request(**fields))
+    assert raised.value.field == field

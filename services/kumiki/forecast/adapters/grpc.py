@@ -10,7 +10,7 @@ import asyncpg
 import grpc
 
 from kumiki.common.contracts.v1 import forecast_pb2, forecast_pb2_grpc
-from kumiki.common.grpcutil import InvalidRequest, abort_invalid, require_finite, require_job
+from kumiki.common.grpcutil import InvalidRequest, abort_invalid, job_feature_fields, require_finite, require_job
 from kumiki.forecast.adapters.lifecycle import load_arrivals
 from kumiki.forecast.core import ForecastBook
 from kumiki.forecast.demand import HOUR_S, MAX_HORIZON_HOURS, Arrival, forecast_queues, hourly_demand
@@ -24,8 +24,17 @@ def features_from_request(request: forecast_pb2.PredictRequest) -> JobFeatures:
     require_finite("gpus", request.gpus)
     if not math.isfinite(request.submit_unix_s) or request.submit_unix_s < 0:
         raise InvalidRequest("submit_unix_s", f"must be >= 0, got {request.submit_unix_s}")
+    image, command, time_limit_s = job_feature_fields(request)
     return JobFeatures(
-        request.job.job_id, request.queue, request.user, request.gpus, request.name, request.submit_unix_s
+        request.job.job_id,
+        request.queue,
+        request.user,
+        request.gpus,
+        request.name,
+        request.submit_unix_s,
+        image,
+        command,
+        time_limit_s,
     )
 
 

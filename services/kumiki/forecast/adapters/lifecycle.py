@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from prometheus_client import Counter, Gauge
 
-from kumiki.common.bus import Event, EventProducer
+from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.bus.topics import JOB_FORECAST
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
-from kumiki.common.grpcutil import timestamp
+from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, timestamp
 from kumiki.forecast.core import ACCURACY_WINDOW, Accuracy, FinishedJob, ForecastBook
 from kumiki.forecast.demand import Arrival
 from kumiki.sched.forecasting import JobFeatures
@@ -43,6 +43,12 @@ FINAL_STATES = {
 
 
 def features_of(message: events_pb2.JobLifecycle) -> JobFeatures:
+    """The job's features as the event carries them; a feature that is not usable rejects the event (dead letter,
+    naming the field) rather than failing the handler again and again."""
+    try:
+        image, command, time_limit_s = job_feature_fields(message)
+    except InvalidRequest as error:
+        raise EventRejected(str(error)) from None
     return JobFeatures(
         job_id=message.job.job_id,
         queue=message.queue,
@@ -50,12 +56,25 @@ def features_of(message: events_pb2.JobLifecycle) -> JobFeatures:
         gpus=message.gpus,
         name=message.name,
         submit_s=message.at.seconds + message.at.nanos / 1e9,
+        image=image,
+        command=command,
+        time_limit_s=time_limit_s,
     )
 
 
-def _identity(message: events_pb2.JobLifecycle) -> tuple[str, int, str, str, str, float]:
+def _identity(features: JobFeatures, generation: int) -> tuple[str, int, str, str, str, float, str, str, float | None]:
     """The job_history columns every lifecycle row starts with."""
-    return message.job.job_id, message.job.generation, message.queue, message.user, message.name, message.gpus
+    return (
+        features.job_id,
+        generation,
+        features.queue,
+        features.user,
+        features.name,
+        features.gpus,
+        features.image,
+        features.command,
+        features.time_limit_s,
+    )
 
 
 class LifecycleHandler:
@@ -72,9 +91,10 @@ class LifecycleHandler:
             features = features_of(message)
             forecast = self.book.submitted(features)
             await connection.execute(
-                "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, submitted_at,"
-                " p50_s, p90_s, model) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) ON CONFLICT DO NOTHING",
-                *_identity(message),
+                "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, image, command,"
+                " time_limit_s, submitted_at, p50_s, p90_s, model) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)"
+                " ON CONFLICT DO NOTHING",
+                *_identity(features, message.job.generation),
                 at,
                 forecast.p50_s,
                 forecast.p90_s,
@@ -106,11 +126,12 @@ class LifecycleHandler:
             if self.book.last_accuracy is not None:
                 record_accuracy(self.book.last_accuracy)
             await connection.execute(
-                "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, submitted_at,"
-                " finished_at, final_state, runtime_s) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
+                "INSERT INTO forecast.job_history (job_id, generation, queue, user_name, name, gpus, image, command,"
+                " time_limit_s, submitted_at, finished_at, final_state, runtime_s)"
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)"
                 " ON CONFLICT (job_id, generation) DO UPDATE SET finished_at = EXCLUDED.finished_at,"
                 " final_state = EXCLUDED.final_state, runtime_s = EXCLUDED.runtime_s",
-                *_identity(message),
+                *_identity(fallback, message.job.generation),
                 started,
                 at,
                 FINAL_STATES[message.state],
@@ -120,14 +141,22 @@ class LifecycleHandler:
 
 async def load_history(pool: asyncpg.Pool, limit: int = 200_000) -> list[FinishedJob]:
     rows = await pool.fetch(
-        "SELECT job_id, queue, user_name, name, gpus, submitted_at, finished_at, runtime_s FROM forecast.job_history"
-        " WHERE runtime_s IS NOT NULL ORDER BY finished_at DESC LIMIT $1",
+        "SELECT job_id, queue, user_name, name, gpus, image, command, time_limit_s, submitted_at, finished_at,"
+        " runtime_s FROM forecast.job_history WHERE runtime_s IS NOT NULL ORDER BY finished_at DESC LIMIT $1",
         limit,
     )
     return [
         FinishedJob(
             JobFeatures(
-                row["job_id"], row["queue"], row["user_name"], row["gpus"], row["name"], row["submitted_at"].timestamp()
+                row["job_id"],
+                row["queue"],
+                row["user_name"],
+                row["gpus"],
+                row["name"],
+                row["submitted_at"].timestamp(),
+                row["image"],
+                row["command"],
+                row["time_limit_s"],
             ),
             row["runtime_s"],
             row["finished_at"].timestamp(),

@@ -62,18 +62,26 @@ def log_runtime(runtime_s: float) -> float:
 
 
 def job_keys(job: JobFeatures) -> tuple[Key, ...]:
-    """History keys from most specific to least: (queue, user, gpus, name) → (queue, gpus) → queue → all.
+    """History keys from most specific to least: (queue, user, gpus, image, command, time limit) →
+    (queue, user, gpus, name) → (queue, gpus) → queue → all.
 
-    Empty user and name fields (the Philly trace has neither) drop the most specific level rather
-    than keep a level that duplicates (queue, gpus).
+    The first level is the job's own script: the same user running the same command in the same image and
+    asking for the same time is, more than anything else, the same job again (job names are often generated
+    afresh for every submission, so the name is not part of it). Levels whose own fields are all
+    empty (the Philly trace has no user, name, image, command or limit) are dropped rather than kept as
+    duplicates of the level below, so traces without them are keyed exactly as before.
     """
-    return _keys(job.queue, job.user, job.gpus, job.name)
+    return _keys(job.queue, job.user, job.gpus, job.name, job.image, job.command, job.time_limit_s)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _keys(queue: str, user: str, gpus: float, name: str) -> tuple[Key, ...]:
+def _keys(
+    queue: str, user: str, gpus: float, name: str, image: str = "", command: str = "", time_limit_s: float | None = None
+) -> tuple[Key, ...]:
     count = f"{gpus:g}"
     keys: list[Key] = []
+    if image or command or time_limit_s:
+        keys.append(("s", queue, user, count, image, command, f"{time_limit_s or 0:g}"))
     if user or name:
         keys.append(("k", queue, user, count, name))
     keys.append(("qg", queue, count))

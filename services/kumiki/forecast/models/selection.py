@@ -178,6 +178,9 @@ class WeightedSelection:
         weights = self.weights(job)
         log_p50 = weighted_median(values, tuple(weights.values()))
         log_p90 = log_p50 + self.calibration.offset(job)
+        if job.time_limit_s:  # the job is stopped at the run time it asked for: no forecast goes past it
+            log_limit = log_runtime(job.time_limit_s)
+            log_p50, log_p90 = min(log_p50, log_limit), min(log_p90, log_limit)
         spread = self.calibration.spread(job, self.config.spread)
         calibrated = self.calibration.is_calibrated(job)
         remember(self._issued, job.job_id, _Issued(job_keys(job), values, log_p50, log_p90, calibrated))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
-from kumiki.common.grpcutil import InvalidRequest, require_finite, require_job, timestamp
+from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, require_finite, require_job, timestamp
 from kumiki.common.requests import TOPOLOGY_FROM_WIRE, TOPOLOGY_TO_WIRE, pod_request, pod_resources
 from kumiki.placement.core import BindCommand, BoundJob
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
@@ -35,6 +35,7 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
     if request.topology.level not in TOPOLOGY_FROM_WIRE:
         raise InvalidRequest("topology.level", f"unknown level {request.topology.level}")
     pods = tuple(pod_request(index, pod) for index, pod in enumerate(request.pods))
+    image, command_line, time_limit_s = job_feature_fields(request)
     return BindCommand(
         job_id=request.job.job_id,
         generation=request.job.generation,
@@ -49,6 +50,9 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
         preemptible=request.preemptible,
         user=request.user,
         name=request.name,
+        image=image,
+        command_line=command_line,
+        time_limit_s=time_limit_s,
     )
 
 
@@ -169,7 +173,11 @@ def command_lifecycle(
         gpus=command.request.gpu_demand,
         name=command.name,
         reason=reason,
+        image=command.image,
+        command=command.command_line,
     )
+    if command.time_limit_s is not None:
+        event.time_limit_s = command.time_limit_s
     if command.request.required_topology:
         event.topology.level = TOPOLOGY_TO_WIRE[command.request.required_topology]
         event.topology.required = True
@@ -180,6 +188,7 @@ def command_from_lifecycle(event: events_pb2.JobLifecycle) -> BindCommand:
     """The bind request a lifecycle event recorded (`command_lifecycle` read back)."""
     pods = tuple(pod_request(index, pod) for index, pod in enumerate(event.pods))
     required = TOPOLOGY_FROM_WIRE.get(event.topology.level, "") if event.topology.required else ""
+    image, command_line, time_limit_s = job_feature_fields(event)
     return BindCommand(
         job_id=event.job.job_id,
         generation=event.job.generation,
@@ -189,6 +198,9 @@ def command_from_lifecycle(event: events_pb2.JobLifecycle) -> BindCommand:
         preemptible=event.preemptible,
         user=event.user,
         name=event.name,
+        image=image,
+        command_line=command_line,
+        time_limit_s=time_limit_s,
     )
 
 

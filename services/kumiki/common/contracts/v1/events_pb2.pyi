@@ -429,6 +429,9 @@ class JobLifecycle(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     TOPOLOGY_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     """The state entered."""
     queue: _builtins.str
@@ -453,6 +456,12 @@ class JobLifecycle(_message.Message):
     """Work lost since the last acknowledged checkpoint, in GPU-seconds (PREEMPTED)."""
     reason: _builtins.str
     """Free-form reason (exit code, preemption cause)."""
+    image: _builtins.str
+    """Container image of the job's first pod, a forecasting feature (SUBMITTED; "" when unknown)."""
+    command: _builtins.str
+    """Command and arguments of its first container, space-joined, a forecasting feature ("" when unknown)."""
+    time_limit_s: _builtins.float
+    """The run time it asked for in seconds, a forecasting feature and an upper bound on its run time (unset: none)."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -498,12 +507,17 @@ class JobLifecycle(_message.Message):
         reason: _builtins.str = ...,
         version: _common_pb2.EntityVersion | None = ...,
         topology: _common_pb2.TopologyConstraint | None = ...,
+        image: _builtins.str = ...,
+        command: _builtins.str = ...,
+        time_limit_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job", b"job", "topology", b"topology", "version", b"version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s", "at", b"at", "job", b"job", "time_limit_s", b"time_limit_s", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "at", b"at", "gpu_model", b"gpu_model", "gpus", b"gpus", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "min_members", b"min_members", "name", b"name", "pods", b"pods", "preemptible", b"preemptible", "priority_tier", b"priority_tier", "queue", b"queue", "reason", b"reason", "runtime_s", b"runtime_s", "state", b"state", "topology", b"topology", "user", b"user", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s", "assignments", b"assignments", "at", b"at", "command", b"command", "gpu_model", b"gpu_model", "gpus", b"gpus", "image", b"image", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "min_members", b"min_members", "name", b"name", "pods", b"pods", "preemptible", b"preemptible", "priority_tier", b"priority_tier", "queue", b"queue", "reason", b"reason", "runtime_s", b"runtime_s", "state", b"state", "time_limit_s", b"time_limit_s", "topology", b"topology", "user", b"user", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
+    _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__time_limit_s) -> _WhichOneofReturnType__time_limit_s | None: ...
 
 Global___JobLifecycle: _TypeAlias = JobLifecycle  # noqa: Y015
 

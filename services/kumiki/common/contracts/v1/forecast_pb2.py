@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kumiki.common.contracts.v1 import common_pb2 as kumiki_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kumiki/v1/forecast.proto\x12\tkumiki.v1\x1a\x16kumiki/v1/common.proto\"\x80\x01\n\x0ePredictRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x01\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x15\n\rsubmit_unix_s\x18\x06 \x01(\x01\"\xa5\x01\n\x0fPredictResponse\x12\r\n\x05p50_s\x18\x01 \x01(\x01\x12\r\n\x05p90_s\x18\x02 \x01(\x01\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\x04\x12\x16\n\tlog_sigma\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0b\x65rror_sigma\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_log_sigmaB\x0e\n\x0c_error_sigma\"5\n\rDemandRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x15\n\rhorizon_hours\x18\x02 \x01(\r\"b\n\x0bQueueDemand\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x19\n\x11\x61rrivals_per_hour\x18\x02 \x03(\x01\x12\x1a\n\x12gpu_hours_per_hour\x18\x03 \x03(\x01\x12\r\n\x05model\x18\x04 \x01(\t\"8\n\x0e\x44\x65mandResponse\x12&\n\x06queues\x18\x01 \x03(\x0b\x32\x16.kumiki.v1.QueueDemand2\x8d\x01\n\nForecaster\x12@\n\x07Predict\x12\x19.kumiki.v1.PredictRequest\x1a\x1a.kumiki.v1.PredictResponse\x12=\n\x06\x44\x65mand\x12\x18.kumiki.v1.DemandRequest\x1a\x19.kumiki.v1.DemandResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kumiki/v1/forecast.proto\x12\tkumiki.v1\x1a\x16kumiki/v1/common.proto\"\xcc\x01\n\x0ePredictRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x01\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x15\n\rsubmit_unix_s\x18\x06 \x01(\x01\x12\r\n\x05image\x18\x07 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x08 \x01(\t\x12\x19\n\x0ctime_limit_s\x18\t \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_time_limit_s\"\xa5\x01\n\x0fPredictResponse\x12\r\n\x05p50_s\x18\x01 \x01(\x01\x12\r\n\x05p90_s\x18\x02 \x01(\x01\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\x04\x12\x16\n\tlog_sigma\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0b\x65rror_sigma\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_log_sigmaB\x0e\n\x0c_error_sigma\"5\n\rDemandRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x15\n\rhorizon_hours\x18\x02 \x01(\r\"b\n\x0bQueueDemand\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x19\n\x11\x61rrivals_per_hour\x18\x02 \x03(\x01\x12\x1a\n\x12gpu_hours_per_hour\x18\x03 \x03(\x01\x12\r\n\x05model\x18\x04 \x01(\t\"8\n\x0e\x44\x65mandResponse\x12&\n\x06queues\x18\x01 \x03(\x0b\x32\x16.kumiki.v1.QueueDemand2\x8d\x01\n\nForecaster\x12@\n\x07Predict\x12\x19.kumiki.v1.PredictRequest\x1a\x1a.kumiki.v1.PredictResponse\x12=\n\x06\x44\x65mand\x12\x18.kumiki.v1.DemandRequest\x1a\x19.kumiki.v1.DemandResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kumiki.common.contracts.v1.
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREDICTREQUEST']._serialized_start=64
-  _globals['_PREDICTREQUEST']._serialized_end=192
-  _globals['_PREDICTRESPONSE']._serialized_start=195
-  _globals['_PREDICTRESPONSE']._serialized_end=360
-  _globals['_DEMANDREQUEST']._serialized_start=362
-  _globals['_DEMANDREQUEST']._serialized_end=415
-  _globals['_QUEUEDEMAND']._serialized_start=417
-  _globals['_QUEUEDEMAND']._serialized_end=515
-  _globals['_DEMANDRESPONSE']._serialized_start=517
-  _globals['_DEMANDRESPONSE']._serialized_end=573
-  _globals['_FORECASTER']._serialized_start=576
-  _globals['_FORECASTER']._serialized_end=717
+  _globals['_PREDICTREQUEST']._serialized_end=268
+  _globals['_PREDICTRESPONSE']._serialized_start=271
+  _globals['_PREDICTRESPONSE']._serialized_end=436
+  _globals['_DEMANDREQUEST']._serialized_start=438
+  _globals['_DEMANDREQUEST']._serialized_end=491
+  _globals['_QUEUEDEMAND']._serialized_start=493
+  _globals['_QUEUEDEMAND']._serialized_end=591
+  _globals['_DEMANDRESPONSE']._serialized_start=593
+  _globals['_DEMANDRESPONSE']._serialized_end=649
+  _globals['_FORECASTER']._serialized_start=652
+  _globals['_FORECASTER']._serialized_end=793
 # @@protoc_insertion_point(module_scope)

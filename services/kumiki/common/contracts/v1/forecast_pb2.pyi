@@ -29,6 +29,9 @@ class PredictRequest(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     SUBMIT_UNIX_S_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     """Queue of the job."""
     user: _builtins.str
@@ -39,6 +42,12 @@ class PredictRequest(_message.Message):
     """Job name or image."""
     submit_unix_s: _builtins.float
     """Submit time, seconds since the Unix epoch."""
+    image: _builtins.str
+    """Container image ("" when unknown)."""
+    command: _builtins.str
+    """Command and arguments of the first container, space-joined ("" when unknown)."""
+    time_limit_s: _builtins.float
+    """The run time the job asked for in seconds; no forecast exceeds it (unset: none asked)."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -52,12 +61,17 @@ class PredictRequest(_message.Message):
         gpus: _builtins.float = ...,
         name: _builtins.str = ...,
         submit_unix_s: _builtins.float = ...,
+        image: _builtins.str = ...,
+        command: _builtins.str = ...,
+        time_limit_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s", "job", b"job", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "job", b"job", "name", b"name", "queue", b"queue", "submit_unix_s", b"submit_unix_s", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s", "command", b"command", "gpus", b"gpus", "image", b"image", "job", b"job", "name", b"name", "queue", b"queue", "submit_unix_s", b"submit_unix_s", "time_limit_s", b"time_limit_s", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
+    _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__time_limit_s) -> _WhichOneofReturnType__time_limit_s | None: ...
 
 Global___PredictRequest: _TypeAlias = PredictRequest  # noqa: Y015
 

@@ -36,6 +36,9 @@ class BindRequest(_message.Message):
     PREEMPTIBLE_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     """Queue the job is submitted to (checked by quota admission)."""
     min_members: _builtins.int
@@ -48,6 +51,14 @@ class BindRequest(_message.Message):
     """Submitting identity (checked against the queue's owners)."""
     name: _builtins.str
     """Job name or image, a forecasting feature."""
+    image: _builtins.str
+    """Container image of the job's first pod, a forecasting feature ("" when unknown)."""
+    command: _builtins.str
+    """Command and arguments of the job's first container, space-joined, a forecasting feature ("" when unknown)."""
+    time_limit_s: _builtins.float
+    """The run time the job asked for (pod spec.activeDeadlineSeconds or the kumiki.io/time-limit annotation), in
+    seconds: a forecasting feature and an upper bound on the run time. Unset when the job asks for none.
+    """
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt; the same pair always gets the same answer."""
@@ -72,12 +83,17 @@ class BindRequest(_message.Message):
         preemptible: _builtins.bool = ...,
         user: _builtins.str = ...,
         name: _builtins.str = ...,
+        image: _builtins.str = ...,
+        command: _builtins.str = ...,
+        time_limit_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "topology", b"topology"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s", "job", b"job", "time_limit_s", b"time_limit_s", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "min_members", b"min_members", "name", b"name", "pods", b"pods", "preemptible", b"preemptible", "priority_tier", b"priority_tier", "queue", b"queue", "topology", b"topology", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s", "command", b"command", "image", b"image", "job", b"job", "min_members", b"min_members", "name", b"name", "pods", b"pods", "preemptible", b"preemptible", "priority_tier", b"priority_tier", "queue", b"queue", "time_limit_s", b"time_limit_s", "topology", b"topology", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
+    _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__time_limit_s) -> _WhichOneofReturnType__time_limit_s | None: ...
 
 Global___BindRequest: _TypeAlias = BindRequest  # noqa: Y015
 

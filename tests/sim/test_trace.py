@@ -1,0 +1,44 @@
+"""Reading traces: the schema's columns, and the pod features a trace may add (`image`, `command`, `time_limit_s`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kumiki.sim.trace import TRACE_COLUMNS, TraceError, load_jobs
+
+HEADER = ",".join(TRACE_COLUMNS)
+
+
+def write(tmp_path: Path, header: str, *rows: str) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join((header, *rows)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_trace_without_pod_features_reads_as_before(tmp_path: Path) -> None:
+    (job,) = load_jobs(write(tmp_path, HEADER, "j1,10,1,,,300,alice,vc1,Pass,bert"))
+    assert (job.user, job.queue, job.model, job.duration_s) == ("alice", "vc1", "bert", 300.0)
+    assert (job.image, job.command, job.time_limit_s) == ("", "", None)
+
+
+def test_pod_features_are_read_when_the_header_has_them(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        HEADER + ",image,command,time_limit_s",
+        'j1,10,1,,,300,alice,vc1,Pass,bert,registry/bert:7,"python train.py --lr 3e-4",7200',
+        "j2,11,1,,,300,alice,vc1,Pass,bert,,,",
+    )
+    first, second = load_jobs(path)
+    assert (first.image, first.command, first.time_limit_s) == ("registry/bert:7", "python train.py --lr 3e-4", 7200.0)
+    assert (second.image, second.command, second.time_limit_s) == ("", "", None), "empty cells: none known"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("0", "must be > 0"), ("-5", "must be >= 0"), ("soon", "must be a number")]
+)
+def test_a_bad_time_limit_is_refused_naming_line_and_column(tmp_path: Path, value: str, expected: str) -> None:
+    path = write(tmp_path, HEADER + ",time_limit_s", f"j1,10,1,,,300,alice,vc1,Pass,bert,{value}")
+    with pytest.raises(TraceError, match=rf"trace.csv:2: column 'time_limit_s' {expected}"):
+        load_jobs(path)
