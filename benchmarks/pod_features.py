@@ -14,7 +14,10 @@ features and without them (`without_pod_features`):
   and without the features, `kumiki-noforecast`, `kumiki-oracle`, and the recovered share of each `kumiki` row
   ((noforecast - row) / (noforecast - oracle)).
 
-Writes report.json and pod-features.png into --out and prints a markdown table with the spread over seeds.
+Writes report.json, pod-features.png and each seed's trace (featured-seed<N>.csv, the trace schema with the
+`image`, `command` and `time_limit_s` columns) into --out, and prints a markdown table with the spread over
+seeds. The traces run through the CLI as they are: `kumiki forecast evaluate --trace out/pod-features/
+featured-seed0.csv`, or `kumiki simulate --trace ... --nodes 2 --gpus-per-node 8`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.trace import write_jobs
 from kumiki.sim.workload import featured_trace, sim_jobs, without_pod_features
 
 GPUS_PER_NODE = 8
@@ -186,6 +190,8 @@ def main() -> int:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    for seed in seeds:
+        write_jobs(out / f"featured-seed{seed}.csv", featured_trace(jobs, total_gpus=gpus, load=load, seed=seed))
     plot(report, out / "pod-features.png")
     print(markdown(report))
     print(

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kumiki.sim.trace import TRACE_COLUMNS, TraceError, load_jobs
+from kumiki.sim.trace import TRACE_COLUMNS, TraceError, load_jobs, write_jobs
+from kumiki.sim.workload import featured_trace
 
 HEADER = ",".join(TRACE_COLUMNS)
 
@@ -42,3 +43,9 @@ def test_a_bad_time_limit_is_refused_naming_line_and_column(tmp_path: Path, valu
     path = write(tmp_path, HEADER + ",time_limit_s", f"j1,10,1,,,300,alice,vc1,Pass,bert,{value}")
     with pytest.raises(TraceError, match=rf"trace.csv:2: column 'time_limit_s' {expected}"):
         load_jobs(path)
+
+
+def test_written_jobs_read_back_as_they_were(tmp_path: Path) -> None:
+    jobs = featured_trace(200, total_gpus=16, seed=2)
+    write_jobs(tmp_path / "featured.csv", jobs)
+    assert load_jobs(tmp_path / "featured.csv") == jobs

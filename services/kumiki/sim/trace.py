@@ -148,6 +148,35 @@ def load_jobs(path: str | Path) -> list[TraceJob]:
     return jobs
 
 
+def write_jobs(path: str | Path, jobs: Iterable[TraceJob]) -> None:
+    """Write jobs in the trace schema (`load_jobs` reads them back as they were), with the pod-feature columns."""
+
+    def cell(value: float | None) -> str:
+        return "" if value is None else f"{value:g}" if value == int(value) else repr(value)
+
+    with Path(path).open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow((*TRACE_COLUMNS, *OPTIONAL_TRACE_COLUMNS))
+        for job in jobs:
+            writer.writerow(
+                (
+                    job.job_id,
+                    cell(job.submit_s),
+                    cell(job.gpus),
+                    cell(job.cpus),
+                    cell(job.mem_gb),
+                    cell(job.duration_s),
+                    job.user,
+                    job.queue,
+                    job.status,
+                    job.model,
+                    job.image,
+                    job.command,
+                    cell(job.time_limit_s),
+                )
+            )
+
+
 def load_nodes(path: str | Path) -> list[TraceNode]:
     """All nodes of a node file (openb-nodes.csv schema)."""
     nodes: list[TraceNode] = []
