@@ -234,11 +234,17 @@ def test_the_preemption_margin_is_read_off_both_forecasts_error_spreads():
 
     sharp = job("sharp", RuntimeForecast(1000.0, 3000.0, "m", 1, log_sigma=0.3, error_sigma=0.2))
     wide = job("wide", RuntimeForecast(1000.0, 3000.0, "m", 1, log_sigma=0.3, error_sigma=1.5))
-    assert preempt_margin(kumiki, sharp, wide, 0.0) == pytest.approx(math.exp(Z90 * math.hypot(0.2, 1.5)))
+    ratio = kumiki.preempt_ratio
+    assert preempt_margin(kumiki, sharp, wide, 0.0) == pytest.approx(ratio * math.exp(Z90 * math.hypot(0.2, 1.5)))
     assert preempt_margin(kumiki, sharp, wide, 0.0) == preempt_margin(kumiki, wide, sharp, 0.0)
-    # two well-forecast keys preempt near SRPT's margin of 1, two badly forecast ones hardly by rank
+    # the error's margin multiplies the one kept on exact run times: two well-forecast keys evict a little past
+    # it, never more eagerly than on exact run times; two badly forecast ones hardly by rank
     both_sharp, both_wide = preempt_margin(kumiki, sharp, sharp, 0.0), preempt_margin(kumiki, wide, wide, 0.0)
-    assert 1.0 < both_sharp < 1.5 < kumiki.preempt_ratio < both_wide
+    assert ratio < both_sharp < 1.5 * ratio < both_wide
+    # the ninth step's margin, the error's alone: near SRPT's 1 for well-forecast keys
+    alone = dataclasses.replace(kumiki, spread_over_ratio=False)
+    assert preempt_margin(alone, sharp, sharp, 0.0) == pytest.approx(both_sharp / ratio)
+    assert 1.0 < preempt_margin(alone, sharp, sharp, 0.0) < 1.5
     # a claimed spread is not a record: a key with no measured error yet (however tight its log_sigma or p90)
     # gets the forecast-free margin, as does a job without a forecast
     claimed = job("claimed", RuntimeForecast(1000.0, 1100.0, "m", 1, log_sigma=0.05))
@@ -260,16 +266,21 @@ def test_a_victim_past_its_forecast_is_held_to_at_most_the_forecast_free_margin(
         return JobView(JobFeatures(job_id, "q", "", 1.0, "", 0.0), 1, "q", 0.0, forecast=forecast)
 
     wide, sharp = job("wide", 1.5), job("sharp", 0.2)
-    full = math.exp(Z90 * math.hypot(1.5, 1.5))
+    full = kumiki.preempt_ratio * math.exp(Z90 * math.hypot(1.5, 1.5))
     edge = 1000.0 * math.exp(Z90 * 1.5)  # the wide victim's p90 by its measured error: ~6,800 s
     assert full > kumiki.preempt_ratio
     assert preempt_margin(kumiki, wide, wide, 0.0) == pytest.approx(full)
     assert preempt_margin(kumiki, wide, wide, 0.99 * edge) == pytest.approx(full)
     assert preempt_margin(kumiki, wide, wide, 1.01 * edge) == kumiki.preempt_ratio
-    # a cap, not a floor: two well-forecast keys keep their own smaller margin past it
-    assert preempt_margin(kumiki, sharp, sharp, 1e6) == pytest.approx(math.exp(Z90 * math.hypot(0.2, 0.2)))
+    # a cap, not a floor: with the error's margin alone (the ninth step's), two well-forecast keys keep their own
+    # smaller margin past it
+    alone = dataclasses.replace(kumiki, spread_over_ratio=False)
+    assert preempt_margin(alone, sharp, sharp, 1e6) == pytest.approx(math.exp(Z90 * math.hypot(0.2, 0.2)))
+    assert preempt_margin(kumiki, sharp, sharp, 1e6) == kumiki.preempt_ratio
     # the measured error sets the edge: a sharp victim is past its forecast long before a wide one
     assert preempt_margin(kumiki, wide, sharp, 2000.0) == kumiki.preempt_ratio
-    assert preempt_margin(kumiki, sharp, wide, 2000.0) == pytest.approx(math.exp(Z90 * math.hypot(0.2, 1.5)))
+    assert preempt_margin(kumiki, sharp, wide, 2000.0) == pytest.approx(
+        kumiki.preempt_ratio * math.exp(Z90 * math.hypot(0.2, 1.5))
+    )
     uncapped = dataclasses.replace(kumiki, cap_margin_past_forecast=False)
     assert preempt_margin(uncapped, wide, wide, 1e6) == pytest.approx(full)

@@ -257,13 +257,13 @@ def test_kumiki_evicts_by_rank_only_past_the_margin_the_two_keys_errors_set():
         assert started(decisions) == (["short"] if decisions.preemptions else [])
         return [p.job_id for p in decisions.preemptions]
 
-    assert evictions(0.1) == ["long"]  # margin e^(1.28 x 0.14) = 1.2x: the ~9x rank gap clears it
-    assert evictions(1.5) == []  # margin e^(1.28 x 2.1) = 15x: it does not
+    assert evictions(0.1) == ["long"]  # margin 4 x e^(1.28 x 0.14) = 4.8x: the ~9x rank gap clears it
+    assert evictions(1.5) == []  # margin 4 x e^(1.28 x 2.1) = 60x: it does not
 
 
 def test_a_job_running_far_past_a_badly_wrong_forecast_can_still_be_evicted_by_rank():
     """A long job forecast short on a key whose forecasts are off by ~5x (error 1.5) runs past its p90 by that
-    error: from then on its rank is what it has run, and the forecast-free margin (4x) holds it, not 15x."""
+    error: from then on its rank is what it has run, and the forecast-free margin (4x) holds it, not 60x."""
 
     def job(job_id: str, p50: float, submit: float) -> JobView:
         forecast = RuntimeForecast(p50, p50 * 3, "test", 0, log_sigma=0.3, error_sigma=1.5)
@@ -277,6 +277,6 @@ def test_a_job_running_far_past_a_badly_wrong_forecast_can_still_be_evicted_by_r
         return [p.job_id for p in scheduler.schedule(now, consider_preemption=True).preemptions]
 
     kumiki = POLICIES["kumiki"]
-    assert evictions(kumiki, 200.0) == []  # within its forecast's error: ranked as forecast, the 15x holds
+    assert evictions(kumiki, 200.0) == []  # within its forecast's error: ranked as forecast, the 60x holds
     assert evictions(kumiki, 20_000.0) == ["long"]  # ran 200x its p50: ranked by what it has run (~20,000 s)
     assert evictions(dataclasses.replace(kumiki, cap_margin_past_forecast=False), 20_000.0) == []

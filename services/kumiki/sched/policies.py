@@ -67,6 +67,10 @@ class QueuePolicy:
     # with `spread_margin`: a victim past its p90 by its own measured error is ranked by what it has run, as
     # without a forecast, so its margin is at most `preempt_ratio` (False: the error's margin whatever it has run)
     cap_margin_past_forecast: bool = True
+    # with `spread_margin`: the error's margin multiplies `preempt_ratio` (the margin kept on exact run times,
+    # `kumiki-oracle`'s: what an eviction costs beyond the ranks) instead of replacing it (False: the ninth
+    # step's margin, near 1 for well-forecast keys)
+    spread_over_ratio: bool = True
     # never preempt jobs that fill a node or more (reservations protect them instead), so they need
     # no periodic checkpoints
     protect_full_nodes: bool = False
@@ -118,10 +122,12 @@ KUMIKI = QueuePolicy(
     uses_forecast=True,
     starvation_s=STARVATION_S,
     preempt_ratio=4.0,
-    # The margin a victim's rank must clear is the two forecasts' own measured error (`preempt_margin`): keys
-    # forecast well preempt at close to SRPT's margin, keys forecast badly hardly by rank at all. Against the
-    # fixed 4x it raised the recovered share over 18 load and VC-mix cells of the slice from 38% to 43% (loads)
-    # and 13% to 19% (mixes), seeds 0-2 (docs/design/0003-forecast-trust.md, ninth step). A victim past its
+    # The margin a victim's rank must clear is the 4x kept on exact run times times the two forecasts' own
+    # measured error (`preempt_margin`): keys forecast badly hardly evict by rank at all. The error's margin
+    # alone raised the recovered share over 18 load and VC-mix cells of the slice from 38% to 43% (loads) and
+    # 13% to 19% (mixes) against the fixed 4x (docs/design/0003-forecast-trust.md, ninth step); on top of the
+    # 4x (`spread_over_ratio`) it raised the mean share over 20 load, shift and mix cells from 34.7% to 39.3%
+    # and stopped jobs forecast well being evicted again and again (fifteenth step). A victim past its
     # forecast by its own error is held to at most the forecast-free 4x (`cap_margin_past_forecast`): without
     # that, reversed forecasts cost 17% against no forecasts at 48 x 8 (thirteenth step).
     spread_margin=True,
@@ -203,12 +209,17 @@ def estimate_remaining(policy: QueuePolicy, view: JobView, executed_s: float, *,
 def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView, victim_executed_s: float) -> float:
     """How many times the waiting job's rank a victim's must exceed (before lost work) to be preempted for it.
 
-    Both ranks are estimates whose log errors have the forecasts' spreads, so the log of their ratio errs by
-    the two spreads combined; evicting only past Z90 times that is evicting only when the victim is 90% likely
-    to be the longer one. Well-forecast keys then preempt near SRPT's margin of 1 and badly forecast keys
-    hardly by rank, which is where an eviction's cost exceeds what the reordering gains (issue 14's VC mixes).
-    Only a measured error counts (`error_sigma`, the key's record with its bias): a forecast's claimed spread
-    (`log_sigma`, its p90) cannot make the policy evict more eagerly. Without a measured error on both
+    On exact run times the policy evicts only past the fixed `preempt_ratio` (4: `kumiki-oracle`), because an
+    eviction costs more than the unsaved work it counts (the restore, the requeue behind others, the next
+    newcomer). Forecast ranks are estimates whose log errors have the forecasts' spreads, so the log of their
+    ratio errs by the two spreads combined; evicting only past `preempt_ratio` x e^(Z90 x that) is evicting only
+    when the victim is 90% likely to rank more than `preempt_ratio` times the newcomer (`spread_over_ratio`).
+    Badly forecast keys then hardly evict by rank, which is where an eviction's cost exceeds what the
+    reordering gains (issue 14's VC mixes). The ninth step's margin dropped the ratio (`spread_over_ratio`
+    False): well-forecast keys then evicted near SRPT's margin of 1, more eagerly than on exact run times, and
+    jobs forecast well were evicted again and again (issue 14, fifteenth step). Only a measured error counts
+    (`error_sigma`, the key's record with its bias): a forecast's claimed spread (`log_sigma`, its p90) cannot
+    make the policy evict more eagerly. Without a measured error on both
     sides: the policy's fixed, forecast-free `preempt_ratio`.
 
     A victim that has run past its p90 by its own measured error (`victim_executed_s` beyond p50 x
@@ -223,6 +234,8 @@ def preempt_margin(policy: QueuePolicy, waiting: JobView, victim: JobView, victi
     if waiting_sigma is None or victim_sigma is None:
         return policy.preempt_ratio
     margin = math.exp(Z90 * math.hypot(waiting_sigma, victim_sigma))
+    if policy.spread_over_ratio:
+        margin *= policy.preempt_ratio
     if policy.cap_margin_past_forecast and victim_executed_s > victim.forecast.p50_s * math.exp(Z90 * victim_sigma):
         return min(margin, policy.preempt_ratio)
     return margin
