@@ -37,6 +37,7 @@ from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.report import forecast_value
 from kumiki.sim.trace import write_jobs
 from kumiki.sim.workload import featured_trace, sim_jobs, without_pod_features
 
@@ -72,7 +73,15 @@ def run_one(jobs: int, gpus: int, load: float, seed: int, row: str) -> dict[str,
 
 
 def share(noforecast: float, oracle: float, value: float) -> float | None:
-    return (noforecast - value) / (noforecast - oracle) if noforecast > oracle else None
+    """The recovered share as `kumiki simulate` reports it (`kumiki.sim.report.forecast_value`)."""
+    value_of = forecast_value(
+        {
+            "kumiki": {"avg_jct_s": value},
+            "kumiki-noforecast": {"avg_jct_s": noforecast},
+            "kumiki-oracle": {"avg_jct_s": oracle},
+        }
+    )
+    return None if value_of is None else value_of["recovered_share"]
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -76,7 +76,7 @@ def job_keys(job: JobFeatures) -> tuple[Key, ...]:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _keys(
-    queue: str, user: str, gpus: float, name: str, image: str = "", command: str = "", time_limit_s: float | None = None
+    queue: str, user: str, gpus: float, name: str, image: str, command: str, time_limit_s: float | None
 ) -> tuple[Key, ...]:
     count = f"{gpus:g}"
     keys: list[Key] = []
