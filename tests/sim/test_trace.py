@@ -49,3 +49,12 @@ def test_written_jobs_read_back_as_they_were(tmp_path: Path) -> None:
     jobs = featured_trace(200, total_gpus=16, seed=2)
     write_jobs(tmp_path / "featured.csv", jobs)
     assert load_jobs(tmp_path / "featured.csv") == jobs
+
+
+def test_written_whole_seconds_past_a_million_keep_every_digit(tmp_path: Path) -> None:
+    """Whole-second submit times of a long trace (12+ days in) must not be rounded to six significant digits."""
+    (job,) = load_jobs(write(tmp_path, HEADER, "j1,1071278,1,,,1234567,alice,vc1,Pass,bert"))
+    write_jobs(tmp_path / "again.csv", [job])
+    (again,) = load_jobs(tmp_path / "again.csv")
+    assert (again.submit_s, again.duration_s) == (1071278.0, 1234567.0)
+    assert again == job

@@ -152,7 +152,8 @@ def write_jobs(path: str | Path, jobs: Iterable[TraceJob]) -> None:
     """Write jobs in the trace schema (`load_jobs` reads them back as they were), with the pod-feature columns."""
 
     def cell(value: float | None) -> str:
-        return "" if value is None else f"{value:g}" if value == int(value) else repr(value)
+        # whole numbers as integers ("1071278", not `:g`'s six digits "1.07128e+06"), the rest exactly (repr)
+        return "" if value is None else str(int(value)) if value == int(value) else repr(value)
 
     with Path(path).open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
