@@ -1,8 +1,8 @@
 """Does `kumiki` hold its margins on workloads the slice does not show? Spread over cluster loads and VC mixes.
 
     PYTHONPATH=services .venv/bin/python benchmarks/sim_spread.py [--nodes 36,40,44,48,56,64,72]
-        [--seeds 0,1,2] [--drop-each-queue 48] [--shift-at 48,64] [--workers 2] [--trace philly-slice]
-        [--out out/sim-spread]
+        [--seeds 0,1,2] [--drop-each-queue 48] [--shift-at 48,64] [--weeks 9 [--weeks-at 48]] [--workers 2]
+        [--trace philly-slice] [--out out/sim-spread]
 
 Issue 14 measured `kumiki` on Philly weeks this repository does not have. Three stand-ins for "another week" can
 be cut from the slice without tuning anything to them:
@@ -15,7 +15,12 @@ be cut from the slice without tuning anything to them:
   one that carries a third of the GPU time, changes both who waits and what the forecaster learns;
 - **shift**: issue 14's synthetic distribution shifts (`kumiki.sim.shifts`, `kumiki simulate --shift`) at each
   size of `--shift-at`: the busiest VC's run times 10x from the slice's middle on (`x10`, which also overloads
-  the cluster), and the second busiest VC renamed to one never seen (`new-vc`).
+  the cluster), and the second busiest VC renamed to one never seen (`new-vc`);
+- **week** (`--weeks N`, off by default): N other weeks built from the slice's own days in random orders
+  (`kumiki.sim.shifts.reorder_days`, `kumiki simulate --day-order`) at `--weeks-at` nodes. Every day keeps its
+  jobs and times of day; what changes is what the forecaster has learnt when each day comes and what still runs
+  from the days before, which is what an unseen week of the same cluster changes. The slice's own order is one
+  draw of this, and the issue's weeks A and B are others.
 
 Every cell runs `kumiki`, its two references (`kumiki-noforecast`, `kumiki-oracle`) and `tiresias` and
 `srtf-oracle` under each ordering seed (`kumiki simulate --seeds`: the order of jobs submitted in the same
@@ -44,7 +49,7 @@ from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.report import over_seeds, summarize, write_json
-from kumiki.sim.shifts import SHIFTS, ShiftError, shift_trace
+from kumiki.sim.shifts import SHIFTS, ShiftError, day_orders, reorder_days, shift_trace, trace_days
 from kumiki.sim.trace import TraceJob, load_jobs
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -54,15 +59,23 @@ POLICY_NAMES = (KUMIKI, NOFORECAST, ORACLE, TIRESIAS, SRTF)
 SRTF_BOUND = 1.15  # issue 14: kumiki within 1.15x of srtf-oracle
 TARGET_SHARE = 0.5
 
-# a cell: (nodes, the queue left out or "" for none, the shift or "" for none); a run: a cell, a policy and a seed
+# a cell: (nodes, the queue left out or "" for none, the shift, "days:3-6-5-2-0-4-1" for a day order, or "" for
+# none); a run: a cell, a policy and a seed
 Cell = tuple[int, str, str]
+DAYS_PREFIX = "days:"
 
 
 # ---- one run (in a worker process) ----------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _trace(path: str, shift: str) -> tuple[TraceJob, ...]:
     jobs = load_jobs(path)
+    if shift.startswith(DAYS_PREFIX):
+        return tuple(reorder_days(jobs, [int(day) for day in shift.removeprefix(DAYS_PREFIX).split("-")]))
     return tuple(shift_trace(jobs, shift).jobs if shift else jobs)
+
+
+def days_cell(order: tuple[int, ...]) -> str:
+    return DAYS_PREFIX + "-".join(str(day) for day in order)
 
 
 def run_one(trace: str, cell: Cell, policy: str, seed: int) -> dict[str, Any]:
@@ -174,7 +187,7 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parts = [(name, report[name]) for name in ("load", "mix", "shift") if report.get(name)]
+    parts = [(name, report[name]) for name in ("load", "mix", "shift", "week") if report.get(name)]
     fig, axes = plt.subplots(1, len(parts), figsize=(6.5 * len(parts), 4.6), squeeze=False)
     for ax, (name, cells) in zip(axes[0], parts, strict=True):
         labels = list(cells)
@@ -189,12 +202,13 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
         ax.axhline(1.0, color="black", linewidth=0.9)
         ax.axhline(SRTF_BOUND, color="black", linestyle=":", linewidth=0.9, label=f"{SRTF_BOUND}x (srtf-oracle bound)")
         ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, rotation=0 if name == "load" else 30, fontsize=8)
+        ax.set_xticklabels(labels, rotation=0 if name == "load" else 30, fontsize=8 if name != "week" else 6)
         ax.set_xlabel(
             {
                 "load": "nodes x 8 GPUs",
                 "mix": f"VC left out ({report['config']['mix_nodes']} x 8)",
                 "shift": "nodes x 8 GPUs, shift",
+                "week": f"the slice's days in another order ({report['config'].get('week_nodes')} x 8)",
             }[name]
         )
         ax.set_ylabel("kumiki's avg JCT / the reference's (< 1: kumiki ahead)")
@@ -221,6 +235,9 @@ def main() -> int:
         default="48,64",
         help=f"cluster sizes (nodes) at which to run each synthetic shift ({', '.join(SHIFTS)}); '' for none",
     )
+    parser.add_argument("--weeks", default="0", help="other weeks to build from the slice's days in random orders (0)")
+    parser.add_argument("--weeks-at", default="48", help="cluster size (nodes) for --weeks (48)")
+    parser.add_argument("--weeks-seed", default="0", help="seed drawing the day orders of --weeks (0)")
     parser.add_argument("--workers", default=str(os.cpu_count() or 1), help="processes sharing the runs")
     parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
     parser.add_argument("--out", default="out/sim-spread", help="folder for report.json and spread.png")
@@ -232,15 +249,24 @@ def main() -> int:
         parser.error("--drop-each-queue takes one cluster size")
     shift_sizes = whole_numbers_or_exit(args.shift_at, "--shift-at", 1, parser) if args.shift_at.strip() else []
     workers = whole_numbers_or_exit(args.workers, "--workers", 1, parser)[0]
-    if not sizes and not mix_nodes[0] and not shift_sizes:
-        parser.error("nothing to run: give --nodes, --drop-each-queue or --shift-at")
+    weeks = whole_numbers_or_exit(args.weeks, "--weeks", 0, parser)
+    week_nodes = whole_numbers_or_exit(args.weeks_at, "--weeks-at", 1, parser)
+    weeks_seed = whole_numbers_or_exit(args.weeks_seed, "--weeks-seed", 0, parser)
+    if len(weeks) != 1 or len(week_nodes) != 1 or len(weeks_seed) != 1:
+        parser.error("--weeks, --weeks-at and --weeks-seed take one number each")
+    if not sizes and not mix_nodes[0] and not shift_sizes and not weeks[0]:
+        parser.error("nothing to run: give --nodes, --drop-each-queue, --shift-at or --weeks")
     out, trace = out_and_trace_or_exit(args.out, args.trace, parser)
+    try:
+        orders = day_orders(trace_days(trace), weeks[0], weeks_seed[0]) if weeks[0] else []
+    except ShiftError as error:
+        parser.error(f"--weeks / --trace: {error}")
     for name in SHIFTS if shift_sizes else ():
         try:
             shift_trace(trace, name)
         except ShiftError as error:
             parser.error(f"--shift-at / --trace: {error}")
-    for nodes in {*sizes, mix_nodes[0], *shift_sizes} - {0}:
+    for nodes in {*sizes, mix_nodes[0], *shift_sizes, *(week_nodes if orders else [])} - {0}:
         try:
             sim_jobs(trace, max_gpus=nodes * GPUS_PER_NODE, seed=seeds[0])
         except WorkloadError as error:
@@ -252,6 +278,7 @@ def main() -> int:
         [(nodes, "", "") for nodes in sizes]
         + [(mix_nodes[0], queue, "") for queue in queues]
         + [(nodes, "", shift) for nodes in shift_sizes for shift in SHIFTS]
+        + [(week_nodes[0], "", days_cell(order)) for order in orders]
     )
     plan = [(cell, policy, seed) for cell in cells for seed in seeds for policy in POLICY_NAMES]
     results: dict[Cell, dict[str, dict[int, dict[str, Any]]]] = {cell: {} for cell in cells}
@@ -259,7 +286,7 @@ def main() -> int:
 
     def describe(arguments: tuple[Any, ...]) -> str:
         _, (nodes, drop, shift), _, _ = arguments
-        return f"{nodes} nodes" + (f" without {drop}" if drop else f" shift {shift}" if shift else "")
+        return f"{nodes} nodes" + (f" without {drop}" if drop else f" {shift}" if shift else "")
 
     runs = [(str(args.trace), cell, policy, seed) for cell, policy, seed in plan]
     for (_, cell, policy, seed), result in run_in_processes(run_one, runs, workers, describe):
@@ -270,6 +297,10 @@ def main() -> int:
     shifted = {
         f"{nodes} {shift}": cell_summary(results[(nodes, "", shift)]) for nodes in shift_sizes for shift in SHIFTS
     }
+    week = {
+        ",".join(str(day) for day in order): cell_summary(results[(week_nodes[0], "", days_cell(order))])
+        for order in orders
+    }
     report: dict[str, Any] = {
         "config": {
             "trace": str(args.trace),
@@ -277,6 +308,8 @@ def main() -> int:
             "seeds": seeds,
             "mix_nodes": mix_nodes[0] or None,
             "shift_nodes": shift_sizes,
+            "week_nodes": week_nodes[0] if orders else None,
+            "day_orders": [list(order) for order in orders],
             "gpus_per_node": GPUS_PER_NODE,
             "policies": list(POLICY_NAMES),
             "recovered_share": "(noforecast - kumiki) / (noforecast - oracle), mean JCT over the seeds",
@@ -284,7 +317,12 @@ def main() -> int:
         "load": load,
         "mix": mix,
         "shift": shifted,
-        "verdict": {name: verdict(part) for name, part in (("load", load), ("mix", mix), ("shift", shifted)) if part},
+        "week": week,
+        "verdict": {
+            name: verdict(part)
+            for name, part in (("load", load), ("mix", mix), ("shift", shifted), ("week", week))
+            if part
+        },
         "wall_s": round(time.perf_counter() - started, 1),
     }
     write_json(out / "report.json", report)
@@ -295,6 +333,9 @@ def main() -> int:
         print(markdown(f"Mix: {mix_nodes[0]} x {GPUS_PER_NODE} GPUs, one VC left out", "VC left out", mix))
     if shifted:
         print(markdown(f"Shift: the slice shifted on N x {GPUS_PER_NODE} GPUs", "nodes, shift", shifted))
+    if week:
+        title = f"Week: the slice's days in another order, {week_nodes[0]} x {GPUS_PER_NODE} GPUs"
+        print(markdown(title, "day order", week))
     for name, result in report["verdict"].items():
         print(verdict_line(name, result))
     print(f"wall {report['wall_s']:,.0f} s; wrote {out / 'report.json'} and {out / 'spread.png'}")

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -5,7 +6,7 @@ import pytest
 
 from kumiki.cli.main import main
 from kumiki.sim.report import REPORT_KEYS
-from kumiki.sim.trace import load_jobs
+from kumiki.sim.trace import load_jobs, write_jobs
 
 TINY = Path(__file__).resolve().parents[1] / "sim" / "data" / "philly-tiny.csv"
 
@@ -102,6 +103,14 @@ def test_window_and_seed_are_applied(tmp_path):
         (["--policy", "fifo", "--start-s", "5", "--end-s", "1"], "--end-s"),
         (["--policy", "fifo", "--checkpoint-cost-s", "-1"], "--checkpoint-cost-s must be >= 0"),
         (["--policy", "fifo", "--shift", "x100"], "--shift: unknown shift 'x100' (known: x10, new-vc)"),
+        (
+            ["--policy", "fifo", "--day-order", "1,0"],
+            "--day-order: day order [1, 0] must list each of the trace's 1 days",
+        ),
+        (
+            ["--policy", "fifo", "--day-order", "0,x"],
+            "--day-order: day order '0,x' must be comma-separated day numbers",
+        ),
     ],
 )
 def test_bad_options_name_the_option(tmp_path, capsys, args, message):
@@ -128,6 +137,28 @@ def test_a_shifted_trace_is_simulated_and_reported(tmp_path):
     longer = json.loads((out / "report.json").read_text())
     assert longer["config"]["shift"]["queue"] == "6c71a0"
     assert longer["policies"]["fifo"]["avg_jct_s"] > plain["policies"]["fifo"]["avg_jct_s"]
+
+
+def test_a_week_of_the_traces_days_in_another_order_is_simulated_and_reported(tmp_path):
+    # the tiny trace spread over four days (every submit time x 10), written as a trace file
+    days = [dataclasses.replace(job, submit_s=job.submit_s * 10) for job in load_jobs(TINY)]
+    trace = tmp_path / "days.csv"
+    write_jobs(trace, days)
+
+    def run(name, *extra):
+        out = tmp_path / name
+        args = ["simulate", "--trace", str(trace), "--nodes", "2", "--gpus-per-node", "8", "--out", str(out)]
+        assert main([*args, "--policy", "fifo", "--no-plots", *extra]) == 0
+        return json.loads((out / "report.json").read_text()), out
+
+    plain, _ = run("plain")
+    same, _ = run("same", "--day-order", "0,1,2,3")
+    reordered, out = run("reordered", "--day-order", "3,2,1,0")
+    assert same["policies"]["fifo"]["avg_jct_s"] == plain["policies"]["fifo"]["avg_jct_s"]
+    assert reordered["config"]["day_order"] == [3, 2, 1, 0] and plain["config"]["day_order"] is None
+    assert reordered["policies"]["fifo"]["jobs"] == plain["policies"]["fifo"]["jobs"] == len(days)
+    assert reordered["policies"]["fifo"]["avg_jct_s"] != plain["policies"]["fifo"]["avg_jct_s"]
+    assert "Days in the order [3, 2, 1, 0]" in (out / "report.md").read_text()
 
 
 def test_bad_queue_file_and_unknown_queue(tmp_path, capsys):

@@ -15,7 +15,7 @@ from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel
 from kumiki.sched.placement import STRATEGIES
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.shifts import SHIFTS, ShiftError, shift_trace
+from kumiki.sim.shifts import SHIFTS, ShiftError, parse_day_order, reorder_days, shift_trace
 
 DEFAULT_CHECKPOINT = CheckpointModel()
 
@@ -69,6 +69,12 @@ def register(subparsers: Any) -> None:
         help=f"apply a synthetic distribution shift to the trace first ({', '.join(SHIFTS)}; kumiki.sim.shifts):"
         " x10 makes the busiest queue's run times 10x from the trace's middle on, new-vc renames the second"
         " busiest queue's jobs from then on to a queue never seen",
+    )
+    simulate.add_argument(
+        "--day-order",
+        default=None,
+        help="replay another week built from the trace's days in this order, e.g. 3,6,5,2,0,4,1 (day k of the"
+        " replay is day order[k] of the trace; 0 is its first day; each job keeps its time of day; after --shift)",
     )
     simulate.set_defaults(handler=run_simulate)
 
@@ -217,12 +223,22 @@ def run_simulate(args: argparse.Namespace) -> int:
         if args.shift is not None:
             shift = shift_trace(full_trace, args.shift)
             full_trace = shift.jobs
+    except TraceError as error:
+        raise UsageError(f"--trace: {error}") from None
+    except ShiftError as error:
+        raise UsageError(f"--shift: {error}") from None
+    day_order = None
+    if args.day_order is not None:
+        try:
+            day_order = parse_day_order(args.day_order)
+            full_trace = reorder_days(full_trace, day_order)
+        except ShiftError as error:
+            raise UsageError(f"--day-order: {error}") from None
+    try:
         trace = window(full_trace, start_s, end_s)
         jobs_by_seed = {each: sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=each) for each in seeds}
     except (TraceError, WorkloadError) as error:
         raise UsageError(f"--trace: {error}") from None
-    except ShiftError as error:
-        raise UsageError(f"--shift: {error}") from None
     jobs = jobs_by_seed[seed]
     if not jobs:
         raise UsageError("--trace: no jobs in the chosen window")
@@ -254,6 +270,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             "start_s": start_s,
             "end_s": end_s,
             "queues": shares,
+            "day_order": day_order,
             "shift": None
             if shift is None
             else {"name": shift.name, "queue": shift.queue, "from_s": shift.from_s, "jobs": len(shift.changed)},
@@ -338,6 +355,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     (out / "report.md").write_text(
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
         + (f"Synthetic shift {shift.describe()}.\n\n" if shift is not None else "")
+        + (f"Days in the order {day_order} (`--day-order`).\n\n" if day_order is not None else "")
         + f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
         encoding="utf-8",
     )
