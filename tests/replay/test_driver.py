@@ -1,5 +1,6 @@
 """The replay driver's bookkeeping, with no broker: a CHECKPOINT read before its attempt's BOUND is answered
-once the BOUND is read (the two topics are read apart), and a job is counted done once."""
+once the BOUND is read (the two topics are read apart), a job is counted done once, and the live view's waiting
+count never goes below 0 when a preemption is read after the driver released the job."""
 
 from __future__ import annotations
 
@@ -66,3 +67,33 @@ def test_a_job_is_counted_done_once() -> None:
     time.sleep(0.001)
     replay._finished(first)
     assert replay.counts.done == 1 and first.ended_wall == stamp and not replay._done.is_set()
+
+
+async def test_a_generation_requeued_after_the_driver_released_the_job_does_not_count_as_left_waiting() -> None:
+    """Placement preempts a job just as the driver releases it: the PREEMPTED is read after the release (too late
+    to count the job waiting again), and the next generation's BOUND must not take the waiting count below 0."""
+    job = ReplayJob("late", "q", 0.0, 10_000.0, 1, (1,), False)
+    replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
+    (key,) = replay.tracks
+    track = replay.tracks[key]
+    replay._submitted(track)
+    assert replay.counts.waiting == 1
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 1)))
+    assert (replay.counts.waiting, replay.counts.running) == (0, 1)
+    track.release.cancel()  # type: ignore[union-attr]
+    replay._unhold(key, track, time.time())  # what the driver's own release does first
+    replay._finished(track)
+    preempted = events_pb2.JobLifecycle(
+        job=common_pb2.JobRef(job_id=key, generation=1), state=events_pb2.JOB_STATE_PREEMPTED
+    )
+    preempted.at.GetCurrentTime()
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, preempted))  # read after the release: ignored
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 2)))
+    assert (replay.counts.waiting, replay.counts.running) == (0, 1)
+    track.release.cancel()  # type: ignore[union-attr]
+    # a preemption read while the job runs counts it waiting once, and its next bind takes it off again
+    replay._preempted(key, track, 2, time.time(), 0.0)
+    assert (replay.counts.waiting, replay.counts.running) == (1, 0)
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 3)))
+    assert (replay.counts.waiting, replay.counts.running) == (0, 1)
+    track.release.cancel()  # type: ignore[union-attr]

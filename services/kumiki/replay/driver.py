@@ -94,6 +94,9 @@ class _Track:
     ended_wall: float | None = None
     holds: list[tuple[float, float]] = field(default_factory=list)  # wall (bound, freed) of each attempt
     running: bool = False  # the current generation is bound and has not ended
+    # counted in `counts.waiting`: submitted or preempted, not bound since (a generation placement requeued after
+    # the driver released the job, its PREEMPTED read too late to count, is bound without having been counted)
+    queued: bool = False
     early_checkpoint: events_pb2.PreemptionCommand | None = None  # a CHECKPOINT read before its attempt's BOUND
     found_idle: set[int] = field(default_factory=set)  # generations telemetry reported idle
     reclaimed: int = 0
@@ -284,7 +287,7 @@ class Replay:
         if early is not None and early.job.generation == generation:
             self._answer(key, track, early)
         self.counts.binds += 1  # at arrival or by a scheduling pass: every BOUND counts
-        self.counts.waiting -= 1
+        self._dequeued(track)
         self.counts.running += 1
         self.counts.gpus_allocated += track.job.gpus
         self.counts.gpus_busy += 0 if track.job.idle else track.job.gpus
@@ -308,7 +311,7 @@ class Replay:
             track.reclaimed += 1
             self.counts.idle_reclaimed += 1
         self._unhold(key, track, at_wall)
-        self.counts.waiting += 1
+        self._queued(track)
         self._requeued(key, track)
 
     def _unhold(self, key: str, track: _Track, at_wall: float) -> None:
@@ -359,7 +362,17 @@ class Replay:
     def _submitted(self, track: _Track) -> None:
         track.submitted_wall = time.time()
         self.counts.submitted += 1
-        self.counts.waiting += 1
+        self._queued(track)
+
+    def _queued(self, track: _Track) -> None:
+        if not track.queued:
+            track.queued = True
+            self.counts.waiting += 1
+
+    def _dequeued(self, track: _Track) -> None:
+        if track.queued:
+            track.queued = False
+            self.counts.waiting -= 1
 
     async def _on_idle(self, key: str, event: Event | None) -> None:
         """gpu.idle for one of this run's jobs: telemetry found a zombie (counted once per attempt)."""
@@ -440,7 +453,7 @@ class Replay:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION and track.ended_wall is not None:
                 return  # a retry that outlived the job: placement refuses to run an ended generation again
             self.errors.append(f"{key}: Bind: {error.code().name}: {error.details()}")
-            self.counts.waiting -= 1
+            self._dequeued(track)
             self._finished(track)
             return
         assert isinstance(reply, placement_pb2.BindResponse)
