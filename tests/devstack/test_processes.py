@@ -1,3 +1,4 @@
+import os
 import socket
 
 from kumiki.devstack import processes
@@ -23,3 +24,20 @@ def test_without_room_below_the_ephemeral_range_the_kernel_chooses(monkeypatch):
     ports = [free_port() for _ in range(20)]
     assert len(set(ports)) == 20
     assert all(low <= port <= high for port in ports)
+
+
+def test_terminate_all_stops_every_group_at_once_and_kills_one_that_ignores_sigterm(tmp_path):
+    log = tmp_path / "log"
+    polite = processes.spawn(["sleep", "60"], log)
+    stubborn = processes.spawn(["bash", "-c", "trap '' TERM; while true; do sleep 0.1; done"], log)
+    gone = processes.spawn(["true"], log)
+    while processes.alive(gone):  # exits at once; wait until it has (a pid known but no longer running)
+        try:
+            os.waitpid(gone, 0)
+        except ChildProcessError:
+            break
+    outcomes = processes.terminate_all([polite, None, stubborn, gone], timeout_s=1.0)
+    assert outcomes == [True, False, True, False]
+    for pid in (polite, stubborn):
+        os.waitpid(pid, 0)  # reap: both ended (the stubborn one by SIGKILL after the shared timeout)
+        assert not processes.alive(pid)

@@ -23,7 +23,9 @@ from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import SERVICES
 from tests.conftest import read_records
 
-pytestmark = pytest.mark.slow
+# two full stack starts and stops per test: on a loaded 2-core machine (CI building the Go tools beside it) one
+# test took more than the default 300 s, and the timeout then cut its teardown short, leaving the stack running
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def kumiki(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

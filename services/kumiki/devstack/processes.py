@@ -120,16 +120,26 @@ def wait_for_port(host: str, port: int, timeout_s: float, pid: int | None, what:
 
 def terminate(pid: int | None, timeout_s: float = 20.0) -> bool:
     """SIGTERM the process group, SIGKILL after the timeout; True when something was stopped."""
-    if not alive(pid):
-        return False
-    assert pid is not None
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+    return terminate_all([pid], timeout_s)[0]
+
+
+def terminate_all(pids: Sequence[int | None], timeout_s: float = 20.0) -> list[bool]:
+    """SIGTERM every process group at once, SIGKILL those still running after one shared timeout; for each pid,
+    whether something was stopped. Stopping them together bounds `kumiki down` by one timeout, not one per
+    service (on a loaded machine five graceful shutdowns in turn took minutes)."""
+    running = [pid for pid in pids if alive(pid)]
+    for pid in running:
+        assert pid is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
+    left = list(running)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if alive(pid)]
+        if left:
+            time.sleep(0.1)
+    for pid in left:
+        assert pid is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    return [pid in running for pid in pids]

@@ -16,7 +16,16 @@ from typing import Any
 
 from kumiki.devstack.broker import start_broker
 from kumiki.devstack.postgres import start_postgres, stop_postgres
-from kumiki.devstack.processes import StackError, alive, can_bind, free_port, port_open, spawn, terminate
+from kumiki.devstack.processes import (
+    StackError,
+    alive,
+    can_bind,
+    free_port,
+    port_open,
+    spawn,
+    terminate,
+    terminate_all,
+)
 
 # service name -> python module that runs it, in start order (quota before placement, which admits through it)
 SERVICES: dict[str, str] = {
@@ -383,11 +392,11 @@ def bring_down(purge: bool = False, progress: Any = None) -> list[str]:
     """Stop services first (they commit their work), then Postgres and the broker; data stays unless purge."""
     home = stack_home()
     state = StackState.load(home)
-    stopped = []
-    for name, info in list(state.services.items()):
-        if terminate(info.get("pid")):
-            stopped.append(name)
-        if progress:
+    names = list(state.services)
+    outcomes = terminate_all([state.services[name].get("pid") for name in names])
+    stopped = [name for name, was_running in zip(names, outcomes, strict=True) if was_running]
+    if progress:
+        for name in names:
             progress(f"stopped {name}")
     state.services = {}
     state.tls = None  # the CA stays in KUMIKI_HOME/tls; the next `up` is plaintext unless --tls again
