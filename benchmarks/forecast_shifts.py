@@ -17,9 +17,10 @@ import sys
 from _support import trace_jobs
 
 from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
-from kumiki.forecast.evaluate import DAY_S, Prediction, replay, score, scores_by
+from kumiki.forecast.evaluate import Prediction, replay, score, scores_by
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sim.shifts import SHIFTS, shift_trace
+from kumiki.sim.trace import DAY_S
 
 
 def day_label(prediction: Prediction) -> str:

@@ -49,7 +49,15 @@ from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.report import over_seeds, summarize, write_json
-from kumiki.sim.shifts import SHIFTS, ShiftError, day_orders, reorder_days, shift_trace, trace_days
+from kumiki.sim.shifts import (
+    SHIFTS,
+    ShiftError,
+    day_orders,
+    parse_day_order,
+    reorder_days,
+    shift_trace,
+    trace_days,
+)
 from kumiki.sim.trace import TraceJob, load_jobs
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -59,7 +67,7 @@ POLICY_NAMES = (KUMIKI, NOFORECAST, ORACLE, TIRESIAS, SRTF)
 SRTF_BOUND = 1.15  # issue 14: kumiki within 1.15x of srtf-oracle
 TARGET_SHARE = 0.5
 
-# a cell: (nodes, the queue left out or "" for none, the shift, "days:3-6-5-2-0-4-1" for a day order, or "" for
+# a cell: (nodes, the queue left out or "" for none, the shift, "days:3,6,5,2,0,4,1" for a day order, or "" for
 # none); a run: a cell, a policy and a seed
 Cell = tuple[int, str, str]
 DAYS_PREFIX = "days:"
@@ -70,12 +78,13 @@ DAYS_PREFIX = "days:"
 def _trace(path: str, shift: str) -> tuple[TraceJob, ...]:
     jobs = load_jobs(path)
     if shift.startswith(DAYS_PREFIX):
-        return tuple(reorder_days(jobs, [int(day) for day in shift.removeprefix(DAYS_PREFIX).split("-")]))
+        return tuple(reorder_days(jobs, parse_day_order(shift.removeprefix(DAYS_PREFIX))))
     return tuple(shift_trace(jobs, shift).jobs if shift else jobs)
 
 
-def days_cell(order: tuple[int, ...]) -> str:
-    return DAYS_PREFIX + "-".join(str(day) for day in order)
+def day_order_text(order: tuple[int, ...]) -> str:
+    """A day order as `kumiki simulate --day-order` takes it (and `parse_day_order` reads it back)."""
+    return ",".join(str(day) for day in order)
 
 
 def run_one(trace: str, cell: Cell, policy: str, seed: int) -> dict[str, Any]:
@@ -261,6 +270,8 @@ def main() -> int:
         orders = day_orders(trace_days(trace), weeks[0], weeks_seed[0]) if weeks[0] else []
     except ShiftError as error:
         parser.error(f"--weeks / --trace: {error}")
+    if weeks[0] and not orders:
+        parser.error("--weeks / --trace: the trace spans one day, so there is no other order of its days")
     for name in SHIFTS if shift_sizes else ():
         try:
             shift_trace(trace, name)
@@ -278,7 +289,7 @@ def main() -> int:
         [(nodes, "", "") for nodes in sizes]
         + [(mix_nodes[0], queue, "") for queue in queues]
         + [(nodes, "", shift) for nodes in shift_sizes for shift in SHIFTS]
-        + [(week_nodes[0], "", days_cell(order)) for order in orders]
+        + [(week_nodes[0], "", DAYS_PREFIX + day_order_text(order)) for order in orders]
     )
     plan = [(cell, policy, seed) for cell in cells for seed in seeds for policy in POLICY_NAMES]
     results: dict[Cell, dict[str, dict[int, dict[str, Any]]]] = {cell: {} for cell in cells}
@@ -298,7 +309,7 @@ def main() -> int:
         f"{nodes} {shift}": cell_summary(results[(nodes, "", shift)]) for nodes in shift_sizes for shift in SHIFTS
     }
     week = {
-        ",".join(str(day) for day in order): cell_summary(results[(week_nodes[0], "", days_cell(order))])
+        day_order_text(order): cell_summary(results[(week_nodes[0], "", DAYS_PREFIX + day_order_text(order))])
         for order in orders
     }
     report: dict[str, Any] = {

@@ -382,10 +382,10 @@ def _day_windows(
     """Each day of the (windowed) trace simulated on its own, once per seed (rows: the mean over seeds). A
     forecaster starts with what a live one would hold then: every job of the trace file that finished before
     the day began (`warm_up`)."""
-    from kumiki.forecast.evaluate import DAY_S, warm_up
+    from kumiki.forecast.evaluate import warm_up
     from kumiki.sim.engine import SimConfig, Simulator
     from kumiki.sim.report import over_seeds, summarize
-    from kumiki.sim.trace import window
+    from kumiki.sim.trace import DAY_S, window
     from kumiki.sim.workload import sim_jobs
 
     submits = [job.submit_s for job in trace if job.submit_s is not None]

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from kumiki.forecast.baselines import GlobalMedianSoFar, LastTwoSameKey
 from kumiki.forecast.models import log_runtime, median, model_factories
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecaster, tell_started
-from kumiki.sim.trace import TraceJob
+from kumiki.sim.trace import DAY_S, TraceJob
 
 ForecasterFactory = Callable[[], RuntimeForecaster]
-DAY_S = 86_400.0
 BASELINES = ("global-median", "last-two")
 Progress = Callable[[int, int], None]
 

@@ -19,17 +19,17 @@ comes and what is still running from the days before: the two things an unseen w
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kumiki.sim.trace import TraceJob
+from kumiki.sim.trace import DAY_S, TraceJob
 
 SHIFTS = ("x10", "new-vc")
 NEW_QUEUE = "never-seen"
 RUN_TIME_FACTOR = 10.0
-DAY_S = 86_400.0
 
 
 class ShiftError(ValueError):
@@ -122,9 +122,7 @@ def day_orders(days: int, count: int, seed: int = 0) -> list[tuple[int, ...]]:
         raise ShiftError(f"need at least one day and a count >= 0 (got {days} days, count {count})")
     draw = random.Random(seed)
     identity = tuple(range(days))
-    possible = 1
-    for factor in range(2, days + 1):
-        possible *= factor
+    possible = math.factorial(days)
     orders: list[tuple[int, ...]] = []
     while len(orders) < min(count, possible - 1):
         order = list(identity)

@@ -19,6 +19,7 @@ from kumiki.data import bundled_trace
 TRACE_COLUMNS = ("job_id", "submit_s", "gpus", "cpus", "mem_gb", "duration_s", "user", "queue", "status", "model")
 # What pods carry and the public traces do not: read when the header has them (the forecaster keys on them)
 OPTIONAL_TRACE_COLUMNS = ("image", "command", "time_limit_s")
+DAY_S = 86_400.0  # the days traces are cut into (day windows, rolling-origin days, reordered weeks)
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 
