@@ -16,6 +16,7 @@ def test_defaults_are_valid() -> None:
     assert loaded.kafka.bootstrap == "127.0.0.1:9092"
     assert loaded.server.grpc_port == 50051
     assert loaded.kafka.security_protocol == "PLAINTEXT"
+    assert loaded.kafka.empty_fetch_pause_ms == 50
 
 
 @pytest.mark.parametrize(
@@ -34,6 +35,7 @@ def test_defaults_are_valid() -> None:
         ({"KUMIKI_KAFKA_SSL_CAFILE": "/nonexistent/ca.pem"}, "KUMIKI_KAFKA_SSL_CAFILE: expected a readable file"),
         ({"KUMIKI_TLS_CERTFILE": __file__}, "KUMIKI_TLS_KEYFILE: KUMIKI_TLS_CERTFILE and KUMIKI_TLS_KEYFILE"),
         ({"KUMIKI_DATABASE_POOL_MIN": "5", "KUMIKI_DATABASE_POOL_MAX": "2"}, "KUMIKI_DATABASE_POOL_MAX: expected >="),
+        ({"KUMIKI_KAFKA_EMPTY_FETCH_PAUSE_MS": "-5"}, "KUMIKI_KAFKA_EMPTY_FETCH_PAUSE_MS: expected an integer"),
     ],
 )
 def test_wrong_values_name_the_variable(env: dict[str, str], named: str) -> None:

@@ -159,6 +159,9 @@ class KafkaSettings:
     default_partitions: int = 3
     replication_factor: int = 1
     linger_ms: int = 0  # producer batching delay: 0 keeps synchronous binds fast, batches still form under load
+    # an empty fetch answered before the fetch's wait is over (a broker that does not long-poll) is followed by
+    # a pause of up to this much before the next (`kumiki.common.bus.pacing`); 0: none
+    empty_fetch_pause_ms: int = 50
 
     @classmethod
     def from_env(cls, env: Environ) -> KafkaSettings:
@@ -190,6 +193,7 @@ class KafkaSettings:
             default_partitions=env_int(env, "KUMIKI_KAFKA_PARTITIONS", 3, minimum=1, maximum=1024),
             replication_factor=env_int(env, "KUMIKI_KAFKA_REPLICATION", 1, minimum=1, maximum=16),
             linger_ms=env_int(env, "KUMIKI_KAFKA_LINGER_MS", 0, minimum=0, maximum=1000),
+            empty_fetch_pause_ms=env_int(env, "KUMIKI_KAFKA_EMPTY_FETCH_PAUSE_MS", 50, minimum=0, maximum=1000),
         )
 
     def client_options(self) -> dict[str, object]:

@@ -38,6 +38,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from kumiki.common.bus import EventProducer
+from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.topics import CLUSTER_STATE, DEAD_LETTER, GPU_SAMPLES, JOB_LIFECYCLE
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
@@ -297,7 +298,7 @@ def bad_records(count: int, seed: int) -> list[tuple[str, bytes, bytes, list[tup
 async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord]:
     """Every record of a topic up to its end offsets now, partition after partition (each in log order)."""
     consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, group_id=None)
-    await consumer.start()
+    await start_client(consumer, kafka)
     try:
         partitions = await _partitions(consumer, topic)
         if not partitions:
@@ -338,7 +339,7 @@ async def group_lag(kafka: KafkaSettings, database: DatabaseSettings) -> dict[st
     admin = AIOKafkaAdminClient(**kafka.client_options(), request_timeout_ms=15000)
     await admin.start()
     consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, group_id=None)
-    await consumer.start()
+    await start_client(consumer, kafka)
     connection = await asyncpg.connect(database.url)
     try:
         stored: dict[tuple[str, str, int], int] = {}

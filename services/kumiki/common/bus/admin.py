@@ -10,6 +10,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed, TopicAlreadyExistsError
 
+from kumiki.common.bus.pacing import pace_empty_fetches
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
 
@@ -57,7 +58,9 @@ def _why(settings: KafkaSettings, errors: list[object]) -> str | None:
 
 async def start_client(client: Any, settings: KafkaSettings) -> None:
     """Start an aiokafka client, or raise BrokerUnavailable: one line naming the variable to fix (the address,
-    the SASL password, the CA) instead of aiokafka's error per attempt and a bootstrap failure."""
+    the SASL password, the CA) instead of aiokafka's error per attempt and a bootstrap failure. Consumers started
+    in this process from here on pace the empty fetches a broker answers at once (`pace_empty_fetches`)."""
+    pace_empty_fetches(settings.empty_fetch_pause_ms / 1000.0)
     seen = _BootstrapErrors()
     loggers = [logging.getLogger(name) for name in ("aiokafka", "aiokafka.client")]  # it logs on the first
     for logger in loggers:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
@@ -50,7 +51,7 @@ class KnownNodes:
         self._consumer = AIOKafkaConsumer(
             **self.settings.client_options(), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
         )
-        await self._consumer.start()
+        await start_client(self._consumer, self.settings)
         for _ in range(50):  # a just-created topic takes a moment to appear in metadata (as in bus.replay)
             cluster = await self._consumer._client.fetch_all_metadata()
             found = {topic: cluster.partitions_for_topic(topic) for topic in self.specs}

@@ -35,6 +35,7 @@ import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
+from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
 from kumiki.common.bus.producer import EventProducer, RecordBatches
@@ -335,7 +336,7 @@ class TelemetryStreams:
                 session_timeout_ms=int(self.config.session_timeout_s * 1000),
                 heartbeat_interval_ms=int(min(3.0, self.config.session_timeout_s / 3) * 1000),
             )
-            await self._front.start()
+            await start_client(self._front, self.settings)
             self._front_task = asyncio.create_task(self._run_front(), name="telemetry-front-end")
         if self.commit_stall_s > 0:
             self.commits = CommitWatch(
