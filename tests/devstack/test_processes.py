@@ -1,4 +1,5 @@
 import os
+import signal
 import socket
 
 from kumiki.devstack import processes
@@ -38,6 +39,10 @@ def test_terminate_all_stops_every_group_at_once_and_kills_one_that_ignores_sigt
             break
     outcomes = processes.terminate_all([polite, None, stubborn, gone], timeout_s=1.0)
     assert outcomes == [True, False, True, False]
+    ended_by = {}
     for pid in (polite, stubborn):
-        os.waitpid(pid, 0)  # reap: both ended (the stubborn one by SIGKILL after the shared timeout)
-        assert not processes.alive(pid)
+        _, status = os.waitpid(pid, 0)  # reap both
+        assert os.WIFSIGNALED(status) and not processes.alive(pid)
+        ended_by[pid] = os.WTERMSIG(status)
+    # the polite one ended on the SIGTERM, within the shared timeout; only the stubborn one needed SIGKILL
+    assert ended_by == {polite: signal.SIGTERM, stubborn: signal.SIGKILL}
