@@ -215,15 +215,17 @@ def test_a_job_outliving_its_forecast_shifts_belief_to_the_prior():
     assert posterior_trust(0.0, 60.0, 70.0, 3600.0) == 0.0
 
 
-def test_the_error_sigma_variant_reads_the_keys_honest_spread():
+def test_kumiki_orders_on_the_keys_measured_error_and_on_the_claimed_spread_without_one():
     features = JobFeatures("j", "q", "", 1.0, "", 0.0)
     forecast = RuntimeForecast(1000.0, 3000.0, "m", 1, log_sigma=0.3, error_sigma=1.5)
     job = JobView(features=features, gpus=1, queue="q", submit_s=0.0, forecast=forecast)
-    honest = dataclasses.replace(POLICIES["kumiki"], use_error_sigma=True)
-    assert waiting_key(honest, job) == pytest.approx(gittins_rank(1000.0, 1000.0 * math.exp(Z90 * 1.5), 0.0))
     assert waiting_key(POLICIES["kumiki"], job) == pytest.approx(
-        gittins_rank(1000.0, 1000.0 * math.exp(Z90 * 0.3), 0.0)
+        gittins_rank(1000.0, 1000.0 * math.exp(Z90 * 1.5), 0.0)
     )
+    claimed = dataclasses.replace(POLICIES["kumiki"], use_error_sigma=False)  # before the seventeenth step
+    assert waiting_key(claimed, job) == pytest.approx(gittins_rank(1000.0, 1000.0 * math.exp(Z90 * 0.3), 0.0))
+    unmeasured = dataclasses.replace(job, forecast=dataclasses.replace(forecast, error_sigma=None))
+    assert waiting_key(POLICIES["kumiki"], unmeasured) == waiting_key(claimed, job)
 
 
 def test_the_preemption_margin_is_read_off_both_forecasts_error_spreads():

@@ -142,6 +142,12 @@ KUMIKI = QueuePolicy(
     # lowest-ranked ones (docs/design/0003-forecast-trust.md, eleventh step).
     starvation_by_rank=True,
     gpu_exponent=1.0,
+    # The Gittins belief's width is the key's measured error (`error_sigma`, bias included) where it has one, not
+    # the forecast's own claimed spread (`log_sigma`, read from as few as 5 residuals, which reached 6-7 on keys
+    # whose measured error was 1-3): on 18 other weeks built from the slice's days (48 and 64 x 8, seeds 0-2) the
+    # recovered share rose from 31.4% to 34.1% and no week stayed behind no forecasts (one did); on the slice's
+    # own order it fell from 48.4% to 41.1% (docs/design/0003-forecast-trust.md, seventeenth step).
+    use_error_sigma=True,
     # Measured-trust mixing towards the forecast-free order (`kumiki-trust`) cost average JCT on the Philly slice
     # in every form tried: 9% when first measured, 0.3-0.9% now at 48 and 64 x 8, with trust measured by error
     # or by how well the forecasts order (docs/design/0003-forecast-trust.md, first and twelfth steps), so it is
