@@ -126,6 +126,47 @@ def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_
     assert [job.command.job_id for job in book.held_jobs()] == ["idle"]  # the next round asks for the victim
 
 
+def test_a_victim_gives_way_while_quota_still_holds_the_job_its_gpus_were_freed_for() -> None:
+    """Quota may answer from before the release for several rounds: the victim sits them out (and a Bind retry of
+    it is not bound, `yields`), for at most YIELD_ROUNDS; then it is asked again, so it cannot starve."""
+    from kumiki.placement.core import YIELD_ROUNDS
+    from kumiki.sched.placement import PendingReason
+
+    book = idle_book("q=waiting:0")
+    book.gpu_idle("idle", 1, 0.0, 700.0)
+    book.hold(gang("teammate", 8), PendingReason("teammate", "quota", "over-quota", ""), 700.0)  # a whole node
+    book.cycle(701.0)
+    assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    for _ in range(YIELD_ROUNDS):  # quota refuses the teammate every round: the victim still waits
+        assert book.yields("idle")
+        assert [job.command.job_id for job in book.held_jobs()] == ["teammate"]
+    assert not book.yields("idle")
+    assert [job.command.job_id for job in book.held_jobs()] == ["idle", "teammate"]
+
+
+def test_the_held_job_a_victim_yielded_to_gets_its_gpus_even_when_both_are_admitted_in_one_round() -> None:
+    """Once the victim no longer gives way, quota may admit both in one round: the victim, older and ranked better
+    by the order, still does not take back the GPUs freed for the other (`freed_for`)."""
+    from kumiki.placement.core import YIELD_ROUNDS
+    from kumiki.sched.placement import PendingReason
+
+    book = idle_book("q=waiting:0")
+    book.gpu_idle("idle", 1, 0.0, 700.0)
+    book.hold(gang("teammate", 8), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
+    book.cycle(701.0)
+    assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    book.forecast("idle", RuntimeForecast(60.0, 120.0, "m", 1, error_sigma=0.1))  # the order prefers the victim
+    book.forecast("teammate", RuntimeForecast(1e6, 2e6, "m", 1, error_sigma=0.1))
+    for _ in range(YIELD_ROUNDS + 1):
+        book.held_jobs()
+    assert [job.command.job_id for job in book.held_jobs()] == ["idle", "teammate"]
+    book.admit("idle", 704.0)
+    book.admit("teammate", 704.0)
+    assert [job.command.job_id for job in book.cycle(704.0)] == ["teammate"]  # on the GPUs freed for it
+    assert book.pending["idle"].command.generation == 2 and not book.pending["idle"].held  # waits its turn
+    assert not book.freed_for and not book.audit()
+
+
 def test_a_rank_preemption_clears_the_margin_the_forecasts_measured_errors_set() -> None:
     """What placement heard on kumiki.job.forecast sets the margin: the same two forecasts, ~9x apart, evict
     when both keys' errors are small and not when they are large (live, as in the simulator)."""

@@ -27,6 +27,9 @@ from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S, Preemption, Schedul
 # test says the gang's wait saved outweighs their lost work (kumiki.sched.preemption.move_value).
 LIVE_POLICIES = ("fifo", "fifo-backfill", "kumiki", "kumiki-defrag", "tiresias")
 ENDED_KEPT = 200_000  # ended generations remembered (a few dozen bytes each)
+# admission rounds a victim gives way to the quota-held job its GPUs were freed for (a bound on how stale quota's
+# view of the release may be, not a tuned number: 5 s at the local stack's 0.1 s cycle)
+YIELD_ROUNDS = 50
 
 
 class BindConflict(ValueError):
@@ -192,9 +195,14 @@ class PlacementBook:
     releasing: set[tuple[str, int]] = field(default_factory=set)
     idle_policies: dict[str, IdlePolicy] = field(default_factory=dict)  # queue (or "*") -> idle reclaim rule
     idle: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # job -> (generation, since, until)
-    # victim -> the quota-held job its GPUs were freed for: that job is asked of quota a round before the victim,
-    # else an older victim (FIFO) would take its own GPUs straight back
+    # victim -> the quota-held job its GPUs were freed for: the victim is not asked of quota (nor bound by a Bind
+    # retry) while that job is held, for at most YIELD_ROUNDS admission rounds, else an older victim (FIFO), or a
+    # Bind arriving before quota has seen the release, would take its own GPUs straight back
     yielding: dict[str, str] = field(default_factory=dict)
+    yield_rounds: dict[str, int] = field(default_factory=dict)  # victim -> admission rounds it may still sit out
+    # quota-held jobs a victim's GPUs were freed for: admitted, such a job starts on them at once, ahead of the
+    # queue order, as one already waiting does on the release
+    freed_for: set[str] = field(default_factory=set)
     # job -> its newest generation that ran to its end (completed or failed), the oldest forgotten past
     # ENDED_KEPT: a Bind of that generation retried late (across a restart, after the job finished) is refused
     ended: dict[str, int] = field(default_factory=dict)
@@ -448,6 +456,8 @@ class PlacementBook:
             reason = PendingReason(job_id, "preemption", "yielding", "", f"its GPUs went to {beneficiary}")
             self.pending[job_id] = PendingJob(again, reason, job.bound_s - job.waited_s, held=True)
             self.yielding[job_id] = beneficiary
+            self.yield_rounds[job_id] = YIELD_ROUNDS
+            self.freed_for.add(beneficiary)
             return job, again
         self._queue(again, _queued(again), job.bound_s - job.waited_s)
         if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
@@ -455,13 +465,29 @@ class PlacementBook:
             if placed is not None:
                 del self.pending[job_id]
                 self.favoured.append(self._bound(again, placed, now, 0.0))
+        self._start_freed_for(beneficiary, now)  # the GPUs go to whom they were freed for
+        return job, again
+
+    def _start_freed_for(self, beneficiary: str, now: float) -> None:
+        """Start the waiting job a victim's GPUs were freed for, ahead of the queue order, if it fits now."""
         waiting = self.pending.get(beneficiary)
-        if waiting is not None and not waiting.held and self.nodes:  # the GPUs go to whom they were freed for
+        if waiting is not None and not waiting.held and self.nodes:
             placed = self.scheduler.start_waiting(beneficiary, now)
             if placed is not None:
                 del self.pending[beneficiary]
                 self.favoured.append(self._bound(waiting.command, placed, now, now - waiting.submitted_s))
-        return job, again
+
+    def yields(self, job_id: str) -> bool:
+        """Whether a victim still gives way to the quota-held job its GPUs were freed for (not asked, not bound)."""
+        beneficiary = self.yielding.get(job_id)
+        if beneficiary is None:
+            return False
+        waiting, victim = self.pending.get(beneficiary), self.pending.get(job_id)
+        if waiting is None or not waiting.held or victim is None or self.yield_rounds.get(job_id, 0) <= 0:
+            del self.yielding[job_id]
+            self.yield_rounds.pop(job_id, None)
+            return False
+        return True
 
     def gpu_idle(self, job_id: str, generation: int, since_s: float, until_s: float) -> None:
         """Telemetry reports a job's GPUs idle from `since_s` to `until_s`; consecutive windows join up."""
@@ -521,13 +547,17 @@ class PlacementBook:
         self.pending[command.job_id] = PendingJob(command, reason, submitted, held=True)
 
     def admit(self, job_id: str, now: float) -> None:
-        """A held job that quota now admits joins the queue, keeping its arrival time."""
+        """A held job that quota now admits joins the queue, keeping its arrival time; one a victim's GPUs were freed
+        for starts on them at once (`freed_for`)."""
         pending = self.pending[job_id]
         if pending.held:
             scheduler = self.scheduler if self.nodes else None  # rebuilt first, so the job is queued once
             self.pending[job_id] = replace(pending, held=False)
             if scheduler is not None:
                 scheduler.submit(self._view(pending.command, pending.submitted_s), pending.command.request)
+        if job_id in self.freed_for:
+            self.freed_for.discard(job_id)
+            self._start_freed_for(job_id, now)
 
     def restore_pending(self, command: BindCommand, submitted_s: float) -> None:
         """A job that waited before a restart waits again with its arrival time; held until the cycle has asked
@@ -544,10 +574,15 @@ class PlacementBook:
 
     def held_jobs(self) -> list[PendingJob]:
         """Jobs quota held back, in arrival order (the cycle asks quota again for each, once per cycle). A victim
-        yielding to a held job sits out one round: the job its GPUs were freed for is asked first."""
-        yielding = {victim for victim, beneficiary in self.yielding.items() if beneficiary in self.pending}
-        self.yielding.clear()
-        return [job for job in self.held_jobs_in_order() if job.command.job_id not in yielding]
+        yielding to a held job sits out while that job is held (at most YIELD_ROUNDS rounds): quota may answer from
+        before the release for a round or more, and the job the GPUs were freed for is asked first."""
+        self.freed_for &= set(self.pending)  # beneficiaries gone (cancelled, bound) need nothing kept
+        sitting_out = set()
+        for victim in list(self.yielding):
+            if self.yields(victim):
+                self.yield_rounds[victim] -= 1
+                sitting_out.add(victim)
+        return [job for job in self.held_jobs_in_order() if job.command.job_id not in sitting_out]
 
     def unbind(self, job_id: str, *, requeue: bool = False, now: float = 0.0) -> BoundJob:
         """Undo an allocation that could not be made durable (its event was not acknowledged).

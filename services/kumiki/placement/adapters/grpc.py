@@ -284,6 +284,9 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         waiting = self.book.pending.get(command.job_id)
         arrives = waiting is None or waiting.command.generation != command.generation  # not a caller's retry
         existing = self.book.bound.get(command.job_id)
+        if waiting is not None and waiting.held and self.book.yields(command.job_id):
+            # a victim's retry before the job its GPUs were freed for was admitted: it waits, held, behind it
+            return await self._pending(command, waiting.reason, arrives)
         if existing is None or existing.command.generation != command.generation:
             denied = await self.admission.admit(command)
             _note(**{"kumiki.quota.admitted": denied is None})
