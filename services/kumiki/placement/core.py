@@ -195,11 +195,10 @@ class PlacementBook:
     releasing: set[tuple[str, int]] = field(default_factory=set)
     idle_policies: dict[str, IdlePolicy] = field(default_factory=dict)  # queue (or "*") -> idle reclaim rule
     idle: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # job -> (generation, since, until)
-    # victim -> the quota-held job its GPUs were freed for: the victim is not asked of quota (nor bound by a Bind
-    # retry) while that job is held, for at most YIELD_ROUNDS admission rounds, else an older victim (FIFO), or a
-    # Bind arriving before quota has seen the release, would take its own GPUs straight back
-    yielding: dict[str, str] = field(default_factory=dict)
-    yield_rounds: dict[str, int] = field(default_factory=dict)  # victim -> admission rounds it may still sit out
+    # victim -> (the quota-held job its GPUs were freed for, admission rounds it may still sit out): the victim is
+    # not asked of quota (nor bound by a Bind retry) while that job is held, for at most YIELD_ROUNDS rounds, else
+    # an older victim (FIFO), or a Bind arriving before quota has seen the release, would take its GPUs straight back
+    yielding: dict[str, tuple[str, int]] = field(default_factory=dict)
     # quota-held jobs a victim's GPUs were freed for: admitted, such a job starts on them at once, ahead of the
     # queue order, as one already waiting does on the release
     freed_for: set[str] = field(default_factory=set)
@@ -455,8 +454,7 @@ class PlacementBook:
         if waiting is not None and waiting.held:  # freed for a job quota holds back: wait behind it, held too
             reason = PendingReason(job_id, "preemption", "yielding", "", f"its GPUs went to {beneficiary}")
             self.pending[job_id] = PendingJob(again, reason, job.bound_s - job.waited_s, held=True)
-            self.yielding[job_id] = beneficiary
-            self.yield_rounds[job_id] = YIELD_ROUNDS
+            self.yielding[job_id] = (beneficiary, YIELD_ROUNDS)
             self.freed_for.add(beneficiary)
             return job, again
         self._queue(again, _queued(again), job.bound_s - job.waited_s)
@@ -479,13 +477,12 @@ class PlacementBook:
 
     def yields(self, job_id: str) -> bool:
         """Whether a victim still gives way to the quota-held job its GPUs were freed for (not asked, not bound)."""
-        beneficiary = self.yielding.get(job_id)
-        if beneficiary is None:
+        if job_id not in self.yielding:
             return False
-        waiting, victim = self.pending.get(beneficiary), self.pending.get(job_id)
-        if waiting is None or not waiting.held or victim is None or self.yield_rounds.get(job_id, 0) <= 0:
+        beneficiary, rounds_left = self.yielding[job_id]
+        waiting = self.pending.get(beneficiary)
+        if waiting is None or not waiting.held or job_id not in self.pending or rounds_left <= 0:
             del self.yielding[job_id]
-            self.yield_rounds.pop(job_id, None)
             return False
         return True
 
@@ -580,7 +577,8 @@ class PlacementBook:
         sitting_out = set()
         for victim in list(self.yielding):
             if self.yields(victim):
-                self.yield_rounds[victim] -= 1
+                beneficiary, rounds_left = self.yielding[victim]
+                self.yielding[victim] = (beneficiary, rounds_left - 1)
                 sitting_out.add(victim)
         return [job for job in self.held_jobs_in_order() if job.command.job_id not in sitting_out]
 
