@@ -30,7 +30,11 @@ def test_without_room_below_the_ephemeral_range_the_kernel_chooses(monkeypatch):
 def test_terminate_all_stops_every_group_at_once_and_kills_one_that_ignores_sigterm(tmp_path):
     log = tmp_path / "log"
     polite = processes.spawn(["sleep", "60"], log)
-    stubborn = processes.spawn(["bash", "-c", "trap '' TERM; while true; do sleep 0.1; done"], log)
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    stubborn = processes.spawn(["bash", "-c", f"trap '' TERM; echo ok > {ready}; while true; do sleep 0.1; done"], log)
+    with ready.open() as pipe:  # blocks until the trap is set: a SIGTERM before it would end bash, as CI once saw
+        assert pipe.read() == "ok\n"
     gone = processes.spawn(["true"], log)
     while processes.alive(gone):  # exits at once; wait until it has (a pid known but no longer running)
         try:
