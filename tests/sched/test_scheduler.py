@@ -280,3 +280,16 @@ def test_a_job_running_far_past_a_badly_wrong_forecast_can_still_be_evicted_by_r
     assert evictions(kumiki, 200.0) == []  # within its forecast's error: ranked as forecast, the 60x holds
     assert evictions(kumiki, 20_000.0) == ["long"]  # ran 200x its p50: ranked by what it has run (~20,000 s)
     assert evictions(dataclasses.replace(kumiki, cap_margin_past_forecast=False), 20_000.0) == []
+
+
+def test_a_gang_of_pods_smaller_than_a_node_starts_in_the_pass_on_one_node():
+    """The pass's cheap pre-check once asked for a node per pod, so a queued gang of two 2-GPU pods never started
+    on a free 8-GPU node (a preempted job's next generation waited for ever in placement)."""
+    from kumiki.sched.jobs import GangRequest, PodRequest
+
+    scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
+    scheduler.submit(view("pair", 4), GangRequest("pair", (PodRequest(gpus=2), PodRequest(gpus=2))))
+    scheduler.submit(view("wide", 12), GangRequest("wide", (PodRequest(gpus=8), PodRequest(gpus=4))))
+    assert started(scheduler.schedule(0.0)) == ["pair"]
+    assert scheduler.running["pair"].nodes == (0,)
+    assert "wide" in scheduler.waiting  # 12 GPUs cannot fit 8, however they are split

@@ -252,13 +252,17 @@ class Scheduler:
 
     # ---- the pass ------------------------------------------------------------------------------
     def fits_shape(self, shape: tuple[int, ...]) -> bool:
-        """Necessary condition from the free-GPU index alone (cheap): each pod could find a node."""
+        """Necessary condition from the free-GPU index alone (cheap): the largest pod finds a node, and the nodes
+        that could hold the smallest have the GPUs of all of them. Pods of one gang may share a node, so this
+        must not ask for a node per pod: a gang of two 2-GPU pods fits one free 8-GPU node."""
         by_free = self.state.by_free
+        top = self.state.max_gpus
+        if not any(by_free[level] for level in range(shape[0], top + 1)):
+            return False
         if len(shape) == 1:
-            return any(by_free[level] for level in range(shape[0], self.state.max_gpus + 1))
-        need = shape[0]
-        count = sum(len(by_free[level]) for level in range(need, self.state.max_gpus + 1))
-        return count >= len(shape)
+            return True
+        usable = sum(level * len(by_free[level]) for level in range(max(shape[-1], 1), top + 1))
+        return usable >= sum(shape)
 
     def schedule(self, now: float, *, consider_preemption: bool = False, recheck: Collection[str] = ()) -> Decisions:
         """One scheduling pass. `consider_preemption`: blocked jobs may evict lower-ranked ones anywhere;
