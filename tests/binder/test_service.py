@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+import urllib.request
 from typing import Any
 
+import grpc
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
+from prometheus_client.parser import text_string_to_metric_families
 
 from kumiki.binder import core
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import JOB_LIFECYCLE, PREEMPTION_COMMANDS
 from kumiki.common.config import KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from tests.binder.support import (
     PodGroup,
     Processes,
@@ -339,6 +342,73 @@ async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
     await until(evicted, timeout_s=90, what="the pods evicted once the budget allows it")
 
 
+def binder_metrics(processes: Processes, *prefixes: str) -> dict[str, float]:
+    """The first binder's samples whose names start with one of `prefixes` (histograms: count, sum, +Inf)."""
+    url = f"http://127.0.0.1:{processes.binder_http[0]}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith(prefixes) and sample.labels.get("le", "") in ("", "+Inf")
+    }
+
+
+async def test_an_evict_command_read_after_its_release_still_lets_the_next_generation_run(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    """The coordinator publishes EVICT (preemption.commands) and then releases the generation as PREEMPTED
+    (job.lifecycle): two topics, so the binder may read them in either order. Read release first, the command
+    must still evict that generation's pods and must not hold back the next generation's progress (it once did:
+    the next generation's pods ran and succeeded, and the job never ended)."""
+    await start(processes, kube, [node_object("gpu-0", 8)])
+    ns = await namespace(kube)
+    job = f"{ns}/victim"
+    await create_all(
+        kube,
+        [podgroup_object(ns, "victim", 2), *(pod_object(ns, f"victim-{i}", gpus=2, group="victim") for i in range(2))],
+    )
+    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{processes.placement_port}") as channel:
+        await placement_pb2_grpc.PlacementStub(channel).Release(
+            placement_pb2.ReleaseRequest(
+                job=common_pb2.JobRef(job_id=job, generation=1),
+                reason="preempted",
+                final_state=events_pb2.JOB_STATE_PREEMPTED,
+            ),
+            timeout=10.0,
+        )
+    confirmed = "kumiki_binder_evictions_confirmed_total"
+    await until(lambda: binder_metrics(processes, confirmed).get(confirmed) == 1, 30, "the binder to read the release")
+    producer = EventProducer(processes.kafka, "//kumiki/preemption/test")
+    await producer.start()
+    try:
+        command = events_pb2.PreemptionCommand(
+            command_id="c-late",
+            job=common_pb2.JobRef(job_id=job, generation=1),
+            action=events_pb2.PREEMPTION_ACTION_EVICT,
+            reason="reclaim for team-b",
+        )
+        await producer.publish(PREEMPTION_COMMANDS, job, command, event_id="c-late")
+    finally:
+        await producer.stop()
+
+    async def evicted() -> bool:
+        return not await pods_in(kube, ns)
+
+    await until(evicted, timeout_s=60, what="the first generation's pods evicted on the late command")
+    # the job's controller makes the next generation's pods (resuming from the checkpoint)
+    await create_all(kube, [pod_object(ns, f"victim-g2-{i}", gpus=2, group="victim", run_for="1s") for i in range(2)])
+
+    async def second_generation_states() -> set[int]:
+        states = {r.state for r in await lifecycle(processes.kafka) if r.job.job_id == job and r.job.generation == 2}
+        return states if events_pb2.JOB_STATE_COMPLETED in states else set()
+
+    states = await until(second_generation_states, timeout_s=60, what="the second generation COMPLETED")
+    assert {events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING} <= states
+
+
 async def test_binder_sigkilled_mid_500_binds_resumes_without_double_binding(
     kube: AsyncClient, processes: Processes
 ) -> None:
@@ -416,9 +486,6 @@ async def test_pod_scheduling_latency_and_binds_are_scraped_from_the_binder(
     has existed (its creationTimestamp, whole seconds, to the Binding); kumiki_binder_pods_bound_total counts
     the same binds."""
     import time
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
 
     await start(processes, kube, [node_object(f"lat-{index}", 8) for index in range(2)])
     ns = await namespace(kube)
@@ -428,16 +495,7 @@ async def test_pod_scheduling_latency_and_binds_are_scraped_from_the_binder(
     waited = time.time() - began
 
     def scraped() -> dict[str, float]:
-        url = f"http://127.0.0.1:{processes.binder_http[0]}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        return {
-            sample.name: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name.startswith(("kumiki_binder_pod_scheduling_seconds", "kumiki_binder_pods_bound_total"))
-            and sample.labels.get("le", "") in ("", "+Inf")
-        }
+        return binder_metrics(processes, "kumiki_binder_pod_scheduling_seconds", "kumiki_binder_pods_bound_total")
 
     metrics = await until(lambda: (m := scraped()).get("kumiki_binder_pods_bound_total") == 5 and m, 30, "scrape")
     assert metrics["kumiki_binder_pod_scheduling_seconds_count"] == 5

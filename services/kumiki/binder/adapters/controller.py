@@ -49,6 +49,9 @@ POD_SCHEDULING_SECONDS = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
 )
 EVICTIONS = Counter("kumiki_binder_evictions_total", "Eviction API calls by result", ["result"])
+EVICTIONS_CONFIRMED = Counter(
+    "kumiki_binder_evictions_confirmed_total", "Generations the preemption coordinator released as PREEMPTED"
+)
 REPAIRS = Counter("kumiki_binder_repaired_binds_total", "Binds Placement made that the API had not got, repaired")
 PENDING = Gauge("kumiki_binder_pending_pods", "Pods with schedulerName kumiki and no node")
 EVENTS_DROPPED = Counter("kumiki_binder_events_dropped_total", "Kubernetes Events not sent (queue full)")
@@ -106,7 +109,10 @@ class Binder:
         self.timeouts: dict[tuple[str, str], int] = {}  # (namespace, group) -> scheduleTimeoutSeconds (0: none)
         self.wake = asyncio.Event()
         self.busy: set[str] = set()  # gangs with a submission or binding in flight
-        self.evicting: set[str] = set()  # jobs evicted on a preemption command (the coordinator releases them)
+        # job -> the generation a preemption command evicts, until the coordinator's PREEMPTED release of it is
+        # read: its pods ending meanwhile are the eviction, not the job's end. The two arrive on different topics,
+        # in either order, so a command for a generation already released is not recorded at all.
+        self.evicting: dict[str, int] = {}
         self.retry_at: dict[str, float] = {}
         self.slots = asyncio.Semaphore(concurrency)
         self.scheduled_events = scheduled_events
@@ -282,7 +288,10 @@ class Binder:
     def _evicted(self, job_id: str, generation: int) -> None:
         """The coordinator released this generation as PREEMPTED: the group's next pods (its job controller makes
         them, resuming from the checkpoint) are the next generation, not late members of a placed gang."""
-        self.evicting.discard(job_id)  # the eviction is over: the next generation's pods are watched again
+        if self.synced.is_set():  # not the log's history read again at start
+            EVICTIONS_CONFIRMED.inc()
+        if self.evicting.get(job_id, 0) <= generation:
+            self.evicting.pop(job_id, None)  # the eviction is over: the next generation's pods are watched again
         gang = self.gangs.get(job_id)
         if gang is None or gang.generation != generation or not gang.bound:
             return
@@ -347,7 +356,7 @@ class Binder:
 
     async def _check_progress(self, gang: Gang) -> None:
         """RUNNING once every bound pod runs; COMPLETED / FAILED (Release in Placement) once all ended."""
-        if not gang.bound or gang.released == gang.generation or gang.job_id in self.evicting:
+        if not gang.bound or gang.released == gang.generation or self.evicting.get(gang.job_id) == gang.generation:
             return
         members = [gang.pods.get(key) for key in gang.submitted]
         present = [pod for pod in members if pod is not None]
@@ -826,12 +835,22 @@ class Binder:
         assert isinstance(command, events_pb2.PreemptionCommand)
         if command.action != events_pb2.PREEMPTION_ACTION_EVICT:
             return  # CHECKPOINT goes to the job's SDK, RESUME is the job's own restart
-        self.evicting.add(command.job.job_id)
-        self._spawn(self.evict(command.job.job_id, command.grace_period_s, command.reason or "preempted"))
+        job_id, generation = command.job.job_id, command.job.generation
+        logged = self.logged.get(job_id)
+        released = logged is not None and (
+            logged.generation > generation
+            or (logged.generation == generation and logged.state == events_pb2.JOB_STATE_PREEMPTED)
+        )
+        if not released:
+            self.evicting[job_id] = generation
+        self._spawn(self.evict(job_id, command.grace_period_s, command.reason or "preempted", generation=generation))
 
-    async def evict(self, job_id: str, grace_period_s: float, reason: str, attempts: int = 60) -> bool:
-        """Evict every pod of the job through the Eviction API; a refusal (a PodDisruptionBudget) is retried
-        with backoff and reported on the pod; never a plain delete. True when every pod was evicted."""
+    async def evict(
+        self, job_id: str, grace_period_s: float, reason: str, attempts: int = 60, generation: int = 0
+    ) -> bool:
+        """Evict every pod of the job (of `generation` and before, when given: a late command never takes a later
+        generation's pods) through the Eviction API; a refusal (a PodDisruptionBudget) is retried with backoff
+        and reported on the pod; never a plain delete. True when every pod was evicted."""
         gang = self.gangs.get(job_id)
         if gang is None:
             return True
@@ -843,13 +862,20 @@ class Binder:
                 "kumiki.reason": reason,
             },
         ) as span:
-            evicted = await self._evict(gang, grace_period_s, reason, attempts)
+            evicted = await self._evict(gang, grace_period_s, reason, attempts, generation)
             span.set_attribute("kumiki.evicted", evicted)
             return evicted
 
-    async def _evict(self, gang: Gang, grace_period_s: float, reason: str, attempts: int) -> bool:
+    async def _evict(self, gang: Gang, grace_period_s: float, reason: str, attempts: int, generation: int) -> bool:
         job_id = gang.job_id
-        remaining = sorted((key for key, pod in gang.pods.items() if pod.node and not pod.ended), key=str)
+        remaining = sorted(
+            (
+                key
+                for key, pod in gang.pods.items()
+                if pod.node and not pod.ended and (not generation or pod.generation_annotation <= generation)
+            ),
+            key=str,
+        )
         for attempt in range(attempts):
             still: list[PodKey] = []
             for key in remaining:
