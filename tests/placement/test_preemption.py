@@ -185,3 +185,16 @@ def test_a_rank_preemption_clears_the_margin_the_forecasts_measured_errors_set()
 
     assert evicted(0.1) == ["long"]
     assert evicted(1.5) == []
+
+
+def test_a_higher_tier_gang_of_pods_smaller_than_a_node_preempts_on_the_node_they_fit_together() -> None:
+    book = PlacementBook(policy="kumiki", min_run_s=0.0)
+    book.upsert_node(node("a"), healthy=True)
+    assert book.bind(gang("filler", 6, preemptible=True), 0.0).job is not None
+    outcome = book.bind(gang("urgent", 2, 2, tier=1), 10.0)
+    assert not outcome.bound and outcome.reason is not None and outcome.reason.resource == "preemption"
+    assert [victim.job.command.job_id for victim in book.preemptions] == ["filler"]
+    assert book.release_preempted("filler", 1, 20.0) is not None
+    (started,) = book.cycle(20.0)
+    assert started.command.job_id == "urgent" and started.node_names == ("a", "a")
+    assert not book.audit()

@@ -293,3 +293,28 @@ def test_a_gang_of_pods_smaller_than_a_node_starts_in_the_pass_on_one_node():
     assert started(scheduler.schedule(0.0)) == ["pair"]
     assert scheduler.running["pair"].nodes == (0,)
     assert "wide" in scheduler.waiting  # 12 GPUs cannot fit 8, however they are split
+
+
+def test_a_gang_whose_pods_fit_one_node_preempts_and_reserves_as_one_job_of_their_total():
+    """Two 2-GPU pods are a 4-GPU job to make room for: the gang may evict a job the order ranks far below it
+    from one node, and a reservation for it holds one node (it once asked for a node per pod: on a one-node
+    cluster it could neither preempt nor reserve, and waited behind every newcomer)."""
+    from kumiki.sched.jobs import GangRequest, PodRequest
+
+    pair = GangRequest("pair", (PodRequest(gpus=2), PodRequest(gpus=2)))
+    scheduler = Scheduler(POLICIES["kumiki"], ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
+    scheduler.submit(forecast_view("old", 6, 0.0, 1000.0, 2000.0), consolidated_gang("old", 6, 8))
+    scheduler.schedule(0.0)
+    scheduler.submit(forecast_view("pair", 4, 30_000.0, 400.0, 800.0), pair, now=30_000.0)
+    decisions = scheduler.schedule(30_000.0, consider_preemption=True)  # "old" long past its forecast
+    assert [p.job_id for p in decisions.preemptions] == ["old"] and started(decisions) == ["pair"]
+    assert scheduler.running["pair"].nodes == (0,)
+
+    reserving = Scheduler(RESERVING_KUMIKI, ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
+    reserving.submit(view("busy", 6, 0.0, p90=1000.0), consolidated_gang("busy", 6, 8))
+    reserving.schedule(0.0)
+    reserving.submit(view("pair", 4, 1.0, p90=100.0), pair)
+    assert started(reserving.schedule(1.0)) == []
+    assert reserving.reservation is not None and reserving.reservation.job_id == "pair"
+    assert reserving.reservation.nodes == frozenset({0})
+    assert reserving.span((2, 2)) == (4, 1) and reserving.span((8, 8)) == (8, 2) and reserving.span((8, 4)) == (8, 2)

@@ -264,6 +264,15 @@ class Scheduler:
         usable = sum(level * len(by_free[level]) for level in range(max(shape[-1], 1), top + 1))
         return usable >= sum(shape)
 
+    def span(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(GPUs needed per node, nodes) to make room for a gang: one node for all of it when its pods fit the
+        largest node together (two 2-GPU pods are a 4-GPU job to reserve or preempt for), else a node per pod of
+        the largest pod's size (whole-node gangs)."""
+        total = sum(shape)
+        if len(shape) == 1 or total <= self.state.max_gpus:
+            return total, 1
+        return shape[0], len(shape)
+
     def schedule(self, now: float, *, consider_preemption: bool = False, recheck: Collection[str] = ()) -> Decisions:
         """One scheduling pass. `consider_preemption`: blocked jobs may evict lower-ranked ones anywhere;
         `recheck`: running jobs whose rank has moved, so a blocked job may evict them (their nodes only)."""
@@ -290,7 +299,7 @@ class Scheduler:
             elif (
                 self.reservation.starving
                 and self.policy.preemptive
-                and (target.shape[0] >= self.state.max_gpus or self.policy.starvation_preempts)
+                and (self.span(target.shape)[0] >= self.state.max_gpus or self.policy.starvation_preempts)
             ):
                 # a starving job stops waiting: preempt on one node, rank margins aside (`_preempt_for` says whom)
                 self._preempt_for(target, now, decisions, force=True)
@@ -445,8 +454,7 @@ class Scheduler:
 
     def _reserve(self, entry: _Waiting, now: float, *, starving: bool = False) -> None:
         """Reserve the nodes that should free up first for `entry` (no estimates: the emptiest nodes)."""
-        need = entry.shape[0]
-        count = len(entry.shape)
+        need, count = self.span(entry.shape)
         candidates = []
         biggest = max(entry.request.pods, key=lambda pod: pod.gpu_demand)
         for node, spec in enumerate(self.state.spec.nodes):
@@ -483,7 +491,8 @@ class Scheduler:
                 for job_id in dict.fromkeys(borrowers):
                     self._evict(job_id, reservation.job_id, "reservation deadline", decisions)
                 if not borrowers:
-                    shadow = max(self._ready_at(node, entry.shape[0], now) for node in reservation.nodes)
+                    need = self.span(entry.shape)[0]
+                    shadow = max(self._ready_at(node, need, now) for node in reservation.nodes)
                     self.reservation = replace(reservation, shadow_s=max(shadow, now))
 
     # ---- preemption ----------------------------------------------------------------------------
@@ -525,11 +534,12 @@ class Scheduler:
         force: bool = False,
         nodes: Sequence[int] | None = None,
     ) -> None:
-        """Free one node for a single-node job from lower-ranked jobs, losing the least work (only `nodes` if given)."""
-        if len(entry.shape) > 1:
+        """Free one node for a job that fits one (a gang too, when its pods fit a node together) from lower-ranked
+        jobs, losing the least work (only `nodes` if given)."""
+        need, count = self.span(entry.shape)
+        if count > 1:
             return  # multi-node gangs get reservations, not preemption cascades
         rank = entry.key[0]
-        need = entry.shape[0]
         reservation = self.reservation
         reserved = (
             reservation.nodes if reservation is not None and reservation.job_id != entry.view.job_id else frozenset()
