@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -48,8 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _stack_tls() -> None:
     """A local stack started with `kumiki up --tls`: call its services with the CLI's certificate (KUMIKI_GRPC_*,
     what kumiki.common.grpcutil.client_channel reads), unless the environment names other certificates."""
-    import os
-
     if os.environ.get("KUMIKI_GRPC_CAFILE"):
         return
     from kumiki.devstack.stack import client_tls
@@ -70,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"kumiki {args.command}: error: {error}\n")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader left (`kumiki placement explain JOB | head`): stop quietly, as other command-line tools do,
+        # and keep the interpreter's final flush from raising again on the closed pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
     return int(result or 0)
 
 
