@@ -293,6 +293,22 @@ async def _bound_names(client: AsyncClient, ns: str, prefix: str) -> bool:
     return bool(pods) and all(pod["spec"].get("nodeName") for pod in pods)
 
 
+async def send_evict(processes: Processes, job_id: str, generation: int, command_id: str) -> None:
+    """An EVICT on kumiki.preemption.commands, as the preemption coordinator sends it."""
+    producer = EventProducer(processes.kafka, "//kumiki/preemption/test")
+    await producer.start()
+    try:
+        command = events_pb2.PreemptionCommand(
+            command_id=command_id,
+            job=common_pb2.JobRef(job_id=job_id, generation=generation),
+            action=events_pb2.PREEMPTION_ACTION_EVICT,
+            reason="reclaim for team-b",
+        )
+        await producer.publish(PREEMPTION_COMMANDS, job_id, command, event_id=command_id)
+    finally:
+        await producer.stop()
+
+
 async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
     kube: AsyncClient, processes: Processes
 ) -> None:
@@ -315,18 +331,7 @@ async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
             }
         )
     )
-    producer = EventProducer(processes.kafka, "//kumiki/preemption/test")
-    await producer.start()
-    try:
-        command = events_pb2.PreemptionCommand(
-            command_id="c-1",
-            job=common_pb2.JobRef(job_id=f"{ns}/victim", generation=1),
-            action=events_pb2.PREEMPTION_ACTION_EVICT,
-            reason="reclaim for team-b",
-        )
-        await producer.publish(PREEMPTION_COMMANDS, f"{ns}/victim", command, event_id="c-1")
-    finally:
-        await producer.stop()
+    await send_evict(processes, f"{ns}/victim", 1, "c-1")
 
     async def refused_and_reported() -> bool:
         events = [event async for event in kube.list(Event, namespace=ns)]
@@ -381,18 +386,7 @@ async def test_an_evict_command_read_after_its_release_still_lets_the_next_gener
         )
     confirmed = "kumiki_binder_evictions_confirmed_total"
     await until(lambda: binder_metrics(processes, confirmed).get(confirmed) == 1, 30, "the binder to read the release")
-    producer = EventProducer(processes.kafka, "//kumiki/preemption/test")
-    await producer.start()
-    try:
-        command = events_pb2.PreemptionCommand(
-            command_id="c-late",
-            job=common_pb2.JobRef(job_id=job, generation=1),
-            action=events_pb2.PREEMPTION_ACTION_EVICT,
-            reason="reclaim for team-b",
-        )
-        await producer.publish(PREEMPTION_COMMANDS, job, command, event_id="c-late")
-    finally:
-        await producer.stop()
+    await send_evict(processes, job, 1, "c-late")
 
     async def evicted() -> bool:
         return not await pods_in(kube, ns)

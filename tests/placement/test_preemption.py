@@ -110,15 +110,21 @@ def test_a_job_quota_holds_back_counts_as_waiting_for_a_zombies_gpus() -> None:
     assert victim.preemption.for_job == "elsewhere"
 
 
-def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_yielded_to() -> None:
+def reclaimed_for_a_held_teammate(teammate_gpus: int) -> PlacementBook:
+    """The idle job reclaimed (and released at 702 s) for a teammate quota holds back."""
     from kumiki.sched.placement import PendingReason
 
     book = idle_book("q=waiting:0")
     book.gpu_idle("idle", 1, 0.0, 700.0)
-    book.hold(gang("teammate", 4), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
+    book.hold(gang("teammate", teammate_gpus), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
     book.cycle(701.0)
     assert [victim.preemption.for_job for victim in book.preemptions] == ["teammate"]
     assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    return book
+
+
+def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_yielded_to() -> None:
+    book = reclaimed_for_a_held_teammate(4)
     assert book.pending["idle"].held and book.pending["idle"].command.generation == 2
     assert [job.command.job_id for job in book.held_jobs()] == ["teammate"]  # the victim is older, yet waits
     book.admit("teammate", 703.0)
@@ -130,13 +136,8 @@ def test_a_victim_gives_way_while_quota_still_holds_the_job_its_gpus_were_freed_
     """Quota may answer from before the release for several rounds: the victim sits them out (and a Bind retry of
     it is not bound, `yields`), for at most YIELD_ROUNDS; then it is asked again, so it cannot starve."""
     from kumiki.placement.core import YIELD_ROUNDS
-    from kumiki.sched.placement import PendingReason
 
-    book = idle_book("q=waiting:0")
-    book.gpu_idle("idle", 1, 0.0, 700.0)
-    book.hold(gang("teammate", 8), PendingReason("teammate", "quota", "over-quota", ""), 700.0)  # a whole node
-    book.cycle(701.0)
-    assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    book = reclaimed_for_a_held_teammate(8)  # a whole node
     for _ in range(YIELD_ROUNDS):  # quota refuses the teammate every round: the victim still waits
         assert book.yields("idle")
         assert [job.command.job_id for job in book.held_jobs()] == ["teammate"]
@@ -148,13 +149,8 @@ def test_the_held_job_a_victim_yielded_to_gets_its_gpus_even_when_both_are_admit
     """Once the victim no longer gives way, quota may admit both in one round: the victim, older and ranked better
     by the order, still does not take back the GPUs freed for the other (`freed_for`)."""
     from kumiki.placement.core import YIELD_ROUNDS
-    from kumiki.sched.placement import PendingReason
 
-    book = idle_book("q=waiting:0")
-    book.gpu_idle("idle", 1, 0.0, 700.0)
-    book.hold(gang("teammate", 8), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
-    book.cycle(701.0)
-    assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    book = reclaimed_for_a_held_teammate(8)
     book.forecast("idle", RuntimeForecast(60.0, 120.0, "m", 1, error_sigma=0.1))  # the order prefers the victim
     book.forecast("teammate", RuntimeForecast(1e6, 2e6, "m", 1, error_sigma=0.1))
     for _ in range(YIELD_ROUNDS + 1):
