@@ -61,6 +61,32 @@ def out_and_trace_or_exit(out_text: str, trace_text: str, parser: argparse.Argum
     return out, trace
 
 
+class RecordingForecaster:
+    """Passes everything to a forecaster (one that also hears starts and stops, as the default one does) and
+    keeps the p50 it issued for each job: the first (what the job was judged by when it was queued) and the last.
+    Measurement only."""
+
+    def __init__(self, forecaster: Any) -> None:
+        self.forecaster = forecaster
+        self.first_p50_s: dict[str, float] = {}
+        self.last_p50_s: dict[str, float] = {}
+
+    def predict(self, job: Any) -> Any:
+        forecast = self.forecaster.predict(job)
+        self.first_p50_s.setdefault(job.job_id, forecast.p50_s)
+        self.last_p50_s[job.job_id] = forecast.p50_s
+        return forecast
+
+    def observe(self, job: Any, runtime_s: float, finished_s: float) -> None:
+        self.forecaster.observe(job, runtime_s, finished_s)
+
+    def started(self, job_id: str, start_s: float) -> None:
+        self.forecaster.started(job_id, start_s)
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        self.forecaster.stopped(job_id, stop_s)
+
+
 async def publish_from_callers(producer: Any, spec: Any, items: Sequence[tuple[str, Any]], callers: int) -> float:
     """`callers` concurrent callers each publishing one event at a time and waiting for its acknowledgement
     (how a service answering requests publishes); returns the seconds it took."""

@@ -26,11 +26,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _support import PHILLY, create_out_or_exit, run_in_processes, whole_numbers_or_exit
+from _support import PHILLY, RecordingForecaster, create_out_or_exit, run_in_processes, whole_numbers_or_exit
 
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.shifts import day_orders, reorder_days, trace_days
@@ -46,32 +45,13 @@ HOUR_S = 3600.0
 JobRow = tuple[int, float, float, float | None]
 
 
-class FirstForecasts:
-    """The forecaster `kumiki` runs, remembering each job's first forecast (the one its class is judged by)."""
-
-    def __init__(self, inner: RuntimeForecaster) -> None:
-        self.inner = inner
-        self.first: dict[str, float] = {}
-
-    def predict(self, job: JobFeatures) -> RuntimeForecast:
-        forecast = self.inner.predict(job)
-        self.first.setdefault(job.job_id, forecast.p50_s)
-        return forecast
-
-    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
-        self.inner.observe(job, runtime_s, finished_s)
-
-    def __getattr__(self, name: str) -> Any:  # started / stopped, where the inner forecaster listens for them
-        return getattr(self.inner, name)
-
-
 def run_one(order: tuple[int, ...], nodes: int, policy: str, seed: int) -> dict[str, JobRow]:
     jobs = sim_jobs(reorder_days(load_jobs(str(PHILLY)), order), max_gpus=nodes * GPUS_PER_NODE, seed=seed)
-    forecaster = FirstForecasts(build_default_forecaster()) if POLICIES[policy].uses_forecast else None
+    forecaster = RecordingForecaster(build_default_forecaster()) if POLICIES[policy].uses_forecast else None
     result = Simulator(
         uniform_cluster(nodes, GPUS_PER_NODE), jobs, SimConfig(POLICIES[policy]), forecaster=forecaster
     ).run()
-    first = forecaster.first if forecaster else {}
+    first = forecaster.first_p50_s if forecaster else {}
     return {job.job_id: (job.gpus, job.duration_s, job.jct_s, first.get(job.job_id)) for job in result.jobs}
 
 

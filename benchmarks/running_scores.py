@@ -29,11 +29,10 @@ import textwrap
 import time
 from typing import Any
 
-from _support import run_in_processes, simulation_grid, write_sizes_report
+from _support import RecordingForecaster, run_in_processes, simulation_grid, write_sizes_report
 
 from kumiki.forecast.models import DEFAULT_SELECTION, SelectionConfig, WeightedSelection
 from kumiki.sched.cluster import uniform_cluster
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.trace import load_jobs
@@ -54,39 +53,17 @@ ROWS: dict[str, SelectionConfig | None] = {
 BEFORE = "finished-only record (before)"
 
 
-class _Recording:
-    """Passes everything to the forecaster and keeps the p50 it issued for each job (measurement only)."""
-
-    def __init__(self, forecaster: WeightedSelection) -> None:
-        self.forecaster = forecaster
-        self.p50_s: dict[str, float] = {}
-
-    def predict(self, job: JobFeatures) -> RuntimeForecast:
-        forecast = self.forecaster.predict(job)
-        self.p50_s[job.job_id] = forecast.p50_s
-        return forecast
-
-    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
-        self.forecaster.observe(job, runtime_s, finished_s)
-
-    def started(self, job_id: str, start_s: float) -> None:
-        self.forecaster.started(job_id, start_s)
-
-    def stopped(self, job_id: str, stop_s: float) -> None:
-        self.forecaster.stopped(job_id, stop_s)
-
-
 def run_one(trace_path: str, nodes: int, row: str, seed: int) -> dict[str, Any]:
     config = ROWS[row]
     jobs = sim_jobs(load_jobs(trace_path), max_gpus=nodes * GPUS_PER_NODE, seed=seed)
-    recording = _Recording(WeightedSelection(config)) if config is not None else None
+    recording = RecordingForecaster(WeightedSelection(config)) if config is not None else None
     policy = POLICIES["kumiki"] if config is not None else POLICIES[row]
     result = Simulator(uniform_cluster(nodes, GPUS_PER_NODE), jobs, SimConfig(policy), forecaster=recording).run()
     out: dict[str, Any] = {"avg_jct_s": statistics.fmean(job.jct_s for job in result.jobs)}
     if recording is not None:
         from scipy.stats import kendalltau
 
-        forecast = [math.log(recording.p50_s[job.job_id]) for job in result.jobs]
+        forecast = [math.log(recording.last_p50_s[job.job_id]) for job in result.jobs]
         actual = [math.log(max(job.duration_s, 1.0)) for job in result.jobs]
         out["median_abs_log_error"] = statistics.median(abs(f - a) for f, a in zip(forecast, actual, strict=True))
         out["kendall_tau"] = float(kendalltau(forecast, actual).statistic)
