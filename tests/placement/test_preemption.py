@@ -163,6 +163,31 @@ def test_the_held_job_a_victim_yielded_to_gets_its_gpus_even_when_both_are_admit
     assert not book.freed_for and not book.audit()
 
 
+def test_a_held_job_admitted_after_one_of_two_reclaims_waits_nominated_for_the_other_victim() -> None:
+    """Two zombies on one node reclaimed for a whole-node job quota holds back; the first leaves, quota admits the
+    job, and it is placed on the node at once (`freed_for`) while the second zombie still holds half of it. It must
+    wait nominated until that one leaves too, as a job placed by the pass does: started, it shared GPUs with a
+    job still running (a live `kumiki up` replay caught this as a GPU bound to two jobs)."""
+    from kumiki.sched.placement import PendingReason
+
+    book = preemptive_book()
+    book.idle_policies = parse_idle_reclaim("q=waiting:0")
+    assert book.bind(gang("filler", 8), 0.0).job is not None
+    for zombie in ("idle", "idle2"):
+        assert book.bind(gang(zombie, 4, preemptible=True), 0.0).job is not None
+        book.gpu_idle(zombie, 1, 0.0, 700.0)
+    book.hold(gang("teammate", 8), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
+    book.cycle(701.0)
+    assert sorted(victim.job.command.job_id for victim in book.preemptions) == ["idle", "idle2"]
+    assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
+    book.admit("teammate", 703.0)
+    assert "idle2" in book.draining and "teammate" in book.nominated
+    assert book.cycle(703.0) == [] and not book.audit()  # nothing starts on GPUs a victim still holds
+    assert book.release_preempted("idle2", 1, 704.0, "teammate") is not None
+    assert [job.command.job_id for job in book.cycle(704.0)] == ["teammate"]
+    assert not book.audit()
+
+
 def test_a_rank_preemption_clears_the_margin_the_forecasts_measured_errors_set() -> None:
     """What placement heard on kumiki.job.forecast sets the margin: the same two forecasts, ~9x apart, evict
     when both keys' errors are small and not when they are large (live, as in the simulator)."""

@@ -381,11 +381,18 @@ class PlacementBook:
         for start in decisions.starts:
             waiting = self.pending.pop(start.job_id)
             job = self._bound(waiting.command, start.placement, now, now - waiting.submitted_s)
-            if self._on_draining(start.placement):
-                self.nominated[start.job_id] = job
-            else:
+            if not self._nominated_if_draining(job):
                 started.append(job)
         return started
+
+    def _nominated_if_draining(self, job: BoundJob) -> bool:
+        """A job just placed on GPUs that a preempted job has not left yet waits nominated (True); else it starts.
+        Every way of placing a job goes through here: the pass, a victim moved elsewhere, a beneficiary started
+        ahead of the queue (the scheduler's state already counts a victim's GPUs free when it is named)."""
+        if self._on_draining(job.placement):
+            self.nominated[job.command.job_id] = job
+            return True
+        return False
 
     def _gpus_of(self, placement: Placement) -> set[tuple[int, int]]:
         return {(pod.node, gpu) for pod in placement.pods for gpu in self._pod_gpus(pod)}
@@ -462,7 +469,9 @@ class PlacementBook:
             placed = self.scheduler.start_waiting(job_id, now)
             if placed is not None:
                 del self.pending[job_id]
-                self.favoured.append(self._bound(again, placed, now, 0.0))
+                job_again = self._bound(again, placed, now, 0.0)
+                if not self._nominated_if_draining(job_again):
+                    self.favoured.append(job_again)
         self._start_freed_for(beneficiary, now)  # the GPUs go to whom they were freed for
         return job, again
 
@@ -473,7 +482,9 @@ class PlacementBook:
             placed = self.scheduler.start_waiting(beneficiary, now)
             if placed is not None:
                 del self.pending[beneficiary]
-                self.favoured.append(self._bound(waiting.command, placed, now, now - waiting.submitted_s))
+                job = self._bound(waiting.command, placed, now, now - waiting.submitted_s)
+                if not self._nominated_if_draining(job):
+                    self.favoured.append(job)
 
     def yields(self, job_id: str) -> bool:
         """Whether a victim still gives way to the quota-held job its GPUs were freed for (not asked, not bound)."""
@@ -690,6 +701,9 @@ class PlacementBook:
             problems.append("bound jobs and cluster allocations differ")
         if set(self.bound) != set(self.scheduler.running):
             problems.append("bound jobs and the scheduler's running jobs differ")
+        for job_id, job in self.bound.items():
+            if job_id not in self.nominated and self._on_draining(job.placement):
+                problems.append(f"{job_id} started on GPUs a preempted job has not left")
         waiting = {job_id for job_id, job in self.pending.items() if not job.held}
         if waiting != set(self.scheduler.waiting):
             problems.append("pending jobs and the scheduler's queue differ")
