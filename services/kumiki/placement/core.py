@@ -380,19 +380,19 @@ class PlacementBook:
             self.preemptions.append(entry)
         for start in decisions.starts:
             waiting = self.pending.pop(start.job_id)
-            job = self._bound(waiting.command, start.placement, now, now - waiting.submitted_s)
-            if not self._nominated_if_draining(job):
-                started.append(job)
+            self._start_or_nominate(
+                self._bound(waiting.command, start.placement, now, now - waiting.submitted_s), started
+            )
         return started
 
-    def _nominated_if_draining(self, job: BoundJob) -> bool:
-        """A job just placed on GPUs that a preempted job has not left yet waits nominated (True); else it starts.
-        Every way of placing a job goes through here: the pass, a victim moved elsewhere, a beneficiary started
-        ahead of the queue (the scheduler's state already counts a victim's GPUs free when it is named)."""
+    def _start_or_nominate(self, job: BoundJob, started: list[BoundJob]) -> None:
+        """A job just placed starts (into `started`), or waits nominated when its GPUs hold a preempted job that has
+        not left yet. Every way of placing a job goes through here: the pass, a victim moved elsewhere, a
+        beneficiary started ahead of the queue (the scheduler's state counts a victim's GPUs free once named)."""
         if self._on_draining(job.placement):
             self.nominated[job.command.job_id] = job
-            return True
-        return False
+        else:
+            started.append(job)
 
     def _gpus_of(self, placement: Placement) -> set[tuple[int, int]]:
         return {(pod.node, gpu) for pod in placement.pods for gpu in self._pod_gpus(pod)}
@@ -469,9 +469,7 @@ class PlacementBook:
             placed = self.scheduler.start_waiting(job_id, now)
             if placed is not None:
                 del self.pending[job_id]
-                job_again = self._bound(again, placed, now, 0.0)
-                if not self._nominated_if_draining(job_again):
-                    self.favoured.append(job_again)
+                self._start_or_nominate(self._bound(again, placed, now, 0.0), self.favoured)
         self._start_freed_for(beneficiary, now)  # the GPUs go to whom they were freed for
         return job, again
 
@@ -482,9 +480,9 @@ class PlacementBook:
             placed = self.scheduler.start_waiting(beneficiary, now)
             if placed is not None:
                 del self.pending[beneficiary]
-                job = self._bound(waiting.command, placed, now, now - waiting.submitted_s)
-                if not self._nominated_if_draining(job):
-                    self.favoured.append(job)
+                self._start_or_nominate(
+                    self._bound(waiting.command, placed, now, now - waiting.submitted_s), self.favoured
+                )
 
     def yields(self, job_id: str) -> bool:
         """Whether a victim still gives way to the quota-held job its GPUs were freed for (not asked, not bound)."""
