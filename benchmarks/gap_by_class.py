@@ -4,8 +4,8 @@ One command: `PYTHONPATH=services .venv/bin/python benchmarks/gap_by_class.py [-
 [--nodes 48] [--seeds 0] [--workers 2] [--out DIR]`.
 
 Issue 14 asks the forecasts to recover half of what exact run times gain over none. To know which jobs the rest of
-that gain is in, every job of a run is put in a class: its size (1 GPU, 2-7 GPUs, a node or more), its run time
-(under an hour, 1-10 h, longer) and how its first forecast fared (p50 within 3x of the run time, "under" when the
+that gain is in, every job of a run is put in a class: its run time and size, as `kumiki simulate` classes jobs
+(`kumiki.sim.report.job_class`), and how its first forecast fared (p50 within 3x of the run time, "under" when the
 job ran more than 3x longer, "over" when it ran under a third). For each class the benchmark prints what it adds
 to the average JCT under `kumiki` and under `kumiki-oracle`, both against `kumiki-noforecast` run in the same
 process on the same jobs (a class's JCT difference weighed by its share of all jobs, so the classes add up to the
@@ -32,6 +32,7 @@ from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.report import runtime_class, size_class
 from kumiki.sim.shifts import day_orders, reorder_days, trace_days
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs
@@ -39,10 +40,10 @@ from kumiki.sim.workload import sim_jobs
 GPUS_PER_NODE = 8
 KUMIKI, NOFORECAST, ORACLE = "kumiki", "kumiki-noforecast", "kumiki-oracle"
 WITHIN = 3.0  # a first p50 within this factor of the run time counts as "within"
-HOUR_S = 3600.0
 
 # per job: (GPUs, run time s, JCT s, first forecast p50 s or None)
 JobRow = tuple[int, float, float, float | None]
+Class = tuple[str, str, str]  # run time, size, how the first forecast fared
 
 
 def run_one(order: tuple[int, ...], nodes: int, policy: str, seed: int) -> dict[str, JobRow]:
@@ -55,22 +56,21 @@ def run_one(order: tuple[int, ...], nodes: int, policy: str, seed: int) -> dict[
     return {job.job_id: (job.gpus, job.duration_s, job.jct_s, first.get(job.job_id)) for job in result.jobs}
 
 
-def job_class(gpus: int, runtime_s: float, p50_s: float | None) -> str:
-    size = "1 GPU" if gpus <= 1 else f">= {GPUS_PER_NODE} GPUs" if gpus >= GPUS_PER_NODE else "2-7 GPUs"
-    runtime = "< 1 h" if runtime_s < HOUR_S else "1-10 h" if runtime_s < 10 * HOUR_S else ">= 10 h"
+def job_class(gpus: int, runtime_s: float, p50_s: float | None) -> Class:
+    """(run time, size, how the first forecast fared): `kumiki simulate`'s classes, split by forecast."""
     if p50_s is None:
         fared = "no forecast"
     else:
         ratio = runtime_s / max(p50_s, 1e-3)
         fared = "under" if ratio > WITHIN else "over" if ratio < 1.0 / WITHIN else "within 3x"
-    return f"{size}, {runtime}, {fared}"
+    return runtime_class(runtime_s), size_class(gpus, GPUS_PER_NODE), fared
 
 
-def split(runs: dict[str, dict[str, JobRow]]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+def split(runs: dict[str, dict[str, JobRow]]) -> tuple[dict[Class, dict[str, float]], dict[str, float]]:
     """Per class: jobs, and what it adds to `kumiki`'s and the oracle's average JCT against no forecasts."""
     base = runs[NOFORECAST]
     count = len(base)
-    classes: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    classes: dict[Class, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
     for job_id, (gpus, runtime_s, jct_s, _) in base.items():
         row = classes[job_class(gpus, runtime_s, runs[KUMIKI][job_id][3])]
         row["jobs"] += 1
@@ -80,7 +80,11 @@ def split(runs: dict[str, dict[str, JobRow]]) -> tuple[dict[str, dict[str, float
     return {name: dict(row) for name, row in classes.items()}, means
 
 
-def plot(rows: list[tuple[str, dict[str, float]]], path: Path) -> None:
+def label(name: Class) -> str:
+    return ", ".join(name)
+
+
+def plot(rows: list[tuple[Class, dict[str, float]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,7 +95,7 @@ def plot(rows: list[tuple[str, dict[str, float]]], path: Path) -> None:
     places = range(len(shown))
     ax.barh([p + 0.2 for p in places], [row[KUMIKI] for _, row in shown], height=0.4, label=KUMIKI)
     ax.barh([p - 0.2 for p in places], [row[ORACLE] for _, row in shown], height=0.4, label=ORACLE)
-    ax.set_yticks(list(places), [name for name, _ in shown], fontsize=8)
+    ax.set_yticks(list(places), [label(name) for name, _ in shown], fontsize=8)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel(f"added to average JCT against {NOFORECAST} (s; negative: faster)")
     ax.set_title("Where kumiki trails the oracle: the ten classes with the largest gap")
@@ -130,7 +134,7 @@ def main() -> int:
         done[arguments] = result
 
     runs_count = len(orders) * len(seeds)
-    total: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    total: dict[Class, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
     gaps, shares = [], []
     errors: dict[str, list[float]] = collections.defaultdict(list)  # size -> |log(run time / first p50)|
     for order in orders:
@@ -139,9 +143,7 @@ def main() -> int:
             classes, means = split(runs)
             for gpus, runtime_s, _, p50_s in runs[KUMIKI].values():
                 if p50_s is not None:
-                    errors[job_class(gpus, runtime_s, p50_s).split(", ")[0]].append(
-                        abs(math.log(max(runtime_s, 1.0) / max(p50_s, 1.0)))
-                    )
+                    errors[size_class(gpus, GPUS_PER_NODE)].append(abs(math.log(max(runtime_s, 1.0) / max(p50_s, 1.0))))
             for name, row in classes.items():
                 for field, value in row.items():
                     total[name][field] += value / runs_count
@@ -161,12 +163,12 @@ def main() -> int:
     for name, row in rows:
         if abs(row[KUMIKI] - row[ORACLE]) >= 0.005 * gap:
             print(
-                f"| {name} | {row['jobs']:,.0f} | {row[KUMIKI]:+.1f} | {row[ORACLE]:+.1f} | "
+                f"| {label(name)} | {row['jobs']:,.0f} | {row[KUMIKI]:+.1f} | {row[ORACLE]:+.1f} | "
                 f"{(row[KUMIKI] - row[ORACLE]) / gap:.0%} |"
             )
     by_size: dict[str, float] = collections.defaultdict(float)
     for name, row in rows:
-        by_size[name.split(", ")[0]] += (row[KUMIKI] - row[ORACLE]) / gap
+        by_size[name[1]] += (row[KUMIKI] - row[ORACLE]) / gap
     print("\nshare of the gap by size: " + ", ".join(f"{size} {share:.0%}" for size, share in by_size.items()))
     median_error = {size: statistics.median(values) for size, values in sorted(errors.items())}
     print(
@@ -184,7 +186,7 @@ def main() -> int:
             },
             "gap_s": gap,
             "recovered_shares": shares,
-            "classes": dict(rows),
+            "classes": {label(name): row for name, row in rows},
             "share_by_size": dict(by_size),
             "median_log_error_by_size": median_error,
         }

@@ -40,12 +40,18 @@ def _class_order(label: str) -> tuple[int, str]:
     return _RUNTIME_RANK[runtime], size
 
 
+def runtime_class(duration_s: float) -> str:
+    return next(label for bound, label in RUNTIME_CLASSES if duration_s < bound)
+
+
+def size_class(gpus: int, large_gpus: int = 8) -> str:
+    return "1 GPU" if gpus <= 1 else f">= {large_gpus} GPUs" if gpus >= large_gpus else f"2-{large_gpus - 1} GPUs"
+
+
 def job_class(duration_s: float, gpus: int, large_gpus: int = 8) -> str:
     """A job's class by its own run time and its size: who pays for or gains from an order is seldom a queue
     alone (on the Philly slice the forecasts' cost sits in 1-6 h single-GPU jobs, spread over queues)."""
-    runtime = next(label for bound, label in RUNTIME_CLASSES if duration_s < bound)
-    size = "1 GPU" if gpus <= 1 else f">= {large_gpus} GPUs" if gpus >= large_gpus else f"2-{large_gpus - 1} GPUs"
-    return f"{runtime}, {size}"
+    return f"{runtime_class(duration_s)}, {size_class(gpus, large_gpus)}"
 
 
 def _group_means(groups: Mapping[str, Sequence[float]]) -> dict[str, dict[str, float | int]]:
