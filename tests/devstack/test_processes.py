@@ -1,6 +1,7 @@
 import os
 import signal
 import socket
+import sys
 
 from kumiki.devstack import processes
 from kumiki.devstack.processes import LISTEN_PORTS_FROM, can_bind, ephemeral_ports, free_port
@@ -36,17 +37,32 @@ def test_terminate_all_stops_every_group_at_once_and_kills_one_that_ignores_sigt
     with ready.open() as pipe:  # blocks until the trap is set: a SIGTERM before it would end bash, as CI once saw
         assert pipe.read() == "ok\n"
     gone = processes.spawn(["true"], log)
-    while processes.alive(gone):  # exits at once; wait until it has (a pid known but no longer running)
-        try:
-            os.waitpid(gone, 0)
-        except ChildProcessError:
-            break
+    assert processes.exit_status(gone, wait_s=30) == 0  # a pid known but no longer running
     outcomes = processes.terminate_all([polite, None, stubborn, gone], timeout_s=1.0)
     assert outcomes == [True, False, True, False]
-    ended_by = {}
-    for pid in (polite, stubborn):
-        _, status = os.waitpid(pid, 0)  # reap both
-        assert os.WIFSIGNALED(status) and not processes.alive(pid)
-        ended_by[pid] = os.WTERMSIG(status)
-    # the polite one ended on the SIGTERM, within the shared timeout; only the stubborn one needed SIGKILL
-    assert ended_by == {polite: signal.SIGTERM, stubborn: signal.SIGKILL}
+    # the polite one ended on the SIGTERM, within the shared timeout; only the stubborn one needed SIGKILL, and
+    # both are gone (reaped, their status kept) when terminate_all returns
+    ended_by = {pid: processes.exit_status(pid) for pid in (polite, stubborn)}
+    assert ended_by == {polite: -signal.SIGTERM, stubborn: -signal.SIGKILL}
+    assert not processes.alive(polite) and not processes.alive(stubborn)
+
+
+def test_terminate_all_stops_a_group_whose_leader_has_exited_and_frees_the_port_it_held(tmp_path):
+    """A process left in the group after its leader exited (here a listener started in the background) still
+    holds its port: terminate_all stops the group, not the leader alone, and returns once the port is free."""
+    port = free_port()
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    listener = (
+        f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen();"
+        f" open({str(ready)!r}, 'w').write('ok'); time.sleep(300)"
+    )
+    leader = processes.spawn(["bash", "-c", f'{sys.executable} -c "{listener}" & exit 0'], tmp_path / "log")
+    with ready.open() as pipe:  # the listener is up; its leader exits at once
+        assert pipe.read() == "ok"
+    assert processes.exit_status(leader, wait_s=30) == 0
+    assert not processes.alive(leader) and processes.group_alive(leader)
+    assert not can_bind(port)
+    assert processes.terminate_all([leader], timeout_s=10.0) == [True]
+    assert not processes.group_alive(leader)
+    assert can_bind(port)

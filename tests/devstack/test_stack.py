@@ -4,8 +4,11 @@ job.forecast), the stack is stopped and started again, and the history is still 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +20,7 @@ import pytest
 
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import JOB_FORECAST, JOB_LIFECYCLE
-from kumiki.common.config import KafkaSettings
+from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, forecast_pb2, forecast_pb2_grpc
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import SERVICES
@@ -102,3 +105,66 @@ async def test_up_status_event_down_up_keeps_history(stack_home: Path) -> None:
     finally:
         await connection.close()
     assert [row["job_id"] for row in rows] == ["team-a/train-1"], "history survives a restart"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(pair.decode().partition("=")[::2] for pair in pairs if pair)
+
+
+async def test_a_port_taken_after_its_check_moves_the_service_and_its_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noida_bootstrap: str, database_settings: DatabaseSettings
+) -> None:
+    """A default port checked free can become an outgoing connection's source port before the service binds it
+    (50051-50055 lie in Linux's ephemeral range). Here the check is made to say free while a socket holds quota's
+    gRPC port at `up`, and again at a restart: quota exits with EXIT_PORT_IN_USE, moves to free ports, and
+    placement, given quota's address, is started again with the new one."""
+    from kumiki.devstack import stack
+
+    monkeypatch.setenv("KUMIKI_HOME", str(tmp_path / "stack"))
+    monkeypatch.setenv("KUMIKI_KAFKA_BOOTSTRAP", noida_bootstrap)
+    monkeypatch.setenv("KUMIKI_TOPIC_PREFIX", f"test-{tmp_path.name[-10:]}.")
+    monkeypatch.setenv("KUMIKI_DATABASE_URL", database_settings.url)
+    monkeypatch.setattr(stack, "can_bind", lambda port, host="127.0.0.1": True)  # the check, passed
+    holders: list[socket.socket] = []
+
+    def hold(port: int) -> None:  # the outgoing connection that took the port meanwhile
+        holder = socket.socket()
+        with contextlib.suppress(OSError):  # held already by something else: the service cannot bind it either
+            holder.bind(("127.0.0.1", port))
+            holder.listen()
+        holders.append(holder)
+
+    steps: list[str] = []
+    quota_default = stack.DEFAULT_PORTS["quota"][0]
+    hold(quota_default)
+    try:
+        state = await asyncio.to_thread(stack.bring_up, "noida", "system", timeout_s=400, progress=steps.append)
+        moved = state.services["quota"]["grpc_port"]
+        assert moved != quota_default
+        assert f"quota: port {quota_default}/{stack.DEFAULT_PORTS['quota'][1]} was taken" in "\n".join(steps)
+        assert stack.readiness(state.services["quota"]["http_port"])[1]["grpc_port"] == moved
+        placement = state.services["placement"]
+        assert _environ(placement["pid"])["KUMIKI_QUOTA_ADDRESS"] == f"127.0.0.1:{moved}"
+
+        real_terminate = stack.terminate
+
+        def terminate_and_take(pid: int | None, timeout_s: float = 20.0) -> bool:
+            stopped = real_terminate(pid, timeout_s)
+            if pid == state.services["quota"]["pid"]:
+                hold(moved)  # the freed port, taken before the restarted quota binds it
+            return stopped
+
+        monkeypatch.setattr(stack, "terminate", terminate_and_take)
+        before = placement["pid"]
+        await asyncio.to_thread(stack.restart_service, "quota", {})
+        after = stack.StackState.load(tmp_path / "stack")
+        again = after.services["quota"]["grpc_port"]
+        assert again not in (moved, quota_default)
+        assert after.services["placement"]["pid"] != before, "placement, given quota's old address, restarted"
+        assert _environ(after.services["placement"]["pid"])["KUMIKI_QUOTA_ADDRESS"] == f"127.0.0.1:{again}"
+        assert stack.readiness(after.services["quota"]["http_port"])[0] == "ready"
+    finally:
+        await asyncio.to_thread(stack.bring_down)
+        for holder in holders:
+            holder.close()

@@ -18,6 +18,16 @@ class ConfigError(ValueError):
     """A configuration value that is missing or wrong; the message names the variable."""
 
 
+class PortInUse(RuntimeError):
+    """A port the service was told to listen on is held by another socket; the message names the port and the
+    variable that set it. `run_service` exits with EXIT_PORT_IN_USE, so whoever started the service (`kumiki up`)
+    can tell this apart from a crash and move it to another port."""
+
+
+# The exit status of a service whose gRPC or HTTP port was taken (2 is bad configuration, 3 broker or database).
+EXIT_PORT_IN_USE = 4
+
+
 Environ = Mapping[str, str]
 
 

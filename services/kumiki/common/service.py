@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -25,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from kumiki.common.bus import ALL_TOPICS, EventConsumer, EventProducer, TopicSpec, ensure_topics
 from kumiki.common.bus.admin import BrokerUnavailable
 from kumiki.common.bus.consumer import Handler
-from kumiki.common.config import ConfigError, Settings
+from kumiki.common.config import EXIT_PORT_IN_USE, ConfigError, PortInUse, Settings
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
 from kumiki.common.grpcutil import RequestGuard
 from kumiki.common.logs import configure_logging
@@ -95,6 +96,13 @@ class ServiceHost:
     async def start(self) -> None:
         settings = self.settings
         await self._start_http()  # liveness first, so a slow broker shows up as not-ready, not dead
+        # the gRPC port next, before seconds of database and broker work: a port checked free by whoever started
+        # this process can meanwhile become an outgoing connection's source port (50051-50055 lie in Linux's
+        # ephemeral range); services are registered on it below, and it serves from start(). The guard sits
+        # inside the tracing span, so a rejected request's span shows INVALID_ARGUMENT.
+        interceptors = [ServerTracingInterceptor(self.spec.name), RequestGuard(self.spec.name)]
+        self.grpc_server = grpc.aio.server(interceptors=interceptors)
+        self.grpc_port = self._bind_grpc(self.grpc_server)
         pool = None
         if self.spec.schema is not None:
             pool = await create_pool(settings.database)
@@ -105,22 +113,8 @@ class ServiceHost:
         producer = EventProducer(settings.kafka, f"//kumiki/{self.spec.name}/{settings.instance}")
         await producer.start()
         self.runtime = Runtime(settings, producer, pool)
-        # the guard sits inside the tracing span, so a rejected request's span shows INVALID_ARGUMENT
-        interceptors = [ServerTracingInterceptor(self.spec.name), RequestGuard(self.spec.name)]
-        self.grpc_server = grpc.aio.server(interceptors=interceptors)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         await self.spec.wire(self.runtime, self.grpc_server)
-        address = f"{settings.server.host}:{settings.server.grpc_port}"
-        if settings.server.tls_certfile and settings.server.tls_keyfile:
-            client_ca = settings.server.tls_client_cafile.read_bytes() if settings.server.tls_client_cafile else None
-            credentials = grpc.ssl_server_credentials(
-                [(settings.server.tls_keyfile.read_bytes(), settings.server.tls_certfile.read_bytes())],
-                root_certificates=client_ca,
-                require_client_auth=client_ca is not None,
-            )
-            self.grpc_port = self.grpc_server.add_secure_port(address, credentials)
-        else:
-            self.grpc_port = self.grpc_server.add_insecure_port(address)
         await self.grpc_server.start()
         for consumer in self.runtime.consumers:
             await consumer.start()
@@ -139,6 +133,28 @@ class ServiceHost:
             },
         )
 
+    def _bind_grpc(self, server: grpc.aio.Server) -> int:
+        server_settings = self.settings.server
+        address = f"{server_settings.host}:{server_settings.grpc_port}"
+        if server_settings.tls_certfile and server_settings.tls_keyfile:
+            cafile = server_settings.tls_client_cafile
+            credentials = grpc.ssl_server_credentials(
+                [(server_settings.tls_keyfile.read_bytes(), server_settings.tls_certfile.read_bytes())],
+                root_certificates=cafile.read_bytes() if cafile else None,
+                require_client_auth=cafile is not None,
+            )
+            bind = partial(server.add_secure_port, address, credentials)
+        else:
+            bind = partial(server.add_insecure_port, address)
+        try:
+            return int(bind())
+        except RuntimeError as error:  # grpc's only word: "Failed to bind to address ...; set GRPC_VERBOSITY..."
+            cause = str(error).partition(";")[0]
+            raise PortInUse(f"{self._port_variable('GRPC')}: cannot listen on {address}: {cause}") from None
+
+    def _port_variable(self, kind: str) -> str:
+        return f"KUMIKI_{self.spec.name.upper().replace('-', '_')}_{kind}_PORT"
+
     async def _start_http(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
@@ -147,7 +163,11 @@ class ServiceHost:
         self._http_runner = web.AppRunner(app, access_log=None)
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, self.settings.server.host, self.settings.server.http_port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            address = f"{self.settings.server.host}:{self.settings.server.http_port}"
+            raise PortInUse(f"{self._port_variable('HTTP')}: cannot listen on {address}: {error}") from None
         server = site._server
         assert server is not None
         self.http_port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
@@ -258,6 +278,9 @@ def run_service(spec: ServiceSpec, argv: Sequence[str] | None = None) -> int:
     except (BrokerUnavailable, DatabaseUnavailable, MigrationError) as error:
         print(f"kumiki-{spec.name}: {error}", file=sys.stderr)
         return 3
+    except PortInUse as error:
+        print(f"kumiki-{spec.name}: {error}", file=sys.stderr)
+        return EXIT_PORT_IN_USE
     except KeyboardInterrupt:
         pass
     return 0

@@ -85,10 +85,29 @@ def alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    with contextlib.suppress(OSError):  # a zombie child counts as gone
-        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return status != "Z"
+    with contextlib.suppress(OSError, IndexError):  # a zombie counts as gone
+        return not _exited(Path(f"/proc/{pid}"))
     return True
+
+
+def _stat_fields(path: Path) -> list[str]:
+    """/proc/<pid>/stat after the command name: state, ppid, pgrp, ..."""
+    return path.read_text().rpartition(")")[2].split()
+
+
+def _exited(process: Path) -> bool:
+    """Whether a /proc/<pid> is a zombie whose every thread has exited too (a leader thread can be one while
+    other threads still run, and hold the process's sockets)."""
+    if _stat_fields(process / "stat")[0] != "Z":
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        return all(_stat_fields(task / "stat")[0] == "Z" for task in (process / "task").iterdir())
+    return True
+
+
+# The processes this one started, kept so their exit status can be read (a dropped Popen is reaped by the next
+# Popen anywhere in the process, and its status lost).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
@@ -104,7 +123,19 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
             cwd=cwd,
             start_new_session=True,
         )
+    _CHILDREN[process.pid] = process
     return process.pid
+
+
+def exit_status(pid: int, wait_s: float = 0.0) -> int | None:
+    """How a process this one spawned ended (negative: the signal that ended it), waiting up to wait_s; None
+    while it runs, or when another process started it."""
+    process = _CHILDREN.get(pid)
+    if process is None:
+        return None
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        return process.wait(wait_s) if wait_s > 0 else process.poll()
+    return None
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, pid: int | None, what: str, log_path: Path) -> None:
@@ -123,23 +154,49 @@ def terminate(pid: int | None, timeout_s: float = 20.0) -> bool:
     return terminate_all([pid], timeout_s)[0]
 
 
-def terminate_all(pids: Sequence[int | None], timeout_s: float = 20.0) -> list[bool]:
-    """SIGTERM every process group at once, SIGKILL those still running after one shared timeout; for each pid,
-    whether something was stopped. Stopping them together bounds `kumiki down` by one timeout, not one per
-    service (on a loaded machine five graceful shutdowns in turn took minutes)."""
-    running = [pid for pid in pids if alive(pid)]
+def group_alive(pgid: int | None) -> bool:
+    """Whether any process of the group still runs (zombies aside). The leader alone is not enough: a group's
+    other processes, or the last threads of a leader already a zombie, can hold its ports."""
+    if not pgid:
+        return False
+    if alive(pgid):
+        return True
+    for process in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(_stat_fields(process / "stat")[2]) == pgid and not _exited(process):
+                return True
+    return False
+
+
+def terminate_all(pids: Sequence[int | None], timeout_s: float = 20.0, kill_wait_s: float = 10.0) -> list[bool]:
+    """SIGTERM every process group at once, SIGKILL those still running after one shared timeout, and wait
+    (kill_wait_s at most) until they are gone; for each pid, whether something was stopped. Stopping them
+    together bounds `kumiki down` by one timeout, not one per service (on a loaded machine five graceful
+    shutdowns in turn took minutes); waiting after SIGKILL means a port they held is free when this returns."""
+    running = [pid for pid in pids if group_alive(pid)]
     for pid in running:
         assert pid is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    left = list(running)
-    while left and time.monotonic() < deadline:
-        left = [pid for pid in left if alive(pid)]
-        if left:
-            time.sleep(0.1)
+    left = _wait_gone(running, timeout_s)
     for pid in left:
         assert pid is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    _wait_gone(left, kill_wait_s)
     return [pid in running for pid in pids]
+
+
+def _wait_gone(pgids: Sequence[int | None], timeout_s: float) -> list[int | None]:
+    """The groups still running after waiting up to timeout_s for all of them."""
+    deadline = time.monotonic() + timeout_s
+    left = list(pgids)
+    while left:
+        for pid in left:  # reap the ones this process spawned: a zombie child is gone, and its status is kept
+            if pid is not None:
+                exit_status(pid)
+        left = [pid for pid in left if group_alive(pid)]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return left

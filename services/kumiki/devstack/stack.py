@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kumiki.common.config import EXIT_PORT_IN_USE
 from kumiki.devstack.broker import start_broker
 from kumiki.devstack.postgres import start_postgres, stop_postgres
 from kumiki.devstack.processes import (
     StackError,
     alive,
     can_bind,
+    exit_status,
     free_port,
     port_open,
     spawn,
@@ -130,6 +132,66 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
     return env
 
 
+def _spawn_service(state: StackState, name: str, info: dict[str, Any]) -> None:
+    """Start a service as `info` says (module, ports, log, environment overrides) and record it with its pid."""
+    env = _service_env(state, name, info["grpc_port"], info["http_port"])
+    env.update(info["env"])
+    info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
+    state.services[name] = info
+    state.save()
+
+
+# How often one start may move a service whose port was taken before it could listen (each move: fresh ports).
+PORT_MOVES = 3
+
+
+def _await_listening(state: StackState, name: str, deadline: float, progress: Any = None) -> None:
+    """Wait until the service holds its gRPC port (its /readyz names the port from the moment it is bound).
+
+    A port checked free before the start can be taken meanwhile: 50051-50055 lie in Linux's ephemeral range, so
+    an outgoing connection may get one as its source port (a clean-clone CI run saw it once). The service then
+    exits with EXIT_PORT_IN_USE; it is moved to free ports below that range and started again, and so is every
+    running service that was given its address."""
+    info = state.services[name]
+    for _ in range(PORT_MOVES + 1):
+        while not readiness(info["http_port"], timeout=1.0)[1].get("grpc_port"):
+            if not alive(info["pid"]):
+                break
+            if time.monotonic() > deadline:
+                raise StackError(f"{name} did not listen on 127.0.0.1:{info['grpc_port']} in time; see {info['log']}")
+            time.sleep(0.1)
+        else:
+            return
+        if exit_status(info["pid"]) != EXIT_PORT_IN_USE:
+            raise StackError(f"{name} exited during start-up; see {info['log']}")
+        address = f"127.0.0.1:{info['grpc_port']}"
+        readers = [
+            other
+            for other, held in state.services.items()
+            if other != name
+            and alive(held.get("pid"))
+            and address in _service_env(state, other, held["grpc_port"], held["http_port"]).values()
+        ]
+        taken = f"{info['grpc_port']}/{info['http_port']}"
+        info["grpc_port"], info["http_port"] = free_port(), free_port()
+        if progress is not None:
+            progress(f"{name}: port {taken} was taken before it could listen; moved to {info['grpc_port']}")
+        _spawn_service(state, name, info)
+        for reader in readers:  # started with the old address: again, with the new one
+            terminate(state.services[reader]["pid"])
+            _spawn_service(state, reader, state.services[reader])
+            _await_listening(state, reader, deadline, progress)
+    raise StackError(f"{name}: its ports were taken {PORT_MOVES + 1} times before it could listen; see {info['log']}")
+
+
+def _set_targets(state: StackState) -> None:
+    """Prometheus's scrape targets (`up --observability`): every service's HTTP port."""
+    from kumiki.devstack.observability import set_targets
+
+    targets = {name: [f"127.0.0.1:{info['http_port']}"] for name, info in state.services.items()}
+    set_targets(state.home / "observability", targets)
+
+
 def readiness(http_port: int, timeout: float = 2.0) -> tuple[str, dict[str, Any]]:
     """('ready' | 'not ready' | 'down', body) from a service's /readyz."""
     try:
@@ -154,9 +216,11 @@ def bring_up(
     observability: bool = False,
     service_env: Mapping[str, Mapping[str, str]] | None = None,
     tls: bool = False,
+    default_ports: bool = True,
 ) -> StackState:
     """Start what is not running yet; `service_env`: environment overrides per service (kept in stack.json, so a
-    restart keeps them)."""
+    restart keeps them); `default_ports=False`: every service on free ports below the ephemeral range (a stack
+    whose services are killed and restarted on their ports, as the fault run does)."""
     home = stack_home()
     state = StackState.load(home)
     logs = home / "logs"
@@ -236,33 +300,21 @@ def bring_up(
 
         step("starting Jaeger and Prometheus")
         start_observability(home / "observability", logs, progress=step)
+    deadline = time.monotonic() + timeout_s
     for name, module in services.items():
         current = state.services.get(name)
         if current and alive(current.get("pid")):
             continue
-        grpc_port, http_port = (port if can_bind(port) else free_port() for port in DEFAULT_PORTS[name])
+        grpc_port, http_port = (
+            port if default_ports and can_bind(port) else free_port() for port in DEFAULT_PORTS[name]
+        )
         step(f"starting {name}")
         base_env = dict((service_env or {}).get(name, {}))
-        env = _service_env(state, name, grpc_port, http_port)
-        env.update(base_env)
-        pid = spawn([sys.executable, "-m", module], logs / f"{name}.log", env=env)
-        state.services[name] = {
-            "pid": pid,
-            "grpc_port": grpc_port,
-            "http_port": http_port,
-            "log": str(logs / f"{name}.log"),
-            "module": module,
-            "base_env": base_env,
-            "env": base_env,
-        }
-        state.save()
-
-    from kumiki.devstack.observability import set_targets
-
-    set_targets(
-        home / "observability", {name: [f"127.0.0.1:{info['http_port']}"] for name, info in state.services.items()}
-    )
-    deadline = time.monotonic() + timeout_s
+        where = {"grpc_port": grpc_port, "http_port": http_port, "log": str(logs / f"{name}.log"), "module": module}
+        _spawn_service(state, name, {**where, "base_env": base_env, "env": base_env})
+        # one at a time, each holding its gRPC port before the next starts: the next may be given its address
+        _await_listening(state, name, deadline, step)
+    _set_targets(state)
     pending = set(state.services)
     while pending and time.monotonic() < deadline:
         for name in sorted(pending):
@@ -287,12 +339,13 @@ def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 
     if info is None:
         raise StackError(f"{name} is not part of the local stack at {home}")
     terminate(info.get("pid"))
-    env = _service_env(state, name, info["grpc_port"], info["http_port"])
     info["env"] = {**info.get("base_env", {}), **overrides}  # `up`'s own settings stay unless overridden
-    env.update(info["env"])
-    info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
-    state.save()
+    _spawn_service(state, name, info)
     deadline = time.monotonic() + timeout_s
+    ports = info["grpc_port"], info["http_port"]
+    _await_listening(state, name, deadline)
+    if (info["grpc_port"], info["http_port"]) != ports:
+        _set_targets(state)
     while readiness(info["http_port"])[0] != "ready":
         if not alive(info["pid"]):
             raise StackError(f"{name} exited during its restart; see {info['log']}")

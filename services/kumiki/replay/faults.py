@@ -147,8 +147,15 @@ class PrivateStack:
         os.environ["KUMIKI_HOME"] = str(self.home)
         for name in ("KUMIKI_KAFKA_BOOTSTRAP", "KUMIKI_DATABASE_URL"):  # private infrastructure, never the shared
             os.environ.pop(name, None)
+        # free ports below the ephemeral range: a service killed here comes back on its port, which no outgoing
+        # connection may take as its source port meanwhile (the defaults 50051-50055 lie in that range)
         self.state = bring_up(
-            "kafka", self.database_kind, kafka_port=free_port(), postgres_port=free_port(), timeout_s=300.0
+            "kafka",
+            self.database_kind,
+            kafka_port=free_port(),
+            postgres_port=free_port(),
+            timeout_s=300.0,
+            default_ports=False,
         )
 
     def down(self) -> None:
