@@ -188,6 +188,43 @@ def test_a_held_job_admitted_after_one_of_two_reclaims_waits_nominated_for_the_o
     assert not book.audit()
 
 
+def test_a_job_moved_off_a_gangs_node_waits_nominated_on_the_gpus_another_victim_still_holds() -> None:
+    """`kumiki-defrag` moves a small job off the node a whole-node gang needs; it restarts elsewhere at once, and
+    the only room elsewhere is a zombie's, reclaimed for a job quota holds back (the scheduler counts those GPUs
+    free from the moment the zombie is named). The moved job must wait nominated until the zombie leaves, then
+    start there; started at once, it shared GPUs with a job still running (the path the held-job fix above
+    also closed, here through a defragmentation)."""
+    from kumiki.sched.placement import PendingReason
+
+    book = PlacementBook(policy="kumiki-defrag", min_run_s=0.0)
+    for name in ("a", "b"):
+        book.upsert_node(node(name), healthy=True)
+    book.idle_policies = parse_idle_reclaim("q=waiting:0")
+    layout = {job: book.bind(gang(job, 4, preemptible=job in ("small", "zombie")), 0.0).job for job in
+              ("small", "filler", "zombie", "mate")}  # fmt: skip
+    assert {job: bound.node_names for job, bound in layout.items() if bound} == {
+        "small": ("a",), "filler": ("a",), "zombie": ("b",), "mate": ("b",)
+    }  # fmt: skip
+    book.release("filler", 1)  # node a: the small job and 4 free GPUs; node b full
+    book.checkpointed("small", 690.0)
+    book.gpu_idle("zombie", 1, 0.0, 700.0)
+    book.hold(gang("held", 4), PendingReason("held", "quota", "over-quota", ""), 700.0)
+    book.cycle(701.0)
+    assert [(victim.job.command.job_id, victim.preemption.reason) for victim in book.preemptions] == [
+        ("zombie", "idle-reclaim")
+    ]
+    assert not book.bind(gang("gang", 8), 702.0).bound
+    assert book.draining["small"].preemption.reason == "defragmentation"
+    assert book.release_preempted("small", 1, 703.0, "gang") is not None
+    moved = book.nominated.get("small")
+    assert moved is not None and moved.node_names == ("b",), "placed on the zombie's GPUs, waiting for it"
+    assert moved.command.generation == 2 and not book.favoured and not book.audit()
+    assert [(job.command.job_id, job.node_names) for job in book.cycle(703.5)] == [("gang", ("a",))]
+    assert book.release_preempted("zombie", 1, 704.0, "held") is not None
+    assert [(job.command.job_id, job.node_names) for job in book.cycle(704.5)] == [("small", ("b",))]
+    assert not book.audit()
+
+
 def test_a_rank_preemption_clears_the_margin_the_forecasts_measured_errors_set() -> None:
     """What placement heard on kumiki.job.forecast sets the margin: the same two forecasts, ~9x apart, evict
     when both keys' errors are small and not when they are large (live, as in the simulator)."""
