@@ -19,13 +19,15 @@ bounds, not models. Rows:
   (queue, gpus) submitted within +-12 h (the job included): a perfect per-key model that knows the current
   regime but nothing about the individual job;
 - `burst oracle`: the same within +-600 s (jobs submitted together). A job alone in its window gets its own
-  run time, so this row knows more than a burst model could; report.json gives the share of such jobs.
+  run time, so this row knows more than a burst model could; report.json gives the share of such jobs;
+- `true run times of <size> jobs only`: the default forecaster, except that the jobs of one size class (1 GPU,
+  2-7 GPUs, >= 8 GPUs) get their true run time: which jobs' forecasts the share is lost on.
 
 `--order-seeds` repeats every run per seed ordering the jobs submitted in the same second; a row's share is
 then that of its mean JCT over the seeds (the references' too), its range the spread of the per-seed shares.
-`--quick` runs only the references, the default forecaster, `noisy truth s=0.6` seed 0 and the two window
-oracles. Writes report.json
-and recovered.png (x: median |log error|, y: recovered share) into --out; prints one markdown table per size.
+`--quick` runs only the references, the default forecaster, `noisy truth s=0.6` seed 0, the two window
+oracles and the three size classes. Writes report.json and recovered.png (x: median |log error|, y: recovered
+share) into --out; prints one markdown table per size.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from kumiki.sched.forecasting import (
 )
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
-from kumiki.sim.report import forecast_value, summarize, write_json
+from kumiki.sim.report import forecast_value, size_class, summarize, write_json
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
 GPUS_PER_NODE = 8
@@ -72,6 +74,7 @@ BURST_WINDOW_S = 600.0
 MIN_LOG_SIGMA = 0.05
 NOFORECAST, ORACLE, DEFAULT = "kumiki-noforecast", "kumiki-oracle", "kumiki"
 TARGET_SHARE = 0.5
+SIZE_CLASSES = ("1 GPU", "2-7 GPUs", ">= 8 GPUs")  # size_class's labels at 8 GPUs a node
 
 Maker = Callable[[Sequence[SimJobSpec]], RuntimeForecaster]
 
@@ -118,6 +121,32 @@ class WindowOracle:
         pass
 
 
+class ClassTruth:
+    """The default forecaster, except that the jobs of one size class (`kumiki.sim.report.size_class`) get their
+    true run time: what forecasting that class perfectly would recover, with the rest forecast as now."""
+
+    def __init__(self, jobs: Sequence[SimJobSpec], size: str) -> None:
+        self.inner = build_default_forecaster()
+        self.truth = {job.job_id: job.duration_s for job in jobs}
+        self.size = size
+
+    def predict(self, job: JobFeatures) -> RuntimeForecast:
+        forecast = self.inner.predict(job)  # asked for every job: it keeps a record of what it forecast
+        if size_class(int(job.gpus)) != self.size:
+            return forecast
+        p50 = self.truth[job.job_id]
+        return RuntimeForecast(p50, p50 * math.exp(Z90 * MIN_LOG_SIGMA), "class-truth", 1, log_sigma=MIN_LOG_SIGMA)
+
+    def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
+        self.inner.observe(job, runtime_s, finished_s)
+
+    def started(self, job_id: str, start_s: float) -> None:
+        tell_started(self.inner, job_id, start_s)
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        tell_stopped(self.inner, job_id, stop_s)
+
+
 class Scored:
     """Passes a forecaster through and records |log(p50 / true run time)| of every forecast it gives."""
 
@@ -161,6 +190,10 @@ def window_oracle(window_s: float, name: str) -> Maker:
     return lambda jobs: WindowOracle(jobs, window_s, name)
 
 
+def class_truth(size: str) -> Maker:
+    return lambda jobs: ClassTruth(jobs, size)
+
+
 def default_forecaster(jobs: Sequence[SimJobSpec]) -> RuntimeForecaster:
     return build_default_forecaster()  # fresh per run: it learns online, and one run must not learn from another
 
@@ -174,6 +207,8 @@ def rows(quick: bool) -> list[Row]:
         out.append(Row(f"noisy truth s={sigma:.1f}", "reads truth", DEFAULT, makers))
     for window_s, name in ((REGIME_WINDOW_S, "key-regime oracle (+-12 h)"), (BURST_WINDOW_S, "burst oracle (+-600 s)")):
         out.append(Row(name, "reads truth", DEFAULT, {0: window_oracle(window_s, name)}))
+    for size in SIZE_CLASSES:
+        out.append(Row(f"true run times of {size} jobs only", "reads truth", DEFAULT, {0: class_truth(size)}))
     return out
 
 
@@ -360,7 +395,9 @@ def main() -> int:
     parser.add_argument("--nodes", default="48,64", help="cluster sizes in 8-GPU nodes, comma-separated (48,64)")
     parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
     parser.add_argument(
-        "--quick", action="store_true", help="references, the default, noisy s=0.6 seed 0, the two oracles"
+        "--quick",
+        action="store_true",
+        help="references, the default, noisy s=0.6 seed 0, the two oracles, the three size classes",
     )
     parser.add_argument(
         "--order-seeds",
