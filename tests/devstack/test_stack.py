@@ -24,6 +24,7 @@ from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, forecast_pb2, forecast_pb2_grpc
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import SERVICES
+from kumiki.replay.runner import Endpoints
 from tests.conftest import read_records
 
 # two full stack starts and stops per test: on a loaded 2-core machine (CI building the Go tools beside it) one
@@ -157,10 +158,19 @@ async def test_a_port_taken_after_its_check_moves_the_service_and_its_readers(
 
         monkeypatch.setattr(stack, "terminate", terminate_and_take)
         before = placement["pid"]
-        await asyncio.to_thread(stack.restart_service, "quota", {})
+        addresses = await asyncio.to_thread(stack.restart_service, "quota", {})
         after = stack.StackState.load(tmp_path / "stack")
         again = after.services["quota"]["grpc_port"]
         assert again not in (moved, quota_default)
+        assert addresses == {f"127.0.0.1:{moved}": f"127.0.0.1:{again}"}  # what the replay follows (Endpoints)
+        endpoints = Endpoints(  # an endpoint on a moved address follows it; one elsewhere stays
+            placement=f"127.0.0.1:{after.services['placement']['grpc_port']}",
+            kafka=KafkaSettings(bootstrap=noida_bootstrap),
+            database=database_settings,
+            checkpoints=f"127.0.0.1:{moved}",
+        )
+        followed = endpoints.moved(addresses)
+        assert (followed.placement, followed.checkpoints) == (endpoints.placement, f"127.0.0.1:{again}")
         assert after.services["placement"]["pid"] != before, "placement, given quota's old address, restarted"
         assert _environ(after.services["placement"]["pid"])["KUMIKI_QUOTA_ADDRESS"] == f"127.0.0.1:{again}"
         assert stack.readiness(after.services["quota"]["http_port"])[0] == "ready"

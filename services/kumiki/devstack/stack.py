@@ -330,14 +330,16 @@ def bring_up(
     return state
 
 
-def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 240.0) -> None:
+def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 240.0) -> dict[str, str]:
     """Stop one local service and start it again on the same ports with environment overrides (the replay's
-    baseline runs placement with another policy), waiting until it is ready again."""
+    baseline runs placement with another policy), waiting until it is ready again. Returns the gRPC addresses
+    that moved (old -> new): a port taken before the service could listen moves it (`_await_listening`)."""
     home = stack_home()
     state = StackState.load(home)
     info = state.services.get(name)
     if info is None:
         raise StackError(f"{name} is not part of the local stack at {home}")
+    before = {other: f"127.0.0.1:{held['grpc_port']}" for other, held in state.services.items()}
     terminate(info.get("pid"))
     info["env"] = {**info.get("base_env", {}), **overrides}  # `up`'s own settings stay unless overridden
     _spawn_service(state, name, info)
@@ -352,6 +354,8 @@ def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 
         if time.monotonic() > deadline:
             raise StackError(f"{name} not ready within {timeout_s:.0f}s of its restart; see {info['log']}")
         time.sleep(0.2)
+    after = {other: f"127.0.0.1:{held['grpc_port']}" for other, held in state.services.items()}
+    return {before[other]: address for other, address in after.items() if before.get(other, address) != address}
 
 
 def service_env(service: str, home: Path | None = None) -> dict[str, str]:

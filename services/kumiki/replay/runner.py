@@ -7,8 +7,8 @@ import asyncio
 import csv
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +106,20 @@ class Endpoints:
     placement: str
     kafka: KafkaSettings
     database: DatabaseSettings
-    # restart a local service with these environment overrides (a local stack); None: its settings cannot change
-    restart: Callable[[str, dict[str, str]], None] | None = None
+    # restart a local service with these environment overrides (a local stack); None: its settings cannot change.
+    # It returns the addresses it moved (old -> new): a port taken before the service could listen moves it.
+    restart: Callable[[str, dict[str, str]], Mapping[str, str]] | None = None
     # a local service's environment overrides of the moment (what `restart` last applied, or `up` set)
     service_env: Callable[[str], dict[str, str]] | None = None
     placement_policy: str = "fifo-backfill"
     placement_strategy: str = "kumiki"
     checkpoints: str | None = None  # the preemption service (Checkpoints), where the replay's jobs report
     kubeconfig: Path | None = None  # the stack's API server with the binder running (`kumiki up --kubernetes`)
+
+    def moved(self, addresses: Mapping[str, str]) -> Endpoints:
+        """The same endpoints after a restart that moved local services (old address -> new)."""
+        checkpoints = addresses.get(self.checkpoints, self.checkpoints) if self.checkpoints else self.checkpoints
+        return replace(self, placement=addresses.get(self.placement, self.placement), checkpoints=checkpoints)
 
     def via(self, wanted: str) -> str:
         """How jobs are submitted: `pods` needs the Kubernetes stack; `auto` takes it when it is up."""
@@ -182,14 +188,16 @@ def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, str
     }
 
 
-async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> None:
+async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> Endpoints:
     """Telemetry's idle rule in the replay's time: restart the local telemetry service when it has another."""
     wanted = idle_rules(settings.idle_after_s, settings.speed)
     if endpoints.service_env is None or endpoints.restart is None:
-        return  # not a local stack: its telemetry keeps its own rule (zombies are found at its pace)
+        return endpoints  # not a local stack: its telemetry keeps its own rule (zombies are found at its pace)
     current = endpoints.service_env("telemetry-ingest")
-    if current.get("KUMIKI_TELEMETRY_IDLE") != wanted:
-        await asyncio.to_thread(endpoints.restart, "telemetry-ingest", {**current, "KUMIKI_TELEMETRY_IDLE": wanted})
+    if current.get("KUMIKI_TELEMETRY_IDLE") == wanted:
+        return endpoints
+    overrides = {**current, "KUMIKI_TELEMETRY_IDLE": wanted}
+    return endpoints.moved(await asyncio.to_thread(endpoints.restart, "telemetry-ingest", overrides))
 
 
 async def run_session(
@@ -213,7 +221,7 @@ async def run_session(
     weights = vc_weights()
     trees = {phase: queue_tree(jobs, capacity, weights, static=phase == "baseline") for phase in settings.phases}
     via = endpoints.via(settings.via)
-    await _telemetry_for(settings, endpoints)
+    endpoints = await _telemetry_for(settings, endpoints)
     if via == "pods":  # KWOK nodes in the API server; the binder publishes them on cluster.state
         assert endpoints.kubeconfig is not None
         await delete_nodes(endpoints.kubeconfig, keep=settings.nodes)
@@ -243,7 +251,7 @@ async def run_session(
             if overrides and restart is None:
                 raise ReplayError(f"--phases: {phase} restarts placement, which only a local stack (`kumiki up`) can")
             if restart is not None and restarted:
-                await asyncio.to_thread(restart, "placement", overrides)
+                endpoints = endpoints.moved(await asyncio.to_thread(restart, "placement", overrides))
                 policy = overrides.get("KUMIKI_PLACEMENT_POLICY", policy)
             if on_phase is not None:
                 on_phase(phase)
@@ -268,7 +276,7 @@ async def run_session(
                 outcomes = await replay.run(timeout_s=settings.timeout_s)
             finally:
                 if restart is not None and restarted:
-                    await asyncio.to_thread(restart, "placement", {})
+                    endpoints = endpoints.moved(await asyncio.to_thread(restart, "placement", {}))
             summary = summarise(phase, outcomes, len(jobs), capacity)
             results.append(
                 PhaseResult(
