@@ -74,12 +74,17 @@ BURST_WINDOW_S = 600.0
 MIN_LOG_SIGMA = 0.05
 NOFORECAST, ORACLE, DEFAULT = "kumiki-noforecast", "kumiki-oracle", "kumiki"
 TARGET_SHARE = 0.5
-SIZE_CLASSES = ("1 GPU", "2-7 GPUs", ">= 8 GPUs")  # size_class's labels at 8 GPUs a node
+SIZE_CLASSES = tuple(size_class(gpus, GPUS_PER_NODE) for gpus in (1, 2, GPUS_PER_NODE))  # 1, 2-7, >= 8 GPUs
 
 Maker = Callable[[Sequence[SimJobSpec]], RuntimeForecaster]
 
 
 # ---- forecasters ----------------------------------------------------------------------------------
+def lognormal_forecast(p50: float, sigma: float, model: str) -> RuntimeForecast:
+    """A forecast of median p50 and log-normal spread sigma (its p90 read off both), as every bound here gives."""
+    return RuntimeForecast(p50, p50 * math.exp(Z90 * sigma), model, 1, log_sigma=sigma)
+
+
 class NoisyTruth:
     """Reads the true run time: p50 = true x exp(N(0, sigma)), one fixed draw per job; log_sigma = sigma."""
 
@@ -90,8 +95,7 @@ class NoisyTruth:
         self.sigma = max(sigma, MIN_LOG_SIGMA)
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
-        p50 = self.p50[job.job_id]
-        return RuntimeForecast(p50, p50 * math.exp(Z90 * self.sigma), "noisy-truth", 1, log_sigma=self.sigma)
+        return lognormal_forecast(self.p50[job.job_id], self.sigma, "noisy-truth")
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         pass
@@ -114,8 +118,7 @@ class WindowOracle:
                 self.window_sizes.append(high - low)
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
-        p50, sigma = self.belief[job.job_id]
-        return RuntimeForecast(p50, p50 * math.exp(Z90 * sigma), self.model, 1, log_sigma=sigma)
+        return lognormal_forecast(*self.belief[job.job_id], self.model)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         pass
@@ -132,10 +135,9 @@ class ClassTruth:
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
         forecast = self.inner.predict(job)  # asked for every job: it keeps a record of what it forecast
-        if size_class(int(job.gpus)) != self.size:
+        if size_class(int(job.gpus), GPUS_PER_NODE) != self.size:
             return forecast
-        p50 = self.truth[job.job_id]
-        return RuntimeForecast(p50, p50 * math.exp(Z90 * MIN_LOG_SIGMA), "class-truth", 1, log_sigma=MIN_LOG_SIGMA)
+        return lognormal_forecast(self.truth[job.job_id], MIN_LOG_SIGMA, "class-truth")
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         self.inner.observe(job, runtime_s, finished_s)

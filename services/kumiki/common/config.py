@@ -31,6 +31,11 @@ EXIT_PORT_IN_USE = 4
 Environ = Mapping[str, str]
 
 
+def service_prefix(service: str) -> str:
+    """A service's own variables start with this: `telemetry-ingest` -> KUMIKI_TELEMETRY_INGEST."""
+    return "KUMIKI_" + service.upper().replace("-", "_")
+
+
 def one_line(error: BaseException) -> str:
     """An error's message on one line (PyYAML's span several, with the offending text marked)."""
     return " ".join(str(error).split())
@@ -299,7 +304,7 @@ class Settings:
     @classmethod
     def from_env(cls, service: str, env: Environ | None = None, *, grpc_port: int = 0, http_port: int = 0) -> Settings:
         environ: Environ = os.environ if env is None else env
-        prefix = "KUMIKI_" + service.upper().replace("-", "_")
+        prefix = service_prefix(service)
         otlp = env_optional(environ, "OTEL_EXPORTER_OTLP_ENDPOINT")
         if otlp is not None:
             parsed = urlparse(otlp)

@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from kumiki.common.bus import ALL_TOPICS, EventConsumer, EventProducer, TopicSpec, ensure_topics
 from kumiki.common.bus.admin import BrokerUnavailable
 from kumiki.common.bus.consumer import Handler
-from kumiki.common.config import EXIT_PORT_IN_USE, ConfigError, PortInUse, Settings
+from kumiki.common.config import EXIT_PORT_IN_USE, ConfigError, PortInUse, Settings, service_prefix
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
 from kumiki.common.grpcutil import RequestGuard
 from kumiki.common.logs import configure_logging
@@ -153,7 +153,7 @@ class ServiceHost:
             raise PortInUse(f"{self._port_variable('GRPC')}: cannot listen on {address}: {cause}") from None
 
     def _port_variable(self, kind: str) -> str:
-        return f"KUMIKI_{self.spec.name.upper().replace('-', '_')}_{kind}_PORT"
+        return f"{service_prefix(self.spec.name)}_{kind}_PORT"
 
     async def _start_http(self) -> None:
         app = web.Application()

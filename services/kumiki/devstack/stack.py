@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kumiki.common.config import EXIT_PORT_IN_USE
+from kumiki.common.config import EXIT_PORT_IN_USE, service_prefix
 from kumiki.devstack.broker import start_broker
 from kumiki.devstack.postgres import start_postgres, stop_postgres
 from kumiki.devstack.processes import (
@@ -85,7 +85,7 @@ class StackState:
 
 def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -> dict[str, str]:
     env = dict(os.environ)
-    prefix = "KUMIKI_" + name.upper().replace("-", "_")
+    prefix = service_prefix(name)
     assert state.broker is not None and state.database is not None
     env.update(
         {
@@ -344,10 +344,8 @@ def restart_service(name: str, overrides: dict[str, str], *, timeout_s: float = 
     info["env"] = {**info.get("base_env", {}), **overrides}  # `up`'s own settings stay unless overridden
     _spawn_service(state, name, info)
     deadline = time.monotonic() + timeout_s
-    ports = info["grpc_port"], info["http_port"]
     _await_listening(state, name, deadline)
-    if (info["grpc_port"], info["http_port"]) != ports:
-        _set_targets(state)
+    _set_targets(state)  # where it listens now, moved or not
     while readiness(info["http_port"])[0] != "ready":
         if not alive(info["pid"]):
             raise StackError(f"{name} exited during its restart; see {info['log']}")

@@ -118,7 +118,7 @@ class Endpoints:
 
     def moved(self, addresses: Mapping[str, str]) -> Endpoints:
         """The same endpoints after a restart that moved local services (old address -> new)."""
-        checkpoints = addresses.get(self.checkpoints, self.checkpoints) if self.checkpoints else self.checkpoints
+        checkpoints = self.checkpoints and addresses.get(self.checkpoints, self.checkpoints)
         return replace(self, placement=addresses.get(self.placement, self.placement), checkpoints=checkpoints)
 
     def via(self, wanted: str) -> str:
