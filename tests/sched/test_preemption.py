@@ -216,3 +216,29 @@ def test_rescue_order_is_the_orders_value_then_lost_work() -> None:
     # a node's victims cost the sum of their values: two jobs ranked 200 cost as much as one ranked 100
     pair = rescue_order(0.0, 0, False, 200.0, "a")[0] + rescue_order(0.0, 0, False, 200.0, "b")[0]
     assert math.isclose(pair, rescue_order(0.0, 0, False, 100.0, "c")[0])
+
+
+def test_a_job_that_fits_only_on_a_reserved_node_still_evicts_a_worse_ranked_job_elsewhere() -> None:
+    """A starving two-node gang holds nodes 1 and 2 while they drain; node 0 is full with a long job. A short job that
+    fits only the reserved nodes' free GPUs evicts the long job on node 0 by rank, as it would with no
+    reservation (it used to wait for the drain: the free reserved GPUs hid it from preemption)."""
+    scheduler = Scheduler(POLICIES["kumiki-noforecast"], ClusterState.empty(uniform_cluster(3, 4)), "best-fit")
+    scheduler.submit(view("long", 4), consolidated_gang("long", 4, 4))
+    assert [start.job_id for start in scheduler.schedule(0.0).starts] == ["long"]
+    scheduler.submit(view("gang", 8), consolidated_gang("gang", 8, 4), now=HOUR)
+    for job_id in ("d", "e"):  # submitted after the gang, they start on the nodes it cannot use yet
+        scheduler.submit(view(job_id, 3), consolidated_gang(job_id, 3, 4), now=20 * HOUR)
+    assert sorted(start.job_id for start in scheduler.schedule(20 * HOUR).starts) == ["d", "e"]
+    # the gang starves; without forecasts it reserves the emptiest nodes, d's and e's (one GPU free on each)
+    now = 25.5 * HOUR
+    scheduler.schedule(now)
+    reservation = scheduler.reservation
+    assert reservation is not None and reservation.job_id == "gang" and reservation.starving
+    assert reservation.nodes == frozenset({1, 2})
+    features = JobFeatures("short", "q", "", 1.0, "", now)
+    scheduler.submit(JobView(features, 1, "q", now), consolidated_gang("short", 1, 4), now=now)
+    decisions = scheduler.schedule(now, consider_preemption=True)
+    assert [(p.job_id, p.for_job, p.reason) for p in decisions.preemptions] == [("long", "short", "rank")]
+    assert [start.job_id for start in decisions.starts] == ["short"]
+    assert scheduler.running["short"].nodes == (0,)
+    assert scheduler.state.free_count(1) == 1 and scheduler.state.free_count(2) == 1  # the drain is untouched

@@ -326,6 +326,12 @@ class Scheduler:
                 if len(unfit) < PREEMPTION_ATTEMPTS:
                     unfit.append(job_id)
                 continue
+            # fits only on reserved nodes: elsewhere it is as blocked as a job that fits nowhere, and may evict a
+            # worse-ranked job there (`_preempt_for` skips reserved nodes). Without this, free GPUs held for a
+            # draining reservation switched rank preemption off for every job that fit them: on the Philly slice
+            # short jobs waited hours behind a starving two-node gang's drain (docs/design/0003, eighteenth step).
+            if len(unfit) < PREEMPTION_ATTEMPTS:
+                unfit.append(job_id)
             if placement == "shape":
                 continue
             # fits, but only on reserved nodes and this job is too long: look a little further down
@@ -608,7 +614,8 @@ class Scheduler:
             return
         for job_id, lost_gpu_s, since, reason in best[2]:
             self._evict(job_id, entry.view.job_id, reason, decisions, lost_gpu_s, since)
-        placed = place_gang(self.state, entry.request, self.strategy, explain=False)
+        # on the room just made: a reserved node's free GPUs stay with the drain
+        placed = place_gang(self.state, entry.request, self.strategy, excluded_nodes=reserved, explain=False)
         if not isinstance(placed, PendingReason):
             self._start(entry, placed, now, decisions, "")
 
