@@ -323,16 +323,12 @@ class Scheduler:
                     break
                 if self.policy.reserve and self.reservation is None:
                     self._reserve(entry, now)
-                if len(unfit) < PREEMPTION_ATTEMPTS:
-                    unfit.append(job_id)
-                continue
-            # fits only on reserved nodes: elsewhere it is as blocked as a job that fits nowhere, and may evict a
-            # worse-ranked job there (`_preempt_for` skips reserved nodes). Without this, free GPUs held for a
-            # draining reservation switched rank preemption off for every job that fit them: on the Philly slice
-            # short jobs waited hours behind a starving two-node gang's drain (docs/design/0003, eighteenth step).
+            # blocked, whether it fits nowhere or only on reserved nodes: either way it may evict a worse-ranked
+            # job off the unreserved nodes (`_preempt_for` skips reserved ones). Counting only the first kind let
+            # free GPUs held for a drain switch rank preemption off everywhere (docs/design/0003, eighteenth step).
             if len(unfit) < PREEMPTION_ATTEMPTS:
                 unfit.append(job_id)
-            if placement == "shape":
+            if placement in ("physically", "shape"):
                 continue
             # fits, but only on reserved nodes and this job is too long: look a little further down
             if position + 1 < min(len(self.lists[list_key]), BACKFILL_LOOKAHEAD):
