@@ -103,6 +103,9 @@ def test_window_and_seed_are_applied(tmp_path):
         (["--policy", "fifo", "--start-s", "5", "--end-s", "1"], "--end-s"),
         (["--policy", "fifo", "--checkpoint-cost-s", "-1"], "--checkpoint-cost-s must be >= 0"),
         (["--policy", "fifo", "--shift", "x100"], "--shift: unknown shift 'x100' (known: x10, new-vc)"),
+        (["--policy", "kumiki", "--progress-reports", "0"], "--progress-reports must be >= 1"),
+        (["--policy", "kumiki", "--progress-reports", "8", "--progress-share", "1.5"], "--progress-share must be <= 1"),
+        (["--policy", "kumiki", "--progress-reports", "8", "--progress-noise", "-1"], "--progress-noise must be >= 0"),
         (
             ["--policy", "fifo", "--day-order", "1,0"],
             "--day-order: day order [1, 0] must list each of the trace's 1 days",
@@ -137,6 +140,23 @@ def test_a_shifted_trace_is_simulated_and_reported(tmp_path):
     longer = json.loads((out / "report.json").read_text())
     assert longer["config"]["shift"]["queue"] == "6c71a0"
     assert longer["policies"]["fifo"]["avg_jct_s"] > plain["policies"]["fifo"]["avg_jct_s"]
+
+
+def test_progress_reports_are_a_scenario_reported_with_the_run(tmp_path):
+    code, out = simulate(tmp_path, "--policy", "kumiki,kumiki-noforecast", "--progress-reports", "8", "--no-plots")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["progress_reports"] == {"min_gpus": 8, "share": 1.0, "noise_sigma": 0.2}
+    assert (
+        "Progress reports (a scenario, not in the trace): 100% of the jobs of >= 8 GPUs"
+        in (out / "report.md").read_text()
+    )
+    plain = json.loads(
+        (simulate(tmp_path / "plain", "--policy", "kumiki", "--no-plots")[1] / "report.json").read_text()
+    )
+    assert plain["config"]["progress_reports"] is None
+    # the reference without forecasts hears no reports; kumiki, told the whole-node jobs' progress, runs otherwise
+    assert report["policies"]["kumiki"]["avg_jct_s"] != plain["policies"]["kumiki"]["avg_jct_s"]
 
 
 def test_a_week_of_the_traces_days_in_another_order_is_simulated_and_reported(tmp_path):

@@ -7,8 +7,9 @@ import copy
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kumiki.cli.main import UsageError, message_console
 from kumiki.sched.forecasting import RuntimeForecaster
@@ -16,6 +17,9 @@ from kumiki.sched.jobs import CheckpointModel
 from kumiki.sched.placement import STRATEGIES
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.shifts import SHIFTS, ShiftError, parse_day_order, reorder_days, shift_trace
+
+if TYPE_CHECKING:
+    from kumiki.sim.engine import ProgressReports
 
 DEFAULT_CHECKPOINT = CheckpointModel()
 
@@ -76,6 +80,22 @@ def register(subparsers: Any) -> None:
         help="replay another week built from the trace's days in this order, e.g. 3,6,5,2,0,4,1 (day k of the"
         " replay is day order[k] of the trace; 0 is its first day; each job keeps its time of day; after --shift)",
     )
+    simulate.add_argument(
+        "--progress-reports",
+        default=None,
+        metavar="MIN_GPUS",
+        help="a scenario the trace does not carry: jobs of at least MIN_GPUS GPUs report how far they have got"
+        " (as a CheckpointReport's step / total_steps does live), and the forecaster forecasts them again from it"
+        " (docs/design/0007-progress-reports.md); off by default",
+    )
+    simulate.add_argument(
+        "--progress-share", default="1", help="with --progress-reports: the share of those jobs that report (0-1)"
+    )
+    simulate.add_argument(
+        "--progress-noise",
+        default="0.2",
+        help="with --progress-reports: sigma of log(true run time / the run time a report implies), fixed per job",
+    )
     simulate.set_defaults(handler=run_simulate)
 
     pack = subparsers.add_parser(
@@ -117,6 +137,20 @@ def _float(value: str | None, option: str, minimum: float | None = 0.0) -> float
     if minimum is not None and number < minimum:
         raise UsageError(f"{option} must be >= {minimum:g}, got {value}")
     return number
+
+
+def _progress_reports(args: argparse.Namespace) -> ProgressReports | None:
+    """The --progress-* scenario, checked (None: no job reports progress)."""
+    from kumiki.sim.engine import ProgressReports
+
+    if args.progress_reports is None:
+        return None
+    share = _float(args.progress_share, "--progress-share")
+    noise = _float(args.progress_noise, "--progress-noise")
+    assert share is not None and noise is not None
+    if share > 1.0:
+        raise UsageError(f"--progress-share must be <= 1, got {args.progress_share}")
+    return ProgressReports(_int(args.progress_reports, "--progress-reports", 1), share, noise)
 
 
 def _names(value: str, option: str, known: tuple[str, ...]) -> list[str]:
@@ -217,6 +251,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint-interval-s must be > 0")
     checkpoint = CheckpointModel(interval, cost, restore)
     shares = load_queue_shares(args.queues) if args.queues else None
+    reports = _progress_reports(args)
     shift = None
     try:
         full_trace = load_jobs(args.trace)
@@ -255,6 +290,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     console = message_console()
     if shift is not None:
         console.print(f"synthetic shift {shift.describe()}")
+    if reports is not None:
+        console.print(reports.describe())
     results = []
     report: dict[str, Any] = {
         "policies": {},
@@ -279,6 +316,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                 "checkpoint_cost_s": checkpoint.checkpoint_cost_s,
                 "restore_cost_s": checkpoint.restore_cost_s,
             },
+            "progress_reports": None
+            if reports is None
+            else {"min_gpus": reports.min_gpus, "share": reports.share, "noise_sigma": reports.noise_sigma},
         },
     }
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -289,7 +329,13 @@ def run_simulate(args: argparse.Namespace) -> int:
             for name in policies:
                 label = f"{name:>18}" + (f" seed {each}" if len(seeds) > 1 else "")
                 task = progress.add_task(label, total=len(jobs_by_seed[each]))
-                config = SimConfig(POLICIES[name], placement=placement[0], checkpoint=checkpoint, queue_shares=shares)
+                config = SimConfig(
+                    POLICIES[name],
+                    placement=placement[0],
+                    checkpoint=checkpoint,
+                    queue_shares=shares,
+                    progress_reports=None if reports is None else replace(reports, seed=each),
+                )
                 started = time.perf_counter()
                 simulator = Simulator(
                     spec,
@@ -311,7 +357,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     sections_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
-            full_trace, trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds
+            full_trace, trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds, reports
         )
         report["windows_spread"] = _window_spread(report["windows"])
         sections_md = (
@@ -356,6 +402,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
         + (f"Synthetic shift {shift.describe()}.\n\n" if shift is not None else "")
         + (f"Days in the order {day_order} (`--day-order`).\n\n" if day_order is not None else "")
+        + (f"{reports.describe()[0].upper()}{reports.describe()[1:]}.\n\n" if reports is not None else "")
         + f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
         encoding="utf-8",
     )
@@ -378,6 +425,7 @@ def _day_windows(
     shares: dict[str, float] | None,
     gpus_per_node: int,
     seeds: list[int],
+    reports: ProgressReports | None = None,
 ) -> dict[str, Any]:
     """Each day of the (windowed) trace simulated on its own, once per seed (rows: the mean over seeds). A
     forecaster starts with what a live one would hold then: every job of the trace file that finished before
@@ -409,7 +457,13 @@ def _day_windows(
                         warmed = default_forecaster()
                         warm_up(warmed, full_trace, start)
                     forecaster = copy.deepcopy(warmed)  # each run learns on its own from the same history
-                config = SimConfig(POLICIES[name], placement=placement, checkpoint=checkpoint, queue_shares=shares)
+                config = SimConfig(
+                    POLICIES[name],
+                    placement=placement,
+                    checkpoint=checkpoint,
+                    queue_shares=shares,
+                    progress_reports=None if reports is None else replace(reports, seed=seed),
+                )
                 result = Simulator(spec, jobs, config, forecaster=forecaster).run()
                 summary = summarize(result, large_gpus=gpus_per_node)
                 rows[name] = {

@@ -119,6 +119,14 @@ class ObservesStops(Protocol):
     def stopped(self, job_id: str, stop_s: float) -> None: ...
 
 
+@runtime_checkable
+class ObservesProgress(Protocol):
+    """A forecaster that hears how far a running job has got (a fraction of its work: step / total steps) and
+    forecasts it again from that; None where it cannot (the job has not run)."""
+
+    def progressed(self, job_id: str, fraction: float, at_s: float) -> RuntimeForecast | None: ...
+
+
 def tell_started(forecaster: object, job_id: str, start_s: float) -> None:
     """Pass a job's (re)start to the forecaster, if it listens for starts (most models do not)."""
     if isinstance(forecaster, ObservesStarts):
@@ -129,3 +137,10 @@ def tell_stopped(forecaster: object, job_id: str, stop_s: float) -> None:
     """Pass a job's stop short of its end to the forecaster, if it listens for stops."""
     if isinstance(forecaster, ObservesStops):
         forecaster.stopped(job_id, stop_s)
+
+
+def tell_progress(forecaster: object, job_id: str, fraction: float, at_s: float) -> RuntimeForecast | None:
+    """Pass a job's progress report to the forecaster, if it listens for them: the job's new forecast, or None."""
+    if isinstance(forecaster, ObservesProgress):
+        return forecaster.progressed(job_id, fraction, at_s)
+    return None

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started, tell_stopped
+from kumiki.sched.forecasting import (
+    JobFeatures,
+    RuntimeForecast,
+    RuntimeForecaster,
+    tell_progress,
+    tell_started,
+    tell_stopped,
+)
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
 from kumiki.sched.preemption import OnDemand
@@ -136,6 +144,45 @@ class OnDemandCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressReports:
+    """Which jobs report how far they have got, and how well (a scenario: a trace carries no progress).
+
+    Jobs of at least `min_gpus` GPUs report, a `share` of them (drawn with `seed`), each time the scheduler
+    looks at their rank again (their progress doubling from 1,800 s). A report is off by a factor fixed per job,
+    e^N(0, `noise_sigma`): the rate it ran at early is not the rate it ends at (data loading, evaluation)."""
+
+    min_gpus: int = 1
+    share: float = 1.0
+    noise_sigma: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.min_gpus < 1:
+            raise ValueError(f"progress reports: min_gpus must be >= 1, got {self.min_gpus}")
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"progress reports: share must be in [0, 1], got {self.share}")
+        if not self.noise_sigma >= 0.0:
+            raise ValueError(f"progress reports: noise_sigma must be >= 0, got {self.noise_sigma}")
+
+    def describe(self) -> str:
+        return (
+            f"progress reports (a scenario, not in the trace): {self.share:.0%} of the jobs of >= {self.min_gpus} GPUs"
+            f" report, each off by e^N(0, {self.noise_sigma:g})"
+        )
+
+    def reporters(self, jobs: Sequence[SimJobSpec]) -> dict[str, float]:
+        """job -> the factor its reports are off by, for the jobs that report (drawn in submit order)."""
+        rng = random.Random(self.seed)
+        chosen: dict[str, float] = {}
+        for job in sorted(jobs, key=lambda job: (job.submit_s, job.job_id)):
+            reports = rng.random() < self.share
+            factor = math.exp(rng.gauss(0.0, self.noise_sigma))
+            if reports and job.gpus >= self.min_gpus:
+                chosen[job.job_id] = factor
+        return chosen
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     policy: QueuePolicy
     placement: str = "best-fit"
@@ -147,6 +194,8 @@ class SimConfig:
     audit: bool = False
     # for policies that gate their forecasts (`gate_forecasts`): how often the gate looks and what it replays
     gate: GateConfig = field(default_factory=GateConfig)
+    # None: no job reports its progress (a trace's jobs do not); otherwise which do, told to the forecaster
+    progress_reports: ProgressReports | None = None
 
 
 class Simulator:
@@ -179,6 +228,9 @@ class Simulator:
         if self.forecaster is not None and config.policy.gate_forecasts:
             self.gate = ForecastGate(config.gate)
         self.progress = progress
+        self.reporters: dict[str, float] = {}
+        if self.forecaster is not None and config.progress_reports is not None:
+            self.reporters = config.progress_reports.reporters(jobs)
         self.gpus_per_node = max(node.gpus for node in spec.nodes)
         self.jobs: dict[str, _SimJob] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
@@ -263,6 +315,7 @@ class Simulator:
                 elif kind == RECHECK and job.running and job.generation == generation:
                     changed = True
                     if self.policy.order == "gittins":
+                        self._report_progress(job, now)
                         rechecked.append(job_id)
                         self._schedule_rank_check(job, now)
                     else:
@@ -391,6 +444,20 @@ class Simulator:
             elif self.policy.order == "gittins":
                 self._schedule_rank_check(job, now)
 
+    def _report_progress(self, job: _SimJob, now: float) -> None:
+        """A reporting job tells the forecaster how far it has got; the policy sees the forecast that gives."""
+        factor = self.reporters.get(job.spec.job_id)
+        if factor is None:
+            return
+        reached = min(self._progress_now(job, now), job.duration_s)
+        if reached <= 0.0:
+            return
+        fraction = min(1.0, reached / (job.duration_s * factor))
+        forecast = tell_progress(self.forecaster, job.spec.job_id, fraction, now)
+        if forecast is not None:
+            job.forecast = forecast
+            self.scheduler.reconsider([self.view(job)])
+
     def _schedule_rank_check(self, job: _SimJob, now: float) -> None:
         """A running job's Gittins rank moves as it runs; look again each time its progress doubles.
 
@@ -426,16 +493,21 @@ class Simulator:
                 self._push(now + wall, RECHECK, job.spec.job_id, job.generation)
                 return
 
+    def _progress_now(self, job: _SimJob, now: float) -> float:
+        """Progress a running job has reached by `now` (its restore and checkpoint stops are not progress),
+        not yet capped at its end."""
+        useful = max(0.0, now - job.run_start_s - job.overhead_s)
+        if job.checkpointing:
+            return self._progress_after(job.run_start_progress_s, useful, job.checkpoint_until_s)
+        return job.run_start_progress_s + useful
+
     def _stop(self, job: _SimJob, now: float) -> float:
         """Account a run that ends now; returns progress reached."""
         wall = now - job.run_start_s
-        useful = max(0.0, wall - job.overhead_s)
+        progress = self._progress_now(job, now)
         if job.checkpointing:
-            progress = self._progress_after(job.run_start_progress_s, useful, job.checkpoint_until_s)
-            checkpoint_wall = useful - (progress - job.run_start_progress_s)
+            checkpoint_wall = max(0.0, wall - job.overhead_s) - (progress - job.run_start_progress_s)
             job.checkpoint_gpu_s += max(0.0, checkpoint_wall) * job.spec.gpus
-        else:
-            progress = job.run_start_progress_s + useful
         progress = min(progress, job.duration_s)
         job.run_wall_s += wall
         job.attained_gpu_s += wall * job.spec.gpus

@@ -254,8 +254,11 @@ def weighted_median(values: tuple[float, ...], weights: tuple[float, ...]) -> fl
 
 
 def build_default_forecaster() -> RuntimeForecaster:
-    """The forecaster the simulator's Kumiki policy and the forecast service use."""
-    return WeightedSelection()
+    """The forecaster the simulator's Kumiki policy and the forecast service use: the online weighting of the
+    models, forecasting a running job again from the progress it reports (`ProgressForecaster`)."""
+    from kumiki.forecast.models.progress import ProgressForecaster  # progress imports experts, as this does
+
+    return ProgressForecaster(WeightedSelection())
 
 
 def model_factories() -> dict[str, Callable[[], RuntimeForecaster]]:
