@@ -1,4 +1,5 @@
-"""The forecast book scores each ending against the forecast the job was given (pure)."""
+"""The forecast book scores each ending against the forecast the job was given, and forecasts a running job
+again from its progress (pure)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kumiki.forecast.core import AccuracyWindow, ForecastBook
+from kumiki.forecast.core import AccuracyWindow, ForecastBook, progress_fraction
+from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 
@@ -101,3 +103,30 @@ def test_a_cancelled_or_unmeasurable_job_stops_its_clock_in_a_forecaster_that_co
     assert listening.stops == [("cancelled", 500.0), ("no-runtime", 800.0)]
     assert "cancelled" not in book.open_jobs and "cancelled" not in book.given
     assert listening.observed == []  # nothing learned from either
+
+
+def test_progress_is_the_step_over_the_total_capped_at_the_end() -> None:
+    assert progress_fraction(300, 1200) == 0.25
+    assert progress_fraction(1300, 1200) == 1.0  # ran past the end it announced
+    assert progress_fraction(300, 0) is None  # the job does not know where it ends
+    assert progress_fraction(0, 1200) is None  # nothing done yet: no run time to scale
+
+
+def test_a_running_open_job_is_forecast_again_from_its_progress_but_scored_on_its_submit_time_forecast() -> None:
+    book = ForecastBook(build_default_forecaster())
+    given = book.submitted(features("a"))
+    assert book.progressed("a", 0.25, 50.0) is None  # not started: no run time to scale
+    book.started("a", 100.0)
+    forecast = book.progressed("a", 0.25, 700.0)
+    assert forecast is not None and forecast.p50_s == pytest.approx(2400.0)  # 600 s run / a quarter done
+    assert book.given["a"] == given  # an ending scores the forecast given before the job ran
+    assert book.progressed("never-submitted", 0.5, 700.0) is None
+    book.finished("a", 2400.0, 2500.0, features("a"))
+    assert book.progressed("a", 0.5, 2600.0) is None  # finished: no longer open
+
+
+def test_a_forecaster_that_does_not_listen_for_progress_gives_no_new_forecast() -> None:
+    book = ForecastBook(ListensForStarts())
+    book.submitted(features("a"))
+    book.started("a", 100.0)
+    assert book.progressed("a", 0.25, 700.0) is None

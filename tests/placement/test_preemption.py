@@ -256,3 +256,36 @@ def test_a_higher_tier_gang_of_pods_smaller_than_a_node_preempts_on_the_node_the
     (started,) = book.cycle(20.0)
     assert started.command.job_id == "urgent" and started.node_names == ("a", "a")
     assert not book.audit()
+
+
+def test_a_running_jobs_new_forecast_reaches_the_scheduler_and_can_make_it_the_victim() -> None:
+    """A job forecast short at submit reports progress that says it will run long (job.forecast again): the
+    scheduler weighs the running job by the new forecast, and the waiting short job now preempts it."""
+    book = PlacementBook(policy="kumiki", min_run_s=0.0)
+    book.upsert_node(node("a"), healthy=True)
+    for job in ("long", "short"):
+        book.forecast(job, RuntimeForecast(2_000.0, 6_000.0, "m", 1, log_sigma=0.3, error_sigma=0.1))
+    assert book.bind(gang("long", 8, preemptible=True), 0.0).job is not None
+    assert not book.bind(gang("short", 8, preemptible=True), 1_000.0).bound
+    assert book.preemptions == []  # 1000 s left of the running job's forecast, 2000 s of the waiting one's
+    progress = RuntimeForecast(20_000.0, 60_000.0, "progress", 1, log_sigma=0.3, error_sigma=0.1)
+    book.forecast("long", progress)
+    assert book.scheduler.running["long"].view.forecast == progress
+    assert book.cycle(1_001.0) == []
+    assert [(victim.job.command.job_id, victim.preemption.reason) for victim in book.preemptions] == [("long", "rank")]
+
+
+def test_a_waiting_jobs_forecast_re_ranks_it_in_place() -> None:
+    """A forecast that arrives while its job waits (the forecast service answers the job's SUBMITTED) orders the
+    queue at once, not from the job's next queueing."""
+    book = PlacementBook(policy="kumiki", min_run_s=0.0)
+    book.upsert_node(node("a"), healthy=True)
+    assert book.bind(gang("filler", 8), 0.0).job is not None
+    for job, at_s in (("first", 10.0), ("second", 20.0)):
+        book.forecast(job, RuntimeForecast(20_000.0, 60_000.0, "m", 1, log_sigma=0.3, error_sigma=0.1))
+        assert not book.bind(gang(job, 8), at_s).bound
+    book.forecast("second", RuntimeForecast(100.0, 300.0, "m", 1, log_sigma=0.3, error_sigma=0.1))
+    reranked = book.scheduler.waiting["second"].view.forecast
+    assert reranked is not None and reranked.p50_s == 100.0
+    book.release("filler", 1)
+    assert [job.command.job_id for job in book.cycle(30.0)] == ["second"]

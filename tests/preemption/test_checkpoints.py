@@ -12,7 +12,7 @@ from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, co
 from kumiki.common.db import apply_migrations, create_pool
 from kumiki.preemption.adapters.grpc import CheckpointsServicer
 from kumiki.preemption.adapters.registry import CheckpointRegistry
-from kumiki.preemption.core import CheckpointRecord, lost_work_seconds, supersedes
+from kumiki.preemption.core import CheckpointRecord, lost_work_seconds, supersedes, validate_report
 
 
 def test_newer_generation_or_step_supersedes() -> None:
@@ -42,9 +42,11 @@ async def stub(database_settings: DatabaseSettings) -> AsyncIterator[checkpoints
     await pool.close()
 
 
-def report(step: int, uri: str, seconds: int, generation: int = 1) -> checkpoints_pb2.CheckpointReport:
+def report(
+    step: int, uri: str, seconds: int, generation: int = 1, total_steps: int = 0
+) -> checkpoints_pb2.CheckpointReport:
     message = checkpoints_pb2.CheckpointReport(
-        job=common_pb2.JobRef(job_id="team/job", generation=generation), uri=uri, step=step
+        job=common_pb2.JobRef(job_id="team/job", generation=generation), uri=uri, step=step, total_steps=total_steps
     )
     message.completed_at.seconds = seconds
     return message
@@ -73,6 +75,34 @@ async def test_invalid_report_names_the_field(stub: checkpoints_pb2_grpc.Checkpo
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith("completed_at: must be before year 10000 (<= 253402300799 s)")
     assert (await stub.Report(report(1, "s3://x", 253_402_300_799))).recorded  # the last second of year 9999
+
+
+def test_total_steps_is_unknown_or_at_least_the_step() -> None:
+    assert validate_report("j", 1, "u", 1000.0, step=300, total_steps=0) == []  # 0: unknown
+    assert validate_report("j", 1, "u", 1000.0, step=300, total_steps=300) == []  # the last step
+    assert validate_report("j", 1, "u", 1000.0, step=300, total_steps=299) == [
+        ("total_steps", "must be 0 (unknown) or >= step (300), got 299")
+    ]
+    assert validate_report("j", 1, "u", 1000.0, step=1, total_steps=2**63) == [
+        ("total_steps", f"must be <= {2**63 - 1}, got {2**63}")
+    ]
+
+
+async def test_a_report_past_its_total_steps_is_refused_naming_the_field_and_total_steps_are_kept(
+    stub: checkpoints_pb2_grpc.CheckpointsStub, database_settings: DatabaseSettings
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Report(report(500, "s3://ckpt/500", 1_700_000_000, total_steps=400))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "total_steps: must be 0 (unknown) or >= step (500), got 400"
+    accepted = await stub.Report(report(300, "s3://ckpt/300", 1_700_000_100, total_steps=1200))  # still serving
+    assert accepted.recorded and accepted.latest_uri == "s3://ckpt/300"
+    pool = await create_pool(database_settings)
+    try:
+        latest = await CheckpointRegistry(pool).latest("team/job")
+    finally:
+        await pool.close()
+    assert latest == CheckpointRecord("team/job", 1, "s3://ckpt/300", 300, 1_700_000_100.0, total_steps=1200)
 
 
 async def test_resume_point_is_the_newest_checkpoint_of_an_earlier_or_same_attempt(

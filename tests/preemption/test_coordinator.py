@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 import asyncpg
+import grpc
 import pytest
 
 from kumiki.common.bus import EventProducer
-from kumiki.common.bus.topics import JOB_LIFECYCLE, SCHEDULING_DECISIONS
+from kumiki.common.bus.topics import CHECKPOINTS, JOB_LIFECYCLE, SCHEDULING_DECISIONS
 from kumiki.common.config import DatabaseSettings, KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2, events_pb2
 from kumiki.common.grpcutil import timestamp
-from tests.conftest import wait_until
+from tests.conftest import read_records, wait_until
 from tests.preemption.support import Coordinator, Events, follow
 
 pytestmark = pytest.mark.slow
@@ -129,3 +130,27 @@ async def test_a_reclaim_read_before_its_attempts_bind_is_held_durably_and_begin
             await follower
         coordinator.stop()
         await pool.close()
+
+
+async def test_an_accepted_reports_checkpoint_event_carries_its_total_steps(
+    kafka: KafkaSettings, database_settings: DatabaseSettings, tmp_path: Path
+) -> None:
+    """The forecast service re-forecasts a running job from step / total_steps on kumiki.checkpoints."""
+    coordinator = Coordinator(kafka, database_settings, "127.0.0.1:1", 600.0, tmp_path / "preemption.log")
+    try:
+        await coordinator.start()
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
+            sent = checkpoints_pb2.CheckpointReport(
+                job=common_pb2.JobRef(job_id="batch/train", generation=1),
+                uri="s3://ckpt/300",
+                step=300,
+                total_steps=1200,
+                completed_at=timestamp(),
+            )
+            assert (await stub.Report(sent)).recorded
+        [record] = await read_records(kafka, CHECKPOINTS.full_name(kafka.topic_prefix), 1)
+        published = checkpoints_pb2.CheckpointReport.FromString(record.value)
+        assert (published.job.job_id, published.step, published.total_steps) == ("batch/train", 300, 1200)
+    finally:
+        coordinator.stop()

@@ -1,4 +1,5 @@
-"""Forecast service wiring: history-warmed models, lifecycle consumer (exactly once), gRPC Forecaster."""
+"""Forecast service wiring: history-warmed models, lifecycle consumer (exactly once), checkpoint reports' progress
+consumer (at least once: it writes nothing but forecasts), gRPC Forecaster."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import logging
 
 import grpc
 
-from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.bus.topics import CHECKPOINTS, JOB_LIFECYCLE
 from kumiki.common.contracts.v1 import forecast_pb2_grpc
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.forecast.adapters.grpc import ForecasterServicer
 from kumiki.forecast.adapters.lifecycle import LifecycleHandler, load_history
+from kumiki.forecast.adapters.progress import ProgressHandler
 from kumiki.forecast.core import ForecastBook
 from kumiki.forecast.models import build_default_forecaster
 
@@ -23,6 +25,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     book.warm_start(await load_history(runtime.pool))
     log.info("forecaster warmed from history", extra={"jobs": book.learned})
     runtime.consume([JOB_LIFECYCLE], "kumiki-forecast", LifecycleHandler(book, runtime.producer), exactly_once=True)
+    runtime.consume([CHECKPOINTS], "kumiki-forecast-progress", ProgressHandler(book, runtime.producer))
     forecast_pb2_grpc.add_ForecasterServicer_to_server(ForecasterServicer(book, runtime.pool), server)
 
 

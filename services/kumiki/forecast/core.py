@@ -1,4 +1,5 @@
-"""The forecast service's pure core: which jobs are open, what to learn from a lifecycle event.
+"""The forecast service's pure core: which jobs are open, what to learn from a lifecycle event, what a running
+job's progress report says of its run time.
 
 The models themselves are `kumiki.forecast.models`, the same code the simulator's `kumiki` policy uses.
 """
@@ -9,7 +10,14 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started, tell_stopped
+from kumiki.sched.forecasting import (
+    JobFeatures,
+    RuntimeForecast,
+    RuntimeForecaster,
+    tell_progress,
+    tell_started,
+    tell_stopped,
+)
 
 ACCURACY_WINDOW = 200  # endings per model in the rolling accuracy figures
 
@@ -19,6 +27,14 @@ class FinishedJob:
     features: JobFeatures
     runtime_s: float
     finished_s: float
+
+
+def progress_fraction(step: int, total_steps: int) -> float | None:
+    """How far a job that reported checkpoint `step` of `total_steps` has got (capped at 1: a job may run past the
+    end it announced); None when it does not say (total_steps 0) or has done nothing yet (step 0)."""
+    if total_steps <= 0 or step <= 0:
+        return None
+    return min(1.0, step / total_steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +86,14 @@ class ForecastBook:
         """An open job's pods were bound: a forecaster that listens counts it a miss once it outruns its p90."""
         if job_id in self.open_jobs:
             tell_started(self.forecaster, job_id, at_s)
+
+    def progressed(self, job_id: str, fraction: float, at_s: float) -> RuntimeForecast | None:
+        """An open job reports `fraction` of its work done at `at_s`: its new forecast, or None (not open, not
+        started, or the forecaster does not listen). `given` keeps the submit-time forecast: an ending scores the
+        forecast a job was given before it ran, not one read off its own progress."""
+        if job_id not in self.open_jobs:
+            return None
+        return tell_progress(self.forecaster, job_id, fraction, at_s)
 
     def released(self, job_id: str, at_s: float) -> None:
         """An open job was cancelled before it finished: nothing to learn, but a forecaster that counts running jobs

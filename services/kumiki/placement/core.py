@@ -534,8 +534,17 @@ class PlacementBook:
             self.acknowledged[job_id] = completed_s
 
     def forecast(self, job_id: str, forecast: RuntimeForecast) -> None:
-        """A job's run-time forecast (job.forecast); the queue policy sees it from the job's next queueing."""
+        """A job's run-time forecast (job.forecast: at submit, or again from the progress a running job reports).
+        The scheduler sees it at once: a waiting job is re-ranked in place, a running one is weighed by it as a
+        victim; a job not queued yet (held by quota, or not bound) gets it when it is."""
         self.forecasts[job_id] = forecast
+        if self._scheduler is None or self._stale:
+            return  # the rebuild views every job with its forecast
+        pending, running = self.pending.get(job_id), self.bound.get(job_id) or self.nominated.get(job_id)
+        if pending is not None and not pending.held:
+            self._scheduler.reconsider([self._view(pending.command, pending.submitted_s)])
+        elif running is not None:
+            self._scheduler.reconsider([self._view(running.command, running.bound_s)])
 
     def _bound(self, command: BindCommand, placement: Placement, bound_s: float, waited_s: float = 0.0) -> BoundJob:
         """Record a job the scheduler now runs (node names kept: they survive node re-indexing)."""

@@ -25,13 +25,14 @@ class CheckpointRecord:
     uri: str
     step: int
     completed_unix_s: float
+    total_steps: int = 0  # the step the job ends at (0: unknown); with `step`, how far it has got
 
 
 MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the end of protobuf's Timestamp range
 
 
 def validate_report(
-    job_id: str, generation: int, uri: str, completed_unix_s: float, step: int = 0
+    job_id: str, generation: int, uri: str, completed_unix_s: float, step: int = 0, total_steps: int = 0
 ) -> list[tuple[str, str]]:
     """Problems as (field, problem) pairs; empty when the report is acceptable."""
     problems = []
@@ -39,9 +40,12 @@ def validate_report(
         problems.append(("job.job_id", "required"))
     if generation < 1:
         problems.append(("job.generation", "must be >= 1"))
-    for name, value in (("job.generation", generation), ("step", step)):  # Postgres bigint (found by tests/fuzz)
+    bounded = (("job.generation", generation), ("step", step), ("total_steps", total_steps))
+    for name, value in bounded:  # Postgres bigint (found by tests/fuzz)
         if value > 2**63 - 1:
             problems.append((name, f"must be <= {2**63 - 1}, got {value}"))
+    if 0 < total_steps < step:  # a job past its last step does not know where it ends: it says 0
+        problems.append(("total_steps", f"must be 0 (unknown) or >= step ({step}), got {total_steps}"))
     if not uri:
         problems.append(("uri", "required"))
     if completed_unix_s <= 0:

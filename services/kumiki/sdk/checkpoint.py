@@ -9,7 +9,7 @@ state = load(point.uri) if point else fresh()
 while state.step < total:
     train_one_step(state)
     if job.should_checkpoint():           # asked to (preemption), or the periodic interval is up
-        job.report_checkpoint(save(state), state.step)
+        job.report_checkpoint(save(state), state.step, total_steps=total)
         if job.should_stop():             # it answered a preemption: exit now, the job resumes elsewhere
             sys.exit(0)
 job.close()
@@ -186,14 +186,17 @@ class Job:
         """Only the periodic part of `should_checkpoint`."""
         return self.clock() - self._last_checkpoint_s >= self.interval_s
 
-    def report_checkpoint(self, uri: str, step: int, *, duration_s: float = 0.0) -> bool:
+    def report_checkpoint(self, uri: str, step: int, *, duration_s: float = 0.0, total_steps: int = 0) -> bool:
         """Tell the coordinator a checkpoint is complete (written and durable); True when it was recorded.
 
+        `total_steps`, the step the job ends at when it knows (0: unknown), tells how far it has got: the
+        scheduler then forecasts its run time from its progress instead of from its submit-time features.
         When it answers a CHECKPOINT command, `should_stop()` becomes true: the job should exit now."""
         if not uri:
             raise ValueError("uri: required")
-        if step < 0:
-            raise ValueError(f"step: must be >= 0, got {step}")
+        for name, value in (("step", step), ("total_steps", total_steps)):
+            if value < 0:
+                raise ValueError(f"{name}: must be >= 0, got {value}")
         now = self.clock()
         with self._lock:
             command = self._checkpoint_command if not self._answered else None
@@ -203,6 +206,7 @@ class Job:
                 job=common_pb2.JobRef(job_id=self.job_id, generation=self.generation),
                 uri=uri,
                 step=step,
+                total_steps=total_steps,
                 command_id=command.command_id if command is not None else "",
                 duration_s=duration_s,
             )

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.ignore_commands:
             if job.periodic_due() and not job.preempting:
-                job.report_checkpoint(save(args.checkpoints, step, weights, rng), step)
+                job.report_checkpoint(save(args.checkpoints, step, weights, rng), step, total_steps=args.steps)
                 written += 1
             continue
         if job.should_checkpoint():
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.write(f"# answering {step}\n")  # a test waits for this to act mid-checkpoint
                 progress.flush()
             time.sleep(args.save_s)
-            job.report_checkpoint(save(args.checkpoints, step, weights, rng), step)
+            job.report_checkpoint(save(args.checkpoints, step, weights, rng), step, total_steps=args.steps)
             written += 1
         if job.should_stop():
             job.close()

@@ -151,7 +151,8 @@ PREEMPTION_COMMANDS = TopicSpec(
     "preemption.commands", events_pb2.PreemptionCommand, "job_id", retention_ms=7 * DAY_MS, validate=validate_preemption
 )
 # Every acknowledged checkpoint (the preemption service publishes what Checkpoints.Report recorded), key = job
-# id: placement chooses victims by the work since each job's newest one.
+# id: placement chooses victims by the work since each job's newest one; the forecast service forecasts a running
+# job again from a report that says how far it has got (step of total_steps).
 CHECKPOINTS = TopicSpec(
     "checkpoints", checkpoints_pb2.CheckpointReport, "job_id", retention_ms=30 * DAY_MS, validate=_job_required
 )

@@ -14,7 +14,7 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, timestamp
 from kumiki.forecast.core import ACCURACY_WINDOW, Accuracy, FinishedJob, ForecastBook
 from kumiki.forecast.demand import Arrival
-from kumiki.sched.forecasting import JobFeatures
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 ABS_LOG_ERROR = Gauge(
     "kumiki_forecast_abs_log_error",
@@ -77,6 +77,24 @@ def _identity(features: JobFeatures, generation: int) -> tuple[str, int, str, st
     )
 
 
+async def publish_forecast(producer: EventProducer, job: common_pb2.JobRef, forecast: RuntimeForecast) -> None:
+    """A job's forecast on job.forecast (compacted by job: placement keeps the newest), at submit or from progress."""
+    await producer.publish(
+        JOB_FORECAST,
+        job.job_id,
+        events_pb2.RuntimeForecast(
+            job=common_pb2.JobRef(job_id=job.job_id, generation=job.generation),
+            p50_s=forecast.p50_s,
+            p90_s=forecast.p90_s,
+            model=forecast.model,
+            model_version=forecast.model_version,
+            at=timestamp(),
+            log_sigma=forecast.log_sigma,
+            error_sigma=forecast.error_sigma,
+        ),
+    )
+
+
 class LifecycleHandler:
     def __init__(self, book: ForecastBook, producer: EventProducer) -> None:
         self.book = book
@@ -100,20 +118,7 @@ class LifecycleHandler:
                 forecast.p90_s,
                 forecast.model,
             )
-            await self.producer.publish(
-                JOB_FORECAST,
-                message.job.job_id,
-                events_pb2.RuntimeForecast(
-                    job=common_pb2.JobRef(job_id=message.job.job_id, generation=message.job.generation),
-                    p50_s=forecast.p50_s,
-                    p90_s=forecast.p90_s,
-                    model=forecast.model,
-                    model_version=forecast.model_version,
-                    at=timestamp(),
-                    log_sigma=forecast.log_sigma,
-                    error_sigma=forecast.error_sigma,
-                ),
-            )
+            await publish_forecast(self.producer, message.job, forecast)
         elif message.state in (events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING):
             self.book.started(message.job.job_id, at.timestamp())
         elif message.state == events_pb2.JOB_STATE_RELEASED:

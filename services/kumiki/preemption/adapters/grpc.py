@@ -37,11 +37,14 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         self, request: checkpoints_pb2.CheckpointReport, context: grpc.aio.ServicerContext
     ) -> checkpoints_pb2.CheckpointAck:
         completed = request.completed_at.seconds + request.completed_at.nanos / 1e9
-        problems = validate_report(request.job.job_id, request.job.generation, request.uri, completed, request.step)
+        job = request.job
+        problems = validate_report(
+            job.job_id, job.generation, request.uri, completed, request.step, request.total_steps
+        )
         if problems:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(f"{f}: {p}" for f, p in problems))
-        await self._only_the_job(context, "Report", request.job.job_id)
-        report = CheckpointRecord(request.job.job_id, request.job.generation, request.uri, request.step, completed)
+        await self._only_the_job(context, "Report", job.job_id)
+        report = CheckpointRecord(job.job_id, job.generation, request.uri, request.step, completed, request.total_steps)
         if self.coordinator is None:
             latest = await self.registry.record(report)
         else:

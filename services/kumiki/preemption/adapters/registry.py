@@ -8,11 +8,14 @@ import asyncpg
 
 from kumiki.preemption.core import CheckpointRecord, supersedes
 
-_SELECT = "SELECT job_id, generation, uri, step, completed_at FROM preemption.checkpoints WHERE job_id = $1"
+_SELECT = (
+    "SELECT job_id, generation, uri, step, completed_at, total_steps FROM preemption.checkpoints WHERE job_id = $1"
+)
 
 
 def _record(row: asyncpg.Record) -> CheckpointRecord:
-    return CheckpointRecord(row["job_id"], row["generation"], row["uri"], row["step"], row["completed_at"].timestamp())
+    completed = row["completed_at"].timestamp()
+    return CheckpointRecord(row["job_id"], row["generation"], row["uri"], row["step"], completed, row["total_steps"])
 
 
 class CheckpointRegistry:
@@ -41,13 +44,15 @@ async def record_in(connection: asyncpg.Connection, report: CheckpointRecord) ->
         assert current is not None
         return current
     await connection.execute(
-        "INSERT INTO preemption.checkpoints (job_id, generation, uri, step, completed_at)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO UPDATE SET generation = EXCLUDED.generation,"
-        " uri = EXCLUDED.uri, step = EXCLUDED.step, completed_at = EXCLUDED.completed_at, reported_at = now()",
+        "INSERT INTO preemption.checkpoints (job_id, generation, uri, step, completed_at, total_steps)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id) DO UPDATE SET generation = EXCLUDED.generation,"
+        " uri = EXCLUDED.uri, step = EXCLUDED.step, completed_at = EXCLUDED.completed_at,"
+        " total_steps = EXCLUDED.total_steps, reported_at = now()",
         report.job_id,
         report.generation,
         report.uri,
         report.step,
         datetime.fromtimestamp(report.completed_unix_s, UTC),
+        report.total_steps,
     )
     return report

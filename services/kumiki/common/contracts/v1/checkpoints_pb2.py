@@ -27,7 +27,7 @@ from kumiki.common.contracts.v1 import common_pb2 as kumiki_dot_v1_dot_common__p
 from kumiki.common.contracts.v1 import events_pb2 as kumiki_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkumiki/v1/checkpoints.proto\x12\tkumiki.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kumiki/v1/common.proto\x1a\x16kumiki/v1/events.proto\"\xa7\x01\n\x10\x43heckpointReport\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x30\n\x0c\x63ompleted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncommand_id\x18\x05 \x01(\t\x12\x12\n\nduration_s\x18\x06 \x01(\x01\"5\n\rCheckpointAck\x12\x10\n\x08recorded\x18\x01 \x01(\x08\x12\x12\n\nlatest_uri\x18\x02 \x01(\t\".\n\x0cWatchRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\"4\n\x12ResumePointRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\"S\n\x13ResumePointResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x32\xde\x01\n\x0b\x43heckpoints\x12?\n\x06Report\x12\x1b.kumiki.v1.CheckpointReport\x1a\x18.kumiki.v1.CheckpointAck\x12@\n\x05Watch\x12\x17.kumiki.v1.WatchRequest\x1a\x1c.kumiki.v1.PreemptionCommand0\x01\x12L\n\x0bResumePoint\x12\x1d.kumiki.v1.ResumePointRequest\x1a\x1e.kumiki.v1.ResumePointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkumiki/v1/checkpoints.proto\x12\tkumiki.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kumiki/v1/common.proto\x1a\x16kumiki/v1/events.proto\"\xbc\x01\n\x10\x43heckpointReport\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x30\n\x0c\x63ompleted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncommand_id\x18\x05 \x01(\t\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x04\"5\n\rCheckpointAck\x12\x10\n\x08recorded\x18\x01 \x01(\x08\x12\x12\n\nlatest_uri\x18\x02 \x01(\t\".\n\x0cWatchRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\"4\n\x12ResumePointRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\"S\n\x13ResumePointResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x32\xde\x01\n\x0b\x43heckpoints\x12?\n\x06Report\x12\x1b.kumiki.v1.CheckpointReport\x1a\x18.kumiki.v1.CheckpointAck\x12@\n\x05Watch\x12\x17.kumiki.v1.WatchRequest\x1a\x1c.kumiki.v1.PreemptionCommand0\x01\x12L\n\x0bResumePoint\x12\x1d.kumiki.v1.ResumePointRequest\x1a\x1e.kumiki.v1.ResumePointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,15 +35,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kumiki.common.contracts.v1.
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CHECKPOINTREPORT']._serialized_start=124
-  _globals['_CHECKPOINTREPORT']._serialized_end=291
-  _globals['_CHECKPOINTACK']._serialized_start=293
-  _globals['_CHECKPOINTACK']._serialized_end=346
-  _globals['_WATCHREQUEST']._serialized_start=348
-  _globals['_WATCHREQUEST']._serialized_end=394
-  _globals['_RESUMEPOINTREQUEST']._serialized_start=396
-  _globals['_RESUMEPOINTREQUEST']._serialized_end=448
-  _globals['_RESUMEPOINTRESPONSE']._serialized_start=450
-  _globals['_RESUMEPOINTRESPONSE']._serialized_end=533
-  _globals['_CHECKPOINTS']._serialized_start=536
-  _globals['_CHECKPOINTS']._serialized_end=758
+  _globals['_CHECKPOINTREPORT']._serialized_end=312
+  _globals['_CHECKPOINTACK']._serialized_start=314
+  _globals['_CHECKPOINTACK']._serialized_end=367
+  _globals['_WATCHREQUEST']._serialized_start=369
+  _globals['_WATCHREQUEST']._serialized_end=415
+  _globals['_RESUMEPOINTREQUEST']._serialized_start=417
+  _globals['_RESUMEPOINTREQUEST']._serialized_end=469
+  _globals['_RESUMEPOINTRESPONSE']._serialized_start=471
+  _globals['_RESUMEPOINTRESPONSE']._serialized_end=554
+  _globals['_CHECKPOINTS']._serialized_start=557
+  _globals['_CHECKPOINTS']._serialized_end=779
 # @@protoc_insertion_point(module_scope)

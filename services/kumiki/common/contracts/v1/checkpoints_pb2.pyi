@@ -28,6 +28,7 @@ class CheckpointReport(_message.Message):
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     COMMAND_ID_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
+    TOTAL_STEPS_FIELD_NUMBER: _builtins.int
     uri: _builtins.str
     """Where the checkpoint is (object store URI or path)."""
     step: _builtins.int
@@ -36,6 +37,8 @@ class CheckpointReport(_message.Message):
     """The preemption command this answers ("" for a periodic checkpoint)."""
     duration_s: _builtins.float
     """Seconds the checkpoint took to write."""
+    total_steps: _builtins.int
+    """The step the job ends at, when it knows (0: unknown); with `step` it tells how far the job has got."""
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt."""
@@ -53,10 +56,11 @@ class CheckpointReport(_message.Message):
         completed_at: _timestamp_pb2.Timestamp | None = ...,
         command_id: _builtins.str = ...,
         duration_s: _builtins.float = ...,
+        total_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "completed_at", b"completed_at", "duration_s", b"duration_s", "job", b"job", "step", b"step", "uri", b"uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "completed_at", b"completed_at", "duration_s", b"duration_s", "job", b"job", "step", b"step", "total_steps", b"total_steps", "uri", b"uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
