@@ -9,10 +9,9 @@ import pytest
 
 from kumiki.common.config import DatabaseSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2
-from kumiki.common.db import apply_migrations, create_pool
-from kumiki.preemption.adapters.grpc import CheckpointsServicer
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 from kumiki.preemption.core import CheckpointRecord, lost_work_seconds, supersedes, validate_report
+from tests.preemption.servers import checkpoints_service
 
 
 def test_newer_generation_or_step_supersedes() -> None:
@@ -30,16 +29,11 @@ def test_lost_work_counts_from_the_last_checkpoint() -> None:
 
 @pytest.fixture
 async def stub(database_settings: DatabaseSettings) -> AsyncIterator[checkpoints_pb2_grpc.CheckpointsStub]:
-    pool = await create_pool(database_settings)
-    await apply_migrations(pool, "preemption", "kumiki.preemption.migrations")
-    server = grpc.aio.server()
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(CheckpointRegistry(pool)), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with (
+        checkpoints_service(database_settings) as (address, _),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
         yield checkpoints_pb2_grpc.CheckpointsStub(channel)
-    await server.stop(None)
-    await pool.close()
 
 
 def report(
@@ -89,19 +83,20 @@ def test_total_steps_is_unknown_or_at_least_the_step() -> None:
 
 
 async def test_a_report_past_its_total_steps_is_refused_naming_the_field_and_total_steps_are_kept(
-    stub: checkpoints_pb2_grpc.CheckpointsStub, database_settings: DatabaseSettings
+    database_settings: DatabaseSettings,
 ) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as error:
-        await stub.Report(report(500, "s3://ckpt/500", 1_700_000_000, total_steps=400))
-    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.value.details() == "total_steps: must be 0 (unknown) or >= step (500), got 400"
-    accepted = await stub.Report(report(300, "s3://ckpt/300", 1_700_000_100, total_steps=1200))  # still serving
-    assert accepted.recorded and accepted.latest_uri == "s3://ckpt/300"
-    pool = await create_pool(database_settings)
-    try:
+    async with (
+        checkpoints_service(database_settings) as (address, pool),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub.Report(report(500, "s3://ckpt/500", 1_700_000_000, total_steps=400))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details() == "total_steps: must be 0 (unknown) or >= step (500), got 400"
+        accepted = await stub.Report(report(300, "s3://ckpt/300", 1_700_000_100, total_steps=1200))  # still serving
+        assert accepted.recorded and accepted.latest_uri == "s3://ckpt/300"
         latest = await CheckpointRegistry(pool).latest("team/job")
-    finally:
-        await pool.close()
     assert latest == CheckpointRecord("team/job", 1, "s3://ckpt/300", 300, 1_700_000_100.0, total_steps=1200)
 
 

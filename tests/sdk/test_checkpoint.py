@@ -12,11 +12,9 @@ import grpc
 import pytest
 
 from kumiki.common.config import DatabaseSettings
-from kumiki.common.contracts.v1 import checkpoints_pb2_grpc
-from kumiki.common.db import apply_migrations, create_pool
-from kumiki.preemption.adapters.grpc import CheckpointsServicer
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 from kumiki.sdk import Job, ResumePoint, SdkConfigError
+from tests.preemption.servers import checkpoints_service
 
 
 class Clock:
@@ -82,24 +80,17 @@ async def test_a_report_carries_the_jobs_total_steps_to_the_checkpoints_service(
     database_settings: DatabaseSettings,
 ) -> None:
     """The real Checkpoints service (a registry) on loopback: the SDK's blocking calls run off the event loop."""
-    pool = await create_pool(database_settings)
-    await apply_migrations(pool, "preemption", "kumiki.preemption.migrations")
-    server = grpc.aio.server()
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(CheckpointRegistry(pool)), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    job = Job("team/j", 1, f"127.0.0.1:{port}")
-    try:
-        assert await asyncio.to_thread(job.report_checkpoint, "file:///c/300", 300, total_steps=1200)
-        latest = await CheckpointRegistry(pool).latest("team/j")
-        assert latest is not None and (latest.step, latest.total_steps) == (300, 1200)
-        with pytest.raises(grpc.RpcError) as refused:  # the service's check, surfaced to the job
-            await asyncio.to_thread(job.report_checkpoint, "file:///c/400", 400, total_steps=100)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details().startswith("total_steps: ")
-        with pytest.raises(ValueError, match="total_steps: must be >= 0, got -1"):
-            job.report_checkpoint("file:///c/500", 500, total_steps=-1)
-    finally:
-        job.close()
-        await server.stop(None)
-        await pool.close()
+    async with checkpoints_service(database_settings) as (address, pool):
+        job = Job("team/j", 1, address)
+        try:
+            assert await asyncio.to_thread(job.report_checkpoint, "file:///c/300", 300, total_steps=1200)
+            latest = await CheckpointRegistry(pool).latest("team/j")
+            assert latest is not None and (latest.step, latest.total_steps) == (300, 1200)
+            with pytest.raises(grpc.RpcError) as refused:  # the service's check, surfaced to the job
+                await asyncio.to_thread(job.report_checkpoint, "file:///c/400", 400, total_steps=100)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith("total_steps: ")
+            with pytest.raises(ValueError, match="total_steps: must be >= 0, got -1"):
+                job.report_checkpoint("file:///c/500", 500, total_steps=-1)
+        finally:
+            job.close()
