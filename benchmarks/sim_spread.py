@@ -2,7 +2,7 @@
 
     PYTHONPATH=services .venv/bin/python benchmarks/sim_spread.py [--nodes 36,40,44,48,56,64,72]
         [--seeds 0,1,2] [--drop-each-queue 48] [--shift-at 48,64] [--weeks 9 [--weeks-at 48]] [--workers 2]
-        [--trace philly-slice] [--out out/sim-spread]
+        [--trace philly-slice] [--progress-reports MIN_GPUS] [--out out/sim-spread]
 
 Issue 14 measured `kumiki` on Philly weeks this repository does not have. Three stand-ins for "another week" can
 be cut from the slice without tuning anything to them:
@@ -27,7 +27,9 @@ Every cell runs `kumiki`, its two references (`kumiki-noforecast`, `kumiki-oracl
 second). A cell's recovered share is that of its mean JCTs over the seeds (`kumiki.sim.report.forecast_value`),
 its range the spread of the per-seed shares; "kumiki <= noforecast" counts seeds. Writes report.json and
 spread.png into --out and prints one markdown table per part. Runs are independent simulations: --workers
-processes share them (default: the machine's cores).
+processes share them (default: the machine's cores). `--progress-reports MIN_GPUS` runs every cell under the
+scenario of `kumiki simulate --progress-reports` (jobs of at least MIN_GPUS GPUs report their progress, off by
+e^N(0, 0.2); docs/design/0007-progress-reports.md): only `kumiki` hears the reports.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,7 @@ from _support import PHILLY, create_out_or_exit, out_and_trace_or_exit, run_in_p
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.engine import ProgressReports, SimConfig, Simulator
 from kumiki.sim.report import over_seeds, summarize, write_json
 from kumiki.sim.shifts import (
     SHIFTS,
@@ -87,7 +90,7 @@ def day_order_text(order: tuple[int, ...]) -> str:
     return ",".join(str(day) for day in order)
 
 
-def run_one(trace: str, cell: Cell, policy: str, seed: int) -> dict[str, Any]:
+def run_one(trace: str, cell: Cell, policy: str, seed: int, reports: ProgressReports | None = None) -> dict[str, Any]:
     """One simulation; a fresh forecaster per run (it learns online, and one run must not learn from another)."""
     nodes, drop, shift = cell
     jobs = sim_jobs(
@@ -97,7 +100,7 @@ def run_one(trace: str, cell: Cell, policy: str, seed: int) -> dict[str, Any]:
     result = Simulator(
         uniform_cluster(nodes, GPUS_PER_NODE),
         jobs,
-        SimConfig(POLICIES[policy]),
+        SimConfig(POLICIES[policy], progress_reports=None if reports is None else replace(reports, seed=seed)),
         forecaster=build_default_forecaster() if POLICIES[policy].uses_forecast else None,
     ).run()
     summary = summarize(result, large_gpus=GPUS_PER_NODE)
@@ -249,6 +252,12 @@ def main() -> int:
     parser.add_argument("--weeks-seed", default="0", help="seed drawing the day orders of --weeks (0)")
     parser.add_argument("--workers", default=str(os.cpu_count() or 1), help="processes sharing the runs")
     parser.add_argument("--trace", default=str(PHILLY), help="job trace: a CSV path or a bundled name (kumiki.data)")
+    parser.add_argument(
+        "--progress-reports",
+        default=None,
+        metavar="MIN_GPUS",
+        help="the scenario in which jobs of at least MIN_GPUS GPUs report their progress (off by default)",
+    )
     parser.add_argument("--out", default="out/sim-spread", help="folder for report.json and spread.png")
     args = parser.parse_args()
     sizes = whole_numbers_or_exit(args.nodes, "--nodes", 1, parser) if args.nodes.strip() else []
@@ -265,6 +274,9 @@ def main() -> int:
         parser.error("--weeks, --weeks-at and --weeks-seed take one number each")
     if not sizes and not mix_nodes[0] and not shift_sizes and not weeks[0]:
         parser.error("nothing to run: give --nodes, --drop-each-queue, --shift-at or --weeks")
+    reports = None
+    if args.progress_reports is not None:
+        reports = ProgressReports(whole_numbers_or_exit(args.progress_reports, "--progress-reports", 1, parser)[0])
     out, trace = out_and_trace_or_exit(args.out, args.trace, parser)
     try:
         orders = day_orders(trace_days(trace), weeks[0], weeks_seed[0]) if weeks[0] else []
@@ -296,11 +308,11 @@ def main() -> int:
     started = time.perf_counter()
 
     def describe(arguments: tuple[Any, ...]) -> str:
-        _, (nodes, drop, shift), _, _ = arguments
+        _, (nodes, drop, shift), _, _, _ = arguments
         return f"{nodes} nodes" + (f" without {drop}" if drop else f" {shift}" if shift else "")
 
-    runs = [(str(args.trace), cell, policy, seed) for cell, policy, seed in plan]
-    for (_, cell, policy, seed), result in run_in_processes(run_one, runs, workers, describe):
+    runs = [(str(args.trace), cell, policy, seed, reports) for cell, policy, seed in plan]
+    for (_, cell, policy, seed, _), result in run_in_processes(run_one, runs, workers, describe):
         results[cell].setdefault(policy, {})[seed] = result
 
     load = {str(nodes): cell_summary(results[(nodes, "", "")]) for nodes in sizes}
@@ -324,6 +336,9 @@ def main() -> int:
             "gpus_per_node": GPUS_PER_NODE,
             "policies": list(POLICY_NAMES),
             "recovered_share": "(noforecast - kumiki) / (noforecast - oracle), mean JCT over the seeds",
+            "progress_reports": None
+            if reports is None
+            else {"min_gpus": reports.min_gpus, "noise_sigma": reports.noise_sigma},
         },
         "load": load,
         "mix": mix,
