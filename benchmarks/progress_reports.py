@@ -17,6 +17,10 @@ and both references in the same process, per cluster size and seed:
 - `>=8 GPUs, half`: half of them report;
 - `every job`: every job reports (noise 0.2).
 
+`--sensitivity` adds the whole-node scenario under one-factor changes of the progress forecaster's constants
+(`ProgressConfig`: the prior width of a report's belief, the prior's weight, the record's window), which were
+set before anything was measured and not tuned.
+
 Prints one markdown table per size (mean JCT over the seeds, its ratio to the baseline, the recovered share and
 its per-seed range) and writes report.json and progress-reports.png into --out.
 """
@@ -31,8 +35,10 @@ from typing import Any
 
 from _support import run_in_processes, simulation_grid, write_sizes_report
 
-from kumiki.forecast.models import build_default_forecaster
+from kumiki.forecast.models import WeightedSelection, build_default_forecaster
+from kumiki.forecast.models.progress import ProgressConfig, ProgressForecaster
 from kumiki.sched.cluster import uniform_cluster
+from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import ProgressReports, SimConfig, Simulator
 from kumiki.sim.trace import load_jobs
@@ -54,16 +60,35 @@ SCENARIOS: dict[str, tuple[int, float, float] | None] = {
 }
 
 
+# --sensitivity: the whole-node scenario with one of the progress forecaster's constants changed
+SENSITIVITY: dict[str, dict[str, Any]] = {
+    ">=8 GPUs, prior sigma 0.75": {"prior_sigma": 0.75},
+    ">=8 GPUs, prior sigma 3": {"prior_sigma": 3.0},
+    ">=8 GPUs, prior weight 1": {"prior_weight": 1.0},
+    ">=8 GPUs, prior weight 25": {"prior_weight": 25.0},
+    ">=8 GPUs, window 50": {"window": 50},
+    ">=8 GPUs, window 1000": {"window": 1000},
+}
+WHOLE_NODES = ">=8 GPUs"
+
+
+def forecaster_for(scenario: str) -> RuntimeForecaster:
+    """The default forecaster; under a sensitivity scenario, its progress layer with one constant changed."""
+    if scenario not in SENSITIVITY:
+        return build_default_forecaster()
+    return ProgressForecaster(WeightedSelection(), ProgressConfig(**SENSITIVITY[scenario]))
+
+
 def run_one(trace: str, nodes: int, policy: str, scenario: str, seed: int) -> float:
     """One simulation's average JCT; a fresh forecaster per run."""
     jobs = sim_jobs(load_jobs(trace), max_gpus=nodes * GPUS_PER_NODE, seed=seed)
-    setting = SCENARIOS[scenario]
+    setting = SCENARIOS[WHOLE_NODES if scenario in SENSITIVITY else scenario]
     reports = None if setting is None else ProgressReports(*setting, seed=seed)
     result = Simulator(
         uniform_cluster(nodes, GPUS_PER_NODE),
         jobs,
         SimConfig(POLICIES[policy], progress_reports=reports),
-        forecaster=build_default_forecaster() if POLICIES[policy].uses_forecast else None,
+        forecaster=forecaster_for(scenario) if POLICIES[policy].uses_forecast else None,
     ).run()
     return statistics.fmean(job.jct_s for job in result.jobs)
 
@@ -72,13 +97,15 @@ def share(noforecast: float, oracle: float, kumiki: float) -> float | None:
     return None if noforecast == oracle else (noforecast - kumiki) / (noforecast - oracle)
 
 
-def size_summary(runs: dict[tuple[str, str], dict[int, float]], seeds: list[int]) -> dict[str, Any]:
+def size_summary(
+    runs: dict[tuple[str, str], dict[int, float]], seeds: list[int], scenarios: list[str]
+) -> dict[str, Any]:
     """Per scenario: mean JCT over the seeds, its ratio to no reports, the recovered share and its per-seed range."""
     mean = {key: statistics.fmean(by_seed[seed] for seed in seeds) for key, by_seed in runs.items()}
     noforecast, oracle = mean[(NOFORECAST, BASELINE)], mean[(ORACLE, BASELINE)]
     baseline = mean[(KUMIKI, BASELINE)]
     rows: dict[str, Any] = {}
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         per_seed = [
             share(runs[(NOFORECAST, BASELINE)][seed], runs[(ORACLE, BASELINE)][seed], runs[(KUMIKI, scenario)][seed])
             for seed in seeds
@@ -124,9 +151,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sizes = report["sizes"]
-    fig, ax = plt.subplots(figsize=(9, 4.6))
+    labels = list(next(iter(sizes.values()))["scenarios"])
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.3 * len(labels)), 4.6))
     width = 0.8 / max(1, len(sizes))
-    labels = list(SCENARIOS)
     for index, (nodes, summary) in enumerate(sizes.items()):
         xs = [position + index * width for position in range(len(labels))]
         values = [100 * (summary["scenarios"][name]["recovered_share"] or 0.0) for name in labels]
@@ -151,9 +178,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sensitivity", action="store_true", help="also the whole-node scenario under one-factor constant changes"
+    )
     args, sizes, seeds, workers, out, _ = simulation_grid(parser, default_out="out/progress-reports")
+    scenarios = [*SCENARIOS, *(SENSITIVITY if args.sensitivity else {})]
     plan = [
-        (str(args.trace), nodes, KUMIKI, scenario, seed) for nodes in sizes for scenario in SCENARIOS for seed in seeds
+        (str(args.trace), nodes, KUMIKI, scenario, seed) for nodes in sizes for scenario in scenarios for seed in seeds
     ]
     plan += [
         (str(args.trace), nodes, policy, BASELINE, seed)
@@ -171,8 +202,14 @@ def main() -> int:
     for (_, nodes, policy, scenario, seed), jct in run_in_processes(run_one, plan, workers, describe):
         runs[nodes].setdefault((policy, scenario), {})[seed] = jct
     report: dict[str, Any] = {
-        "config": {"trace": str(args.trace), "seeds": seeds, "gpus_per_node": GPUS_PER_NODE, "scenarios": SCENARIOS},
-        "sizes": {str(nodes): size_summary(runs[nodes], seeds) for nodes in sizes},
+        "config": {
+            "trace": str(args.trace),
+            "seeds": seeds,
+            "gpus_per_node": GPUS_PER_NODE,
+            "scenarios": SCENARIOS,
+            "sensitivity": SENSITIVITY if args.sensitivity else None,
+        },
+        "sizes": {str(nodes): size_summary(runs[nodes], seeds, scenarios) for nodes in sizes},
         "wall_s": round(time.perf_counter() - started, 1),
     }
     write_sizes_report(out, report, plot, "progress-reports.png", markdown)
