@@ -402,7 +402,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"# Simulation of {args.trace} on {nodes} x {gpus_per_node} GPUs ({placement[0]}, consolidated)\n\n"
         + (f"Synthetic shift {shift.describe()}.\n\n" if shift is not None else "")
         + (f"Days in the order {day_order} (`--day-order`).\n\n" if day_order is not None else "")
-        + (f"{reports.describe()[0].upper()}{reports.describe()[1:]}.\n\n" if reports is not None else "")
+        + (f"{reports.describe()}.\n\n" if reports is not None else "")
         + f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
         encoding="utf-8",
     )

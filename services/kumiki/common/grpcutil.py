@@ -71,6 +71,11 @@ async def abort_invalid(context: grpc.aio.ServicerContext, error: InvalidRequest
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
+def unix_seconds(stamp: Timestamp) -> float:
+    """A protobuf Timestamp as Unix seconds (float)."""
+    return float(stamp.seconds + stamp.nanos / 1e9)
+
+
 def timestamp(moment: datetime | None = None) -> Timestamp:
     if moment is None:  # the hot path (every published decision): no datetime round trip
         seconds, nanos = divmod(time.time_ns(), 1_000_000_000)

@@ -18,7 +18,6 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from kumiki.common.bus import EventProducer, ensure_topics
 from kumiki.common.bus.codec import Event
@@ -33,7 +32,7 @@ from kumiki.common.contracts.v1 import (
     placement_pb2,
     placement_pb2_grpc,
 )
-from kumiki.common.grpcutil import client_channel
+from kumiki.common.grpcutil import client_channel, unix_seconds
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.replay.core import Outcome, ReplayJob
 from kumiki.replay.nodes import NodeAgents
@@ -44,10 +43,6 @@ REPLAY_SHAPE = NodeShape("A100-80GB", 8, 81920, 8, 128_000, 1_048_576)
 EMULATED_LABEL = "kumiki.dev/emulated"
 RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 ENDINGS = {events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED, events_pb2.JOB_STATE_RELEASED}
-
-
-def _seconds(stamp: Timestamp) -> float:
-    return float(stamp.seconds + stamp.nanos / 1e9)
 
 
 @dataclass
@@ -257,7 +252,7 @@ class Replay:
         track = self.tracks.get(key)
         if track is None:
             return
-        at = _seconds(message.at)
+        at = unix_seconds(message.at)
         at_us = message.at.seconds * 1_000_000 + message.at.nanos // 1000
         generation = message.job.generation
         gpus = frozenset((a.node, int(index)) for a in message.assignments for index in a.gpu_indices)

@@ -166,7 +166,7 @@ class ProgressReports:
 
     def describe(self) -> str:
         return (
-            f"progress reports (a scenario, not in the trace): {self.share:.0%} of the jobs of >= {self.min_gpus} GPUs"
+            f"Progress reports (a scenario, not in the trace): {self.share:.0%} of the jobs of >= {self.min_gpus} GPUs"
             f" report, each off by e^N(0, {self.noise_sigma:g})"
         )
 

@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.bus.topics import JOB_FORECAST
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
-from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, timestamp
+from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, timestamp, unix_seconds
 from kumiki.forecast.core import ACCURACY_WINDOW, Accuracy, FinishedJob, ForecastBook
 from kumiki.forecast.demand import Arrival
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
@@ -55,7 +55,7 @@ def features_of(message: events_pb2.JobLifecycle) -> JobFeatures:
         user=message.user,
         gpus=message.gpus,
         name=message.name,
-        submit_s=message.at.seconds + message.at.nanos / 1e9,
+        submit_s=unix_seconds(message.at),
         image=image,
         command=command,
         time_limit_s=time_limit_s,

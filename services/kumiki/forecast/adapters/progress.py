@@ -8,6 +8,7 @@ from prometheus_client import Counter
 
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.contracts.v1 import checkpoints_pb2
+from kumiki.common.grpcutil import unix_seconds
 from kumiki.forecast.adapters.lifecycle import publish_forecast
 from kumiki.forecast.core import ForecastBook, progress_fraction
 
@@ -31,7 +32,7 @@ class ProgressHandler:
             return
         if not report.HasField("completed_at"):
             raise EventRejected("completed_at: required with total_steps (the progress is as of then)")
-        at_s = report.completed_at.seconds + report.completed_at.nanos / 1e9
+        at_s = unix_seconds(report.completed_at)
         forecast = self.book.progressed(report.job.job_id, fraction, at_s)
         if forecast is None:  # not a job this service forecast, not started, or a model that does not listen
             return

@@ -19,7 +19,7 @@ from kumiki.common.bus.topics import (
 )
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2
-from kumiki.common.grpcutil import InvalidRequest, timestamp
+from kumiki.common.grpcutil import InvalidRequest, timestamp, unix_seconds
 from kumiki.placement.adapters.convert import (
     InvalidNodeState,
     assignments,
@@ -257,7 +257,7 @@ class CheckpointTable:
             return
         report = event.payload
         assert isinstance(report, checkpoints_pb2.CheckpointReport)
-        completed = report.completed_at.seconds + report.completed_at.nanos / 1e9
+        completed = unix_seconds(report.completed_at)
         if report.job.job_id and completed > 0:
             self.book.checkpointed(report.job.job_id, completed)
 
@@ -292,8 +292,8 @@ class IdleTable:
             return
         idle = event.payload
         assert isinstance(idle, events_pb2.GpuIdle)
-        since = idle.since.seconds + idle.since.nanos / 1e9
-        until = idle.until.seconds + idle.until.nanos / 1e9
+        since = unix_seconds(idle.since)
+        until = unix_seconds(idle.until)
         if until >= since > 0:
             self.book.gpu_idle(idle.job.job_id, idle.job.generation, since, until)
 

@@ -34,7 +34,7 @@ from prometheus_client import Counter, Histogram
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.bus.topics import CHECKPOINTS, PREEMPTION_COMMANDS
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
-from kumiki.common.grpcutil import client_channel, timestamp
+from kumiki.common.grpcutil import client_channel, timestamp, unix_seconds
 from kumiki.common.tracing import ClientTracingInterceptor, context_from_traceparent, current_traceparent
 from kumiki.preemption import core
 from kumiki.preemption.adapters import store
@@ -72,10 +72,6 @@ PREEMPTING_KINDS = {events_pb2.DECISION_KIND_PREEMPT, events_pb2.DECISION_KIND_R
 ENDING_STATES = {events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED, events_pb2.JOB_STATE_RELEASED}
 
 
-def _at(stamp: Timestamp) -> float:
-    return float(stamp.seconds + stamp.nanos / 1e9)
-
-
 def _stamp(unix_s: float) -> Timestamp:
     return timestamp(datetime.fromtimestamp(unix_s, UTC))
 
@@ -106,7 +102,7 @@ async def _attempt(connection: asyncpg.Connection, job_id: str, generation: int)
 
 def request_from_decision(decision: events_pb2.SchedulingDecision) -> core.PreemptRequest:
     """A PREEMPT / RECLAIM decision in core terms; EventRejected names a bad field."""
-    at_s = _at(decision.at) if decision.HasField("at") else time.time()
+    at_s = unix_seconds(decision.at) if decision.HasField("at") else time.time()
     request = core.PreemptRequest(
         job_id=decision.job.job_id,
         generation=decision.job.generation,
@@ -235,7 +231,7 @@ class Coordinator:
         """A decision that names the job only, completed from its bound attempt (pods, GPUs, unsaved work)."""
         decision = events_pb2.SchedulingDecision.FromString(decision.SerializeToString())
         decision.assignments.extend(events_pb2.PreemptionCommand.FromString(bytes(row["assignments"])).assignments)
-        at_s = _at(decision.at) if decision.HasField("at") else self.clock()
+        at_s = unix_seconds(decision.at) if decision.HasField("at") else self.clock()
         decision.since_checkpoint_s = max(0.0, at_s - row["bound_unix_s"])
         if decision.kind == events_pb2.DECISION_KIND_RECLAIM and not decision.preemption_reason:
             decision.preemption_reason = "quota-reclaim"
@@ -283,7 +279,7 @@ class Coordinator:
                 change.job.job_id,
                 change.job.generation,
                 assignment_gpus(list(change.assignments)),
-                _at(change.at) if change.HasField("at") else self.clock(),
+                unix_seconds(change.at) if change.HasField("at") else self.clock(),
                 events_pb2.PreemptionCommand(assignments=list(change.assignments)).SerializeToString(),
             )
             held = await connection.fetchval(

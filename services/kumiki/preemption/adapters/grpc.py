@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, events_pb2
-from kumiki.common.grpcutil import InvalidRequest, abort_invalid, require_job
+from kumiki.common.grpcutil import InvalidRequest, abort_invalid, require_job, unix_seconds
 from kumiki.preemption.adapters.coordinator import Coordinator
 from kumiki.preemption.adapters.identity import IdentityRefused, JobIdentity
 from kumiki.preemption.adapters.registry import CheckpointRegistry
@@ -36,7 +36,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
     async def Report(
         self, request: checkpoints_pb2.CheckpointReport, context: grpc.aio.ServicerContext
     ) -> checkpoints_pb2.CheckpointAck:
-        completed = request.completed_at.seconds + request.completed_at.nanos / 1e9
+        completed = unix_seconds(request.completed_at)
         job = request.job
         problems = validate_report(
             job.job_id, job.generation, request.uri, completed, request.step, request.total_steps

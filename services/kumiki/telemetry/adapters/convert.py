@@ -27,10 +27,6 @@ def timestamp(seconds: float) -> Timestamp:
     return stamp
 
 
-def unix_seconds(stamp: Timestamp) -> float:
-    return stamp.seconds + stamp.nanos / 1e9
-
-
 def reading_from_sample(sample: events_pb2.GpuSample) -> Reading:
     """Called for every sample: the tuple is built without the NamedTuple's Python-level __new__."""
     has = sample.HasField
@@ -43,7 +39,7 @@ def reading_from_sample(sample: events_pb2.GpuSample) -> Reading:
             sample.gpu_uuid,
             sample.gpu_index,
             sample.mig_instance_id if has("mig_instance_id") else None,
-            stamp.seconds + stamp.nanos / 1e9,  # unix_seconds
+            stamp.seconds + stamp.nanos / 1e9,  # grpcutil.unix_seconds, inlined on this per-sample path
             sample.gpu_utilization_pct if has("gpu_utilization_pct") else None,
             sample.memory_used_mib if has("memory_used_mib") else None,
             sample.memory_total_mib if has("memory_total_mib") else None,
