@@ -115,6 +115,17 @@ class Undecodable:
         self.reason = reason
 
 
+class UndecodableInStream(Exception):
+    """Raised by a guarded request stream at bytes that do not parse. The call is aborted by the handler's own task
+    once this reaches it, not where the stream is read: a handler may read its requests in another task (BindStream
+    does), and an abort there, while the handler writes an answer, is refused by gRPC core (too many operations)
+    and leaves the caller waiting for its deadline."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _WireError(Exception):
     pass
 
@@ -294,10 +305,10 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         reject, unavailable = self._reject, self._unavailable
         serializer = handler.response_serializer
 
-        async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, Undecodable):
-                    await reject(method, context, request.reason)
+                    raise UndecodableInStream(request.reason)
                 yield request
 
         if handler.unary_unary is not None:
@@ -329,14 +340,20 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             stream_unary = handler.stream_unary
 
             async def guarded_stream_unary(requests, context):  # type: ignore[no-untyped-def]
-                return await stream_unary(checked(requests, context), context)
+                try:
+                    return await stream_unary(checked(requests), context)
+                except UndecodableInStream as undecodable:
+                    await reject(method, context, undecodable.reason)
 
             return grpc.stream_unary_rpc_method_handler(guarded_stream_unary, deserializer, serializer)
         stream_stream = handler.stream_stream
 
         async def guarded_stream_stream(requests, context):  # type: ignore[no-untyped-def]
-            async for response in stream_stream(checked(requests, context), context):
-                yield response
+            try:
+                async for response in stream_stream(checked(requests), context):
+                    yield response
+            except UndecodableInStream as undecodable:
+                await reject(method, context, undecodable.reason)
 
         return grpc.stream_stream_rpc_method_handler(guarded_stream_stream, deserializer, serializer)
 
