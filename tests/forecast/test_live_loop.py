@@ -1,6 +1,7 @@
 """The forecasting loop across live services: placement announces a job that has to wait (SUBMITTED on
-job.lifecycle), the forecast service forecasts it on job.forecast; placement reports how jobs ended (Release
-with COMPLETED and the run time since the bind) and the forecast service records and learns those run times."""
+job.lifecycle) and one it binds at once (BOUND), the forecast service forecasts both on job.forecast; placement
+reports how jobs ended (Release with COMPLETED and the run time since the bind) and the forecast service records
+and learns those run times."""
 
 from __future__ import annotations
 
@@ -47,9 +48,13 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
                 placement_pb2.BindResponse.OUTCOME_BOUND,
                 placement_pb2.BindResponse.OUTCOME_PENDING,
             )
-            (record,) = await read_records(kafka, JOB_FORECAST.full_name(kafka.topic_prefix), 1)
-            forecast_of_waiting = events_pb2.RuntimeForecast.FromString(record.value)
-            assert forecast_of_waiting.job.job_id == "waits", "only the job that waits was announced"
+            records = await read_records(kafka, JOB_FORECAST.full_name(kafka.topic_prefix), 2)
+            forecasts = {
+                forecast.job.job_id: forecast
+                for forecast in (events_pb2.RuntimeForecast.FromString(record.value) for record in records)
+            }
+            assert set(forecasts) == {"blocker", "waits"}, "the job bound at once is forecast at its bind"
+            forecast_of_waiting = forecasts["waits"]
             assert 0 < forecast_of_waiting.p50_s <= forecast_of_waiting.p90_s and forecast_of_waiting.model
             assert forecast_of_waiting.p90_s <= 60.0, "a cold forecast (half an hour) is capped at the time limit"
             for job in ("blocker", "waits"):
@@ -70,7 +75,8 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
 
         async def learned() -> list[asyncpg.Record]:
             rows = await pool.fetch(
-                "SELECT job_id, final_state, runtime_s, p50_s, submitted_at, finished_at, image, command, time_limit_s"
+                "SELECT job_id, final_state, runtime_s, p50_s, submitted_at, started_at, finished_at, image, command,"
+                " time_limit_s"
                 " FROM forecast.job_history ORDER BY job_id"
             )
             return rows if [row["job_id"] for row in rows if row["runtime_s"]] == ["blocker", "waits"] else []
@@ -82,10 +88,11 @@ async def test_placement_and_forecast_close_the_loop(kafka: KafkaSettings, datab
         waits_features = (rows["waits"]["image"], rows["waits"]["command"], rows["waits"]["time_limit_s"])
         assert waits_features == ("registry.example/nlp/bert:7", "python pretrain.py --config base.yaml", 60.0)
         assert (rows["blocker"]["image"], rows["blocker"]["time_limit_s"]) == ("", None), "none asked, none kept"
-        blocker = rows["blocker"]  # never announced: its start is read off its end and run time
-        assert (blocker["finished_at"] - blocker["submitted_at"]).total_seconds() == pytest.approx(
-            blocker["runtime_s"], abs=2e-6
-        )
+        blocker = rows["blocker"]  # never queued: first seen at its bind, which is when it was submitted and started
+        assert blocker["submitted_at"] == blocker["started_at"]
+        assert blocker["p50_s"] == pytest.approx(forecasts["blocker"].p50_s)
+        run_s = (blocker["finished_at"] - blocker["started_at"]).total_seconds()
+        assert blocker["runtime_s"] == pytest.approx(run_s, abs=0.5), "its run time is since its bind"
         assert all(0 < row["runtime_s"] < time.monotonic() - started for row in rows.values()), "run times since binds"
     finally:
         await forecast.stop()

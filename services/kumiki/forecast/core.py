@@ -65,27 +65,66 @@ class AccuracyWindow:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class OpenJob:
+    """A job submitted or bound but not ended, as a restarted service finds it again in its history: what it was
+    forecast at first, the work its preempted attempts kept, and since when its current attempt runs (None: it
+    waits, queued again after a preemption at `stopped_s`)."""
+
+    features: JobFeatures
+    given: RuntimeForecast
+    done_s: float = 0.0
+    running_since_s: float | None = None
+    stopped_s: float = 0.0
+
+
 @dataclass
 class ForecastBook:
-    """Jobs submitted but not finished, and the forecaster that learns as they finish."""
+    """Jobs open (submitted or bound, not ended) and the forecaster that learns as they end.
+
+    A job is one entry across its generations: a preempted attempt is a stop, not an ending, so what is learned
+    at the end is the job's whole run time (the work its earlier attempts kept, plus the last attempt), as the
+    simulator learns a job's duration; an attempt's run time alone would teach the forecaster that the jobs long
+    enough to be preempted are short."""
 
     forecaster: RuntimeForecaster
     open_jobs: dict[str, JobFeatures] = field(default_factory=dict)
     learned: int = 0
     given: dict[str, RuntimeForecast] = field(default_factory=dict)  # the forecast each open job was given
+    done_s: dict[str, float] = field(default_factory=dict)  # work kept by an open job's preempted attempts
     accuracy: AccuracyWindow = field(default_factory=AccuracyWindow)
     last_accuracy: Accuracy | None = None  # of the latest ending scored
 
-    def submitted(self, features: JobFeatures) -> RuntimeForecast:
+    def _open(self, features: JobFeatures) -> RuntimeForecast | None:
+        """Open a job not open yet: its forecast (to publish); None when it is open already."""
+        if features.job_id in self.open_jobs:
+            return None
         self.open_jobs[features.job_id] = features
         forecast = self.forecaster.predict(features)
         self.given[features.job_id] = forecast
         return forecast
 
-    def started(self, job_id: str, at_s: float) -> None:
-        """An open job's pods were bound: a forecaster that listens counts it a miss once it outruns its p90."""
-        if job_id in self.open_jobs:
-            tell_started(self.forecaster, job_id, at_s)
+    def submitted(self, features: JobFeatures) -> RuntimeForecast | None:
+        """A job joined the queue: its forecast to publish, or None for a job already open (a generation queued
+        again after a preemption keeps the forecast it has, which its progress may have given it)."""
+        return self._open(features)
+
+    def bound(self, features: JobFeatures, at_s: float) -> RuntimeForecast | None:
+        """A generation's pods were bound at `at_s`: its run clock (re)starts, and a forecaster that listens counts
+        it a miss once it outruns its p90. A job first seen here (bound at once, never queued) is opened and
+        forecast, as the simulator forecasts every arrival: the forecast to publish, else None."""
+        forecast = self._open(features)
+        tell_started(self.forecaster, features.job_id, at_s)
+        return forecast
+
+    def preempted(self, job_id: str, ran_s: float, lost_s: float, at_s: float) -> None:
+        """An attempt that ran `ran_s` was evicted at `at_s`, losing `lost_s` of work since its last checkpoint: a
+        stop, not an ending. The job stays open for its next generation, nothing is learned, and the work kept
+        counts towards its run time when it ends."""
+        if job_id not in self.open_jobs:
+            return
+        self.done_s[job_id] = self.done_s.get(job_id, 0.0) + max(0.0, ran_s - max(0.0, lost_s))
+        tell_stopped(self.forecaster, job_id, at_s)
 
     def progressed(self, job_id: str, fraction: float, at_s: float) -> RuntimeForecast | None:
         """An open job reports `fraction` of its work done at `at_s`: its new forecast, or None (not open, not
@@ -101,26 +140,50 @@ class ForecastBook:
         the job as running, longer and longer, for ever."""
         if self.open_jobs.pop(job_id, None) is not None:
             self.given.pop(job_id, None)
+            self.done_s.pop(job_id, None)
             tell_stopped(self.forecaster, job_id, at_s)
 
     def finished(self, job_id: str, runtime_s: float, finished_s: float, fallback: JobFeatures) -> FinishedJob | None:
-        """Learn from a finished job (the submit-time features if we saw the submit); None for a bad runtime.
+        """Learn from a job whose last attempt ran `runtime_s` (the submit-time features if we saw the submit); None
+        for a bad runtime. The run time learned is the whole job's: the work its preempted attempts kept, plus
+        this attempt.
 
         Before learning, the ending scores the forecast the job was given at submission (or, for a job first
         seen at its end, what the model would have said): `last_accuracy`."""
         features = self.open_jobs.pop(job_id, fallback)
         given = self.given.pop(job_id, None)
+        kept_s = self.done_s.pop(job_id, 0.0)
         self.last_accuracy = None
         if runtime_s <= 0:
             tell_stopped(self.forecaster, job_id, finished_s)  # ended, with nothing to learn: its clock stops
             return None
-        self.last_accuracy = self.accuracy.add(given or self.forecaster.predict(features), runtime_s)
-        self.forecaster.observe(features, runtime_s, finished_s)
+        total_s = kept_s + runtime_s
+        self.last_accuracy = self.accuracy.add(given or self.forecaster.predict(features), total_s)
+        self.forecaster.observe(features, total_s, finished_s)
         self.learned += 1
-        return FinishedJob(features, runtime_s, finished_s)
+        return FinishedJob(features, total_s, finished_s)
 
-    def warm_start(self, history: list[FinishedJob]) -> None:
-        """Replay stored history in finish order, so a restart forecasts as well as before it."""
+    def warm_start(self, history: list[FinishedJob], open_jobs: list[OpenJob] | None = None) -> None:
+        """Replay stored history in finish order, then take back the jobs still open, so a restart forecasts as
+        well as before it and still knows the jobs it forecast: their progress reports are heard, and their
+        endings learn their whole run time and score the forecast they were given."""
         for job in sorted(history, key=lambda item: item.finished_s):
             self.forecaster.observe(job.features, job.runtime_s, job.finished_s)
             self.learned += 1
+        for open_job in open_jobs or ():
+            self.reopen(open_job)
+
+    def reopen(self, job: OpenJob) -> None:
+        """A job open before a restart: known again with the forecast it was given, and its run clock where it
+        was (the earlier attempts' work banked; running since its current attempt's start, or stopped)."""
+        job_id = job.features.job_id
+        self.open_jobs[job_id] = job.features
+        self.forecaster.predict(job.features)  # a forecaster that follows the jobs it forecast knows it again
+        self.given[job_id] = job.given
+        if job.done_s > 0.0:
+            self.done_s[job_id] = job.done_s
+        if job.running_since_s is not None:
+            tell_started(self.forecaster, job_id, job.running_since_s - job.done_s)
+        elif job.done_s > 0.0:  # queued again after a preemption: its clock holds the work done, stopped
+            tell_started(self.forecaster, job_id, job.stopped_s - job.done_s)
+            tell_stopped(self.forecaster, job_id, job.stopped_s)
