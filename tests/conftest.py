@@ -11,7 +11,7 @@ import asyncio
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -149,10 +149,14 @@ async def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.0
 
 
 async def read_records(
-    settings: KafkaSettings, topics: str | Sequence[str], count: int, timeout_s: float = 30.0
+    settings: KafkaSettings,
+    topics: str | Sequence[str],
+    count: int,
+    timeout_s: float = 30.0,
+    until: Callable[[list[ConsumerRecord]], bool] | None = None,
 ) -> list[ConsumerRecord]:
     """At least `count` records of one topic or several, from the beginning (raw: tests check bytes, headers,
-    keys); fails naming the topics when they do not arrive."""
+    keys), or with `until`, as many as it takes for `until(records)` to hold; fails naming the topics."""
     names = [topics] if isinstance(topics, str) else list(topics)
     consumer = AIOKafkaConsumer(
         *names, **settings.client_options(), auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
@@ -164,7 +168,7 @@ async def read_records(
         async def enough() -> bool:
             for items in (await consumer.getmany(timeout_ms=200)).values():
                 records.extend(items)
-            return len(records) >= count
+            return until(records) if until is not None else len(records) >= count
 
         await wait_until(enough, timeout_s=timeout_s, what=f"{count} records on {', '.join(names)}")
     finally:

@@ -11,6 +11,7 @@ from kumiki.replay.core import (
     ReplayError,
     double_holds,
     guarantees,
+    next_report_mark,
     percentile,
     plan_jobs,
     queue_tree,
@@ -135,3 +136,37 @@ def test_the_idle_rule_and_sampling_follow_the_speed() -> None:
         ReplaySettings(idle_after_s=10).validate()
     with pytest.raises(ReplayError, match="--idle-after-s: expected 0 < s"):
         ReplaySettings(idle_after_s=-1).validate()
+
+
+def test_a_reporting_job_reports_as_its_progress_doubles_from_half_an_hour_until_it_ends() -> None:
+    assert next_report_mark(0.0, 10_000.0) == 1800.0
+    assert next_report_mark(1800.0, 10_000.0) == 3600.0  # a mark reached is not reported again
+    assert next_report_mark(5000.0, 10_000.0) == 7200.0  # resumed from a checkpoint past 3,600 s
+    assert next_report_mark(7200.0, 10_000.0) is None  # 14,400 s is past its end
+    assert next_report_mark(0.0, 1800.0) is None  # a job shorter than the first mark never reports
+    with pytest.raises(ValueError, match="first_s must be > 0"):
+        next_report_mark(0.0, 100.0, first_s=0.0)
+
+
+def test_progress_reports_are_checked_by_option_name_for_the_replay_and_for_kumiki_up() -> None:
+    import argparse
+
+    from kumiki.cli.main import UsageError
+    from kumiki.cli.replay import add_replay_options, settings_from
+
+    for prefix in ("", "replay-"):
+        parser = argparse.ArgumentParser()
+        add_replay_options(parser, prefix=prefix)
+        settings = settings_from(
+            parser.parse_args([f"--{prefix}progress-reports", "8", f"--{prefix}seed", "3"]), prefix
+        )
+        assert settings.progress_reports is not None
+        assert (settings.progress_reports.min_gpus, settings.progress_reports.seed) == (8, 3), "drawn with the seed"
+        assert settings_from(parser.parse_args([]), prefix).progress_reports is None, "off by default"
+        for wrong, message in (
+            ([f"--{prefix}progress-reports", "0"], f"--{prefix}progress-reports must be >= 1"),
+            ([f"--{prefix}progress-reports", "8", f"--{prefix}progress-share", "2"], "progress-share must be <= 1"),
+            ([f"--{prefix}progress-reports", "8", f"--{prefix}progress-noise", "nan"], "progress-noise must be finite"),
+        ):
+            with pytest.raises(UsageError, match=message):
+                settings_from(parser.parse_args(wrong), prefix)

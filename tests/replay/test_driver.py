@@ -1,6 +1,7 @@
 """The replay driver's bookkeeping, with no broker: a CHECKPOINT read before its attempt's BOUND is answered
-once the BOUND is read (the two topics are read apart), a job is counted done once, and the live view's waiting
-count never goes below 0 when a preemption is read after the driver released the job."""
+once the BOUND is read (the two topics are read apart), a job is counted done once, the live view's waiting
+count never goes below 0 when a preemption is read after the driver released the job, and a job of the
+--progress-reports scenario reports step / total_steps at each mark of its progress while it runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.replay.core import ReplayJob
 from kumiki.replay.driver import Replay
+from tests.conftest import wait_until
 
 
 class Reports:
@@ -97,3 +99,44 @@ async def test_a_generation_requeued_after_the_driver_released_the_job_does_not_
     await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 3)))
     assert (replay.counts.waiting, replay.counts.running) == (0, 1)
     track.release.cancel()  # type: ignore[union-attr]
+
+
+async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_and_not_after() -> None:
+    jobs = [
+        ReplayJob("reports", "q", 0.0, 10_000.0, 8, (8,), False),
+        ReplayJob("zombie", "q", 0.0, 10_000.0, 8, (8,), True),  # computes nothing: no progress to report
+        ReplayJob("quiet", "q", 0.0, 10_000.0, 8, (8,), False),  # not drawn to report
+        ReplayJob("preempted", "q", 0.0, 1e6, 8, (8,), False),
+    ]
+    # 100,000x: the marks at 1,800, 3,600 and 7,200 trace seconds fall 18, 36 and 72 ms after the bind
+    progress = {"reports": 1.5, "zombie": 1.0, "preempted": 1.0}
+    replay = Replay(
+        jobs,
+        placement_address="-",
+        kafka=KafkaSettings(),
+        speed=100_000,
+        phase="p",
+        preemptible=True,
+        progress=progress,
+    )
+    reports = Reports()
+    replay._checkpoints = reports  # type: ignore[assignment]
+    keys = {track.job.job_id: key for key, track in replay.tracks.items()}
+    for key, track in replay.tracks.items():
+        await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 1)))
+        track.release.cancel()  # type: ignore[union-attr]  # no placement here to release them to
+    assert replay.tracks[keys["zombie"]].report is None and replay.tracks[keys["quiet"]].report is None
+
+    def sent(job: str) -> list[tuple[int, int, int]]:
+        return [(r.job.generation, r.step, r.total_steps) for r in reports.received if r.job.job_id == keys[job]]
+
+    await wait_until(lambda: len(sent("reports")) == 3 and sent("preempted"), what="the reports")
+    preempted = replay.tracks[keys["preempted"]]
+    replay._preempted(keys["preempted"], preempted, 1, time.time(), 0.0)
+    assert preempted.report is None, "an evicted attempt reports no more"
+    await wait_until(lambda: replay.tracks[keys["reports"]].report is None, what="the last mark before its end")
+    await asyncio.gather(*replay._pending_calls)
+    # a total off by its factor (1.5 x 10,000 steps); 14,400 s is past its end, so three reports
+    assert sent("reports") == [(1, 1800, 15_000), (1, 3600, 15_000), (1, 7200, 15_000)]
+    assert all(r.completed_at.seconds > 0 and not r.command_id for r in reports.received), "periodic, not asked"
+    assert replay.progress_reported == len(reports.received) and not sent("zombie") and not sent("quiet")

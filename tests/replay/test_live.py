@@ -1,7 +1,8 @@
 """The main job for real: `kumiki up` replays a small trace through every live service (development broker,
 embedded Postgres, the five services as processes), baseline and Kumiki phases, and the run is checked from the
 outside: every job completed once, no GPU held by two jobs at any event of the log, the quota ledger equal to
-the GPU-seconds the jobs held (and not zero); then the README's next commands work without --address."""
+the GPU-seconds the jobs held (and not zero); then the README's next commands work without --address, a zombie
+is reclaimed, and jobs that report their progress (`--progress-reports`) are forecast again from it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.bus.topics import JOB_FORECAST, JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.devstack.processes import free_port
@@ -159,3 +160,33 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
     assert kumiki_phase["summary"]["idle_found"] >= 1 and kumiki_phase["summary"]["idle_reclaimed"] >= 1
     assert int(rows[("kumiki", "zombie")]["runs"]) >= 2  # checkpointed, evicted, requeued, bound again
     assert waited("kumiki") < waited("baseline") / 2
+
+    # Jobs that report their progress (a scenario the trace does not carry): at 1,800 and 3,600 s of their work
+    # each sends step / total_steps through the Checkpoints service, and the forecast service forecasts it again.
+    long_jobs = write_trace(tmp_path / "long.csv", [("long-a", 0, 8, 7200, queue), ("long-b", 60, 1, 4000, queue)])
+    progress_out = tmp_path / "progress"
+    replay = kumiki(
+        stack_home,
+        *("replay", "--trace", str(long_jobs), "--nodes", "1", "--speed", "500", "--idle-fraction", "0"),
+        *("--phases", "kumiki", "--policy", "kumiki", "--progress-reports", "1", "--out", str(progress_out)),
+        timeout=300,
+    )
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+    reported = json.loads((progress_out / "results.json").read_text())
+    phase = reported["phases"]["kumiki"]
+    assert phase["problems"] == [] and phase["errors"] == []
+    assert reported["progress_reporters"] == 2 and phase["progress_reported"] >= 4  # 1,800 and 3,600 s each
+    assert "Progress reports (a scenario, not in the trace)" in (progress_out / "report.md").read_text()
+    ours = {phase["prefix"] + "long-a", phase["prefix"] + "long-b"}
+
+    def progress_forecasts(records: list) -> set[str]:  # type: ignore[type-arg]
+        forecasts = (events_pb2.RuntimeForecast.FromString(record.value) for record in records)
+        return {forecast.job.job_id for forecast in forecasts if forecast.model == "progress"} & ours
+
+    await read_records(
+        kafka,
+        JOB_FORECAST.full_name(kafka.topic_prefix),
+        1,
+        timeout_s=60,
+        until=lambda r: progress_forecasts(r) == ours,
+    )

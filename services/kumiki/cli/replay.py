@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kumiki.cli.main import UsageError, message_console
+from kumiki.cli.simulate import add_progress_options, progress_reports_from
 from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
 from kumiki.devstack.processes import StackError
 from kumiki.devstack.stack import (
@@ -62,6 +63,7 @@ def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         help="bind (Placement.Bind calls), pods (PodGroups and pods through the binder on the stack's API server),"
         " or auto: pods when `kumiki up --kubernetes` runs, else bind",
     )
+    add_progress_options(parser, prefix)
 
 
 def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
@@ -78,6 +80,7 @@ def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
         policy=None if get("policy") is None else str(get("policy")),
         idle_after_s=float(get("idle_after_s")),  # type: ignore[arg-type]
         via=str(get("via")),
+        progress_reports=progress_reports_from(args, prefix, seed=int(get("seed"))),  # type: ignore[call-overload]
     )
     try:
         settings.validate()

@@ -80,22 +80,7 @@ def register(subparsers: Any) -> None:
         help="replay another week built from the trace's days in this order, e.g. 3,6,5,2,0,4,1 (day k of the"
         " replay is day order[k] of the trace; 0 is its first day; each job keeps its time of day; after --shift)",
     )
-    simulate.add_argument(
-        "--progress-reports",
-        default=None,
-        metavar="MIN_GPUS",
-        help="a scenario the trace does not carry: jobs of at least MIN_GPUS GPUs report how far they have got"
-        " (as a CheckpointReport's step / total_steps does live), and the forecaster forecasts them again from it"
-        " (docs/design/0007-progress-reports.md); off by default",
-    )
-    simulate.add_argument(
-        "--progress-share", default="1", help="with --progress-reports: the share of those jobs that report (0-1)"
-    )
-    simulate.add_argument(
-        "--progress-noise",
-        default="0.2",
-        help="with --progress-reports: sigma of log(true run time / the run time a report implies), fixed per job",
-    )
+    add_progress_options(simulate)
     simulate.set_defaults(handler=run_simulate)
 
     pack = subparsers.add_parser(
@@ -113,6 +98,51 @@ def register(subparsers: Any) -> None:
     pack.add_argument("--out", required=True, help="output directory")
     pack.add_argument("--seeds", default="1", help="number of seeds (0..K-1), default 1")
     pack.set_defaults(handler=run_pack)
+
+
+def add_progress_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
+    """--progress-reports / --progress-share / --progress-noise, for `kumiki simulate` and the live replay (`kumiki
+    replay`, and `kumiki up` as --replay-progress-*), which read them with `progress_reports_from`."""
+    parser.add_argument(
+        f"--{prefix}progress-reports",
+        default=None,
+        metavar="MIN_GPUS",
+        help="a scenario the trace does not carry: jobs of at least MIN_GPUS GPUs report how far they have got"
+        " (as a CheckpointReport's step / total_steps does live), and the forecaster forecasts them again from it"
+        " (docs/design/0007-progress-reports.md); off by default",
+    )
+    parser.add_argument(
+        f"--{prefix}progress-share",
+        default="1",
+        help=f"with --{prefix}progress-reports: the share of those jobs that report (0-1)",
+    )
+    parser.add_argument(
+        f"--{prefix}progress-noise",
+        default="0.2",
+        help=f"with --{prefix}progress-reports: sigma of log(true run time / the run time a report implies), fixed"
+        " per job",
+    )
+
+
+def progress_reports_from(args: argparse.Namespace, prefix: str = "", seed: int = 0) -> ProgressReports | None:
+    """The --progress-* scenario, checked, errors naming the option (None: no job reports progress)."""
+    from kumiki.sim.engine import ProgressReports
+
+    def option(name: str) -> tuple[str, str | None]:
+        value = getattr(args, (prefix + name).replace("-", "_"))
+        return f"--{prefix}{name}", None if value is None else str(value)
+
+    reports_option, min_gpus = option("progress-reports")
+    if min_gpus is None:
+        return None
+    share_option, share_text = option("progress-share")
+    noise_option, noise_text = option("progress-noise")
+    share = _float(share_text, share_option)
+    noise = _float(noise_text, noise_option)
+    assert share is not None and noise is not None
+    if share > 1.0:
+        raise UsageError(f"{share_option} must be <= 1, got {share_text}")
+    return ProgressReports(_int(min_gpus, reports_option, 1), share, noise, seed)
 
 
 # ---- validation helpers ---------------------------------------------------------------------------
@@ -137,20 +167,6 @@ def _float(value: str | None, option: str, minimum: float | None = 0.0) -> float
     if minimum is not None and number < minimum:
         raise UsageError(f"{option} must be >= {minimum:g}, got {value}")
     return number
-
-
-def _progress_reports(args: argparse.Namespace) -> ProgressReports | None:
-    """The --progress-* scenario, checked (None: no job reports progress)."""
-    from kumiki.sim.engine import ProgressReports
-
-    if args.progress_reports is None:
-        return None
-    share = _float(args.progress_share, "--progress-share")
-    noise = _float(args.progress_noise, "--progress-noise")
-    assert share is not None and noise is not None
-    if share > 1.0:
-        raise UsageError(f"--progress-share must be <= 1, got {args.progress_share}")
-    return ProgressReports(_int(args.progress_reports, "--progress-reports", 1), share, noise)
 
 
 def _names(value: str, option: str, known: tuple[str, ...]) -> list[str]:
@@ -251,7 +267,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint-interval-s must be > 0")
     checkpoint = CheckpointModel(interval, cost, restore)
     shares = load_queue_shares(args.queues) if args.queues else None
-    reports = _progress_reports(args)
+    reports = progress_reports_from(args)
     shift = None
     try:
         full_trace = load_jobs(args.trace)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -34,7 +34,7 @@ from kumiki.common.contracts.v1 import (
 )
 from kumiki.common.grpcutil import client_channel, unix_seconds
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
-from kumiki.replay.core import Outcome, ReplayJob
+from kumiki.replay.core import Outcome, ReplayJob, next_report_mark
 from kumiki.replay.nodes import NodeAgents
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class _Track:
     started_wall: float = 0.0  # when the current generation was bound
     lost_gpu_s: float = 0.0  # trace GPU-seconds of work lost to preemptions
     release: asyncio.TimerHandle | None = None
+    report: asyncio.TimerHandle | None = None  # the next progress report of the running attempt (a reporter's)
     ended_wall: float | None = None
     holds: list[tuple[float, float]] = field(default_factory=list)  # wall (bound, freed) of each attempt
     running: bool = False  # the current generation is bound and has not ended
@@ -185,6 +186,7 @@ class Replay:
         checkpoints_address: str | None = None,
         channel_factory: Callable[[str], grpc.aio.Channel] = client_channel,  # mTLS when KUMIKI_GRPC_* say so
         agents: NodeAgents | None = None,
+        progress: Mapping[str, float] | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
@@ -204,6 +206,10 @@ class Replay:
         self.checkpoints_address = checkpoints_address
         self._checkpoints: checkpoints_pb2_grpc.CheckpointsStub | None = None
         self.checkpoints_reported = 0
+        # the --progress-reports scenario: trace job -> the factor its reports are off by (`ProgressReports`); those
+        # jobs report step / total_steps at each mark of their progress, as jobs using the SDK can
+        self.progress = dict(progress or {})
+        self.progress_reported = 0
         self.tracks = {self.key_for(index, job): _Track(job) for index, job in enumerate(self.jobs)}
         self.log: list[LogEntry] = []
         self.errors: list[str] = []
@@ -288,6 +294,38 @@ class Replay:
         self.counts.gpus_busy += 0 if track.job.idle else track.job.gpus
         self.counts.idle_gpus += track.job.gpus if track.job.idle else 0
         self._schedule_end(key, track, track_started)
+        self._schedule_report(key, track, track.executed_s)
+
+    def _schedule_report(self, key: str, track: _Track, done_s: float) -> None:
+        """A job that reports its progress reports at its next mark past `done_s` (trace seconds of work) while this
+        attempt runs. A zombie computes nothing, so it has no progress to report."""
+        factor = self.progress.get(track.job.job_id)
+        if factor is None or track.job.idle or self._checkpoints is None:
+            return
+        mark = next_report_mark(done_s, track.job.duration_s)
+        if mark is None:
+            return
+        delay = max(0.0, track.started_wall + (mark - track.executed_s) / self.speed - time.time())
+        track.report = asyncio.get_running_loop().call_later(
+            delay, self._report_progress, key, track, track.generation, mark, factor
+        )
+
+    def _report_progress(self, key: str, track: _Track, generation: int, mark: float, factor: float) -> None:
+        """Checkpoint `mark` of a total the job believes is its duration x `factor` (a report that misleads by it)."""
+        track.report = None
+        if not track.running or track.generation != generation:
+            return
+        step = int(mark)
+        report = checkpoints_pb2.CheckpointReport(
+            job=common_pb2.JobRef(job_id=key, generation=generation),
+            uri=f"replay://{key}/{generation}/{step}",
+            step=step,
+            total_steps=max(step, round(track.job.duration_s * factor)),
+        )
+        report.completed_at.GetCurrentTime()
+        self.progress_reported += 1
+        self._spawn(self._report(key, report))
+        self._schedule_report(key, track, mark)
 
     def _preempted(self, key: str, track: _Track, generation: int, at_wall: float, lost_gpu_seconds: float) -> None:
         if not track.running or track.generation != generation:
@@ -312,6 +350,9 @@ class Replay:
     def _unhold(self, key: str, track: _Track, at_wall: float) -> None:
         """The attempt freed its GPUs (once per attempt: its release or its preemption)."""
         track.running = False
+        if track.report is not None:
+            track.report.cancel()
+            track.report = None
         if self.agents is not None:
             self.agents.free(key)
         track.holds.append((track.started_wall, at_wall))

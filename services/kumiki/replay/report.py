@@ -53,6 +53,17 @@ def _ratio(baseline: float, kumiki: float, key: str) -> str:
     )
 
 
+def _progress_line(results: dict[str, Any]) -> list[str]:
+    """The progress-report scenario, when the run had one (a results.json from before it has no such key)."""
+    scenario = results.get("progress_reports")
+    if not scenario:
+        return []
+    sent = ", ".join(f"{name} {phase.get('progress_reported', 0):,}" for name, phase in results["phases"].items())
+    reporters = results.get("progress_reporters", 0)
+    who = "1 job reports" if reporters == 1 else f"{reporters:,} jobs report"
+    return ["", f"{scenario}: {who} here; reports sent: {sent}."]
+
+
 def markdown(results: dict[str, Any]) -> str:
     phases = results["phases"]
     names = [name for name in ("baseline", "kumiki", "open") if name in phases]
@@ -61,6 +72,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"# Replay: {results['trace']} ({results['jobs']} jobs, {results['idle_jobs']} idle), "
         f"{results['nodes']} x {results['gpus_per_node']} GPUs at {results['speed']:g}x"
         + (", pods through the binder on a real API server (KWOK nodes)" if results.get("via") == "pods" else ""),
+        *_progress_line(results),
         "",
         "| | "
         + " | ".join(f"{name} ({phases[name]['policy']})" for name in names)

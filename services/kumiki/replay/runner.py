@@ -31,6 +31,7 @@ from kumiki.replay.core import (
 from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, restore_cluster
 from kumiki.replay.kube import KubeReplay, create_nodes, delete_nodes
 from kumiki.replay.nodes import NodeAgents
+from kumiki.sim.engine import ProgressReports
 from kumiki.sim.trace import load_jobs
 
 GPUS_PER_NODE = 8
@@ -71,6 +72,9 @@ class ReplaySettings:
     policy: str | None = None  # the kumiki phase's placement policy (None: the stack's own)
     idle_after_s: float = 600.0  # trace seconds a zombie's GPUs stay below 5% before telemetry reports them
     via: str = "auto"  # bind: Placement.Bind calls; pods: PodGroups and pods through the binder; auto: pods if up
+    # a scenario the trace does not carry: which jobs report their progress (as the simulator's --progress-reports;
+    # the same jobs report in the simulated counterpart). None: none does, as in the trace
+    progress_reports: ProgressReports | None = None
 
     def validate(self) -> None:
         if not 1 <= self.nodes <= 10_000:
@@ -140,6 +144,7 @@ class PhaseResult:
     log: list[LogEntry] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     prefix: str = ""
+    progress_reported: int = 0  # progress reports the phase's jobs sent (the --progress-reports scenario)
 
 
 def vc_weights() -> dict[str, float]:
@@ -167,8 +172,11 @@ def check_phase(jobs: Sequence[ReplayJob], outcomes: Sequence[Outcome], log: Seq
     return problems
 
 
-def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, strategy: str) -> dict[str, Any]:
-    """The same jobs, cluster and policy in the simulator (no quota service: the work-conserving case)."""
+def simulate_counterpart(
+    jobs: Sequence[ReplayJob], nodes: int, policy: str, strategy: str, progress: ProgressReports | None = None
+) -> dict[str, Any]:
+    """The same jobs, cluster and policy in the simulator (no quota service: the work-conserving case), and the
+    same jobs reporting their progress when the replay's did."""
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sched.policies import POLICIES
     from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
@@ -180,7 +188,8 @@ def simulate_counterpart(jobs: Sequence[ReplayJob], nodes: int, policy: str, str
         from kumiki.forecast.models import build_default_forecaster
 
         forecaster = build_default_forecaster()
-    result = Simulator(spec, specs, SimConfig(POLICIES[policy], placement=strategy), forecaster=forecaster).run()
+    config = SimConfig(POLICIES[policy], placement=strategy, progress_reports=progress)
+    result = Simulator(spec, specs, config, forecaster=forecaster).run()
     jcts = [job.jct_s for job in result.jobs]
     return {
         "avg_jct_s": sum(jcts) / len(jcts),
@@ -236,6 +245,7 @@ async def run_session(
     )
     previous_tree, _ = await replace_tree(endpoints.database, None, "replay")
     run_id = time.strftime("r%H%M%S")
+    reporters = settings.progress_reports.reporters(jobs) if settings.progress_reports is not None else {}
     results: list[PhaseResult] = []
     try:
         await agents.start()
@@ -266,6 +276,7 @@ async def run_session(
                 "counts": live,
                 "checkpoints_address": endpoints.checkpoints,
                 "agents": agents,
+                "progress": reporters,
             }
             replay = (
                 KubeReplay(jobs, kubeconfig=endpoints.kubeconfig, **options)
@@ -288,6 +299,7 @@ async def run_session(
                     replay.log,
                     outcomes,
                     replay.prefix,
+                    replay.progress_reported,
                 )
             )
     finally:
@@ -302,7 +314,9 @@ async def run_session(
     if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
         policy = settings.policy or endpoints.placement_policy
         try:
-            simulated = simulate_counterpart(jobs, settings.nodes, policy, endpoints.placement_strategy)
+            simulated = simulate_counterpart(
+                jobs, settings.nodes, policy, endpoints.placement_strategy, settings.progress_reports
+            )
         except (ArithmeticError, ValueError) as error:  # the live run stands; the report says what failed
             simulated = {"error": f"simulation failed: {error!r}"}
     payload = {
@@ -316,6 +330,8 @@ async def run_session(
         "gpus_per_node": GPUS_PER_NODE,
         "speed": settings.speed,
         "seed": settings.seed,
+        "progress_reports": None if settings.progress_reports is None else settings.progress_reports.describe(),
+        "progress_reporters": sum(1 for job in jobs if job.job_id in reporters and not job.idle),  # zombies: none
         "phases": {
             result.phase: {
                 "policy": result.policy,
@@ -323,6 +339,7 @@ async def run_session(
                 "problems": result.problems,
                 "errors": result.errors[:20],
                 "prefix": result.prefix,
+                "progress_reported": result.progress_reported,
             }
             for result in results
         },

@@ -13,6 +13,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState
 from kumiki.sched.forecasting import (
@@ -143,6 +144,17 @@ class OnDemandCheckpoint:
         return self.ack_s if self.answers else self.deadline_s
 
 
+class Submitted(Protocol):
+    """What choosing the jobs that report reads of a job (a `SimJobSpec`, or the live replay's `ReplayJob`)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def submit_s(self) -> float: ...
+    @property
+    def gpus(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ProgressReports:
     """Which jobs report how far they have got, and how well (a scenario: a trace carries no progress).
@@ -170,8 +182,9 @@ class ProgressReports:
             f" report, each off by e^N(0, {self.noise_sigma:g})"
         )
 
-    def reporters(self, jobs: Sequence[SimJobSpec]) -> dict[str, float]:
-        """job -> the factor its reports are off by, for the jobs that report (drawn in submit order)."""
+    def reporters(self, jobs: Sequence[Submitted]) -> dict[str, float]:
+        """job -> the factor its reports are off by, for the jobs that report (drawn in submit order; the live
+        replay draws from its jobs with the same seed, so it and its simulated counterpart pick the same ones)."""
         rng = random.Random(self.seed)
         chosen: dict[str, float] = {}
         for job in sorted(jobs, key=lambda job: (job.submit_s, job.job_id)):
