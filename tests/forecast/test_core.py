@@ -191,3 +191,19 @@ def test_a_restarted_book_takes_open_jobs_back_where_they_were() -> None:
     learned = book.finished("running", 700.0, 2700.0, features("running"))
     assert learned is not None and learned.runtime_s == 1200.0
     assert book.last_accuracy is not None and book.last_accuracy.model == "history-censored"
+
+
+def test_a_progress_report_heard_before_its_bind_is_applied_at_the_bind() -> None:
+    book = ForecastBook(build_default_forecaster())
+    book.submitted(features("a"))
+    assert book.progressed("a", 0.25, 700.0) is None, "its BOUND not read yet: nothing to divide by"
+    forecast = book.bound(features("a"), 100.0)
+    assert forecast is not None and forecast.model == "progress" and forecast.p50_s == pytest.approx(2400.0)
+    assert book.given["a"].model != "progress", "scored on its submit-time forecast all the same"
+    # a report dated before the bind is not of this attempt: its clock says nothing of it
+    book.submitted(features("b"))
+    assert book.progressed("b", 0.5, 50.0) is None
+    assert book.bound(features("b"), 100.0) is None and book.early_progress == {}
+    book.progressed("gone", 0.5, 10.0)  # a job that ends (or is cancelled) drops what was kept for it
+    book.released("gone", 20.0)
+    assert "gone" not in book.early_progress

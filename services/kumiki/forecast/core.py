@@ -10,6 +10,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from kumiki.forecast.models.experts import remember
 from kumiki.sched.forecasting import (
     JobFeatures,
     RuntimeForecast,
@@ -92,6 +93,9 @@ class ForecastBook:
     learned: int = 0
     given: dict[str, RuntimeForecast] = field(default_factory=dict)  # the forecast each open job was given
     done_s: dict[str, float] = field(default_factory=dict)  # work kept by an open job's preempted attempts
+    # job -> (fraction, at_s) of a progress report heard before the job's bind: the checkpoints and the lifecycle
+    # are read apart, so a report can overtake the BOUND it follows (bounded; applied at the bind)
+    early_progress: dict[str, tuple[float, float]] = field(default_factory=dict)
     accuracy: AccuracyWindow = field(default_factory=AccuracyWindow)
     last_accuracy: Accuracy | None = None  # of the latest ending scored
 
@@ -112,9 +116,13 @@ class ForecastBook:
     def bound(self, features: JobFeatures, at_s: float) -> RuntimeForecast | None:
         """A generation's pods were bound at `at_s`: its run clock (re)starts, and a forecaster that listens counts
         it a miss once it outruns its p90. A job first seen here (bound at once, never queued) is opened and
-        forecast, as the simulator forecasts every arrival: the forecast to publish, else None."""
+        forecast, as the simulator forecasts every arrival. A progress report of this run heard before the bind
+        is applied now. Returns the forecast to publish (the newest), else None."""
         forecast = self._open(features)
         tell_started(self.forecaster, features.job_id, at_s)
+        early = self.early_progress.pop(features.job_id, None)
+        if early is not None and early[1] >= at_s:  # one from an earlier attempt says nothing of this one's clock
+            forecast = tell_progress(self.forecaster, features.job_id, *early) or forecast
         return forecast
 
     def preempted(self, job_id: str, ran_s: float, lost_s: float, at_s: float) -> None:
@@ -128,16 +136,19 @@ class ForecastBook:
 
     def progressed(self, job_id: str, fraction: float, at_s: float) -> RuntimeForecast | None:
         """An open job reports `fraction` of its work done at `at_s`: its new forecast, or None (not open, not
-        started, or the forecaster does not listen). `given` keeps the submit-time forecast: an ending scores the
+        started, or the forecaster does not listen; kept, to apply at the job's bind if it comes later).
+        `given` keeps the submit-time forecast: an ending scores the
         forecast a job was given before it ran, not one read off its own progress."""
-        if job_id not in self.open_jobs:
-            return None
-        return tell_progress(self.forecaster, job_id, fraction, at_s)
+        forecast = tell_progress(self.forecaster, job_id, fraction, at_s) if job_id in self.open_jobs else None
+        if forecast is None:  # perhaps ahead of its bind: kept for it (a job that never binds is forgotten in time)
+            remember(self.early_progress, job_id, (fraction, at_s))
+        return forecast
 
     def released(self, job_id: str, at_s: float) -> None:
         """An open job was cancelled before it finished: nothing to learn, but a forecaster that counts running jobs
         (the censored expert, the selection's record, the p90's coverage) must stop its clock, or it would count
         the job as running, longer and longer, for ever."""
+        self.early_progress.pop(job_id, None)
         if self.open_jobs.pop(job_id, None) is not None:
             self.given.pop(job_id, None)
             self.done_s.pop(job_id, None)
@@ -153,6 +164,7 @@ class ForecastBook:
         features = self.open_jobs.pop(job_id, fallback)
         given = self.given.pop(job_id, None)
         kept_s = self.done_s.pop(job_id, 0.0)
+        self.early_progress.pop(job_id, None)
         self.last_accuracy = None
         if runtime_s <= 0:
             tell_stopped(self.forecaster, job_id, finished_s)  # ended, with nothing to learn: its clock stops

@@ -86,3 +86,37 @@ async def test_a_running_jobs_progress_report_publishes_its_new_forecast(
         assert progress_forecasts_counted() == counted_before + 1
     finally:
         await host.stop()
+
+
+async def test_a_report_read_before_its_jobs_bind_is_applied_when_the_bind_is_read(
+    kafka: KafkaSettings, database_settings: DatabaseSettings
+) -> None:
+    """The checkpoints and the lifecycle are read by two consumers: a report can overtake the BOUND it follows."""
+    forecast_topic = JOB_FORECAST.full_name(kafka.topic_prefix)
+    bound_s = int(time.time()) - 3600
+    early, marker = "team/early", "team/marker"
+    host = ServiceHost(FORECAST, Settings("forecast", kafka, database_settings, ServerSettings(), instance="f-1"))
+    await host.start()
+    try:
+        async with EventProducer(kafka, "//kumiki/placement/test") as producer:
+            await producer.publish(JOB_LIFECYCLE, marker, lifecycle(marker, events_pb2.JOB_STATE_BOUND, bound_s))
+            await read_records(kafka, forecast_topic, 1)  # the marker, bound at once, is forecast
+            for job_id, step, total in ((early, 1, 4), (marker, 1, 2)):  # one partition (one key), in this order
+                message = checkpoints_pb2.CheckpointReport(
+                    job=common_pb2.JobRef(job_id=job_id, generation=1), uri="s3://c", step=step, total_steps=total
+                )
+                message.completed_at.seconds = bound_s + 600
+                await producer.publish(CHECKPOINTS, early, message)
+            # the marker's progress forecast says the early report before it was read, and found no bind
+            await read_records(kafka, forecast_topic, 2)
+            await producer.publish(JOB_LIFECYCLE, early, lifecycle(early, events_pb2.JOB_STATE_BOUND, bound_s))
+
+            def early_forecast(records: list[ConsumerRecord]) -> bool:
+                return any(forecast.job.job_id == early for forecast in forecasts(records))
+
+            published = forecasts(await read_records(kafka, forecast_topic, 3, until=early_forecast))
+        [applied] = [forecast for forecast in published if forecast.job.job_id == early]
+        assert applied.model == PROGRESS_MODEL, "the report, applied at the bind, supersedes the opening forecast"
+        assert applied.p50_s == pytest.approx(2400.0, rel=1e-9)  # 600 s since the bind, a quarter done
+    finally:
+        await host.stop()

@@ -14,6 +14,7 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, timestamp, unix_seconds
 from kumiki.forecast.core import ACCURACY_WINDOW, Accuracy, FinishedJob, ForecastBook, OpenJob
 from kumiki.forecast.demand import Arrival
+from kumiki.forecast.models.progress import PROGRESS_MODEL
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 ABS_LOG_ERROR = Gauge(
@@ -27,6 +28,9 @@ P90_COVERAGE = Gauge(
     ["model"],
 )
 SCORED = Counter("kumiki_forecast_scored_total", "Job endings scored against their forecast", ["model"])
+PROGRESS_FORECASTS = Counter(
+    "kumiki_forecast_progress_forecasts_total", "Running jobs forecast again from the progress they reported", ["model"]
+)
 
 
 def record_accuracy(accuracy: Accuracy) -> None:
@@ -133,8 +137,10 @@ class LifecycleHandler:
             features = features_of(message)
             forecast = self.book.bound(features, at.timestamp())
             await self._record(connection, features, generation, at, started_at=at)
-            if forecast is not None:  # bound at once, never queued: forecast now, as the simulator does
+            if forecast is not None:  # bound at once (forecast now, as the simulator does), or progress heard early
                 await publish_forecast(self.producer, message.job, forecast)
+                if forecast.model == PROGRESS_MODEL:
+                    PROGRESS_FORECASTS.labels(forecast.model).inc()
         elif message.state == events_pb2.JOB_STATE_RELEASED:
             self.book.released(job, at.timestamp())
             await connection.execute(

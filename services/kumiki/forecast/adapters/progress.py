@@ -4,17 +4,12 @@ again from its progress, and placement ranks it by that forecast instead of its 
 from __future__ import annotations
 
 import asyncpg
-from prometheus_client import Counter
 
 from kumiki.common.bus import Event, EventProducer, EventRejected
 from kumiki.common.contracts.v1 import checkpoints_pb2
 from kumiki.common.grpcutil import unix_seconds
-from kumiki.forecast.adapters.lifecycle import publish_forecast
+from kumiki.forecast.adapters.lifecycle import PROGRESS_FORECASTS, publish_forecast
 from kumiki.forecast.core import ForecastBook, progress_fraction
-
-PROGRESS_FORECASTS = Counter(
-    "kumiki_forecast_progress_forecasts_total", "Running jobs forecast again from the progress they reported", ["model"]
-)
 
 
 class ProgressHandler:
@@ -34,7 +29,7 @@ class ProgressHandler:
             raise EventRejected("completed_at: required with total_steps (the progress is as of then)")
         at_s = unix_seconds(report.completed_at)
         forecast = self.book.progressed(report.job.job_id, fraction, at_s)
-        if forecast is None:  # not a job this service forecast, not started, or a model that does not listen
+        if forecast is None:  # not started (yet: the book applies it at the bind), or a model that does not listen
             return
         await publish_forecast(self.producer, report.job, forecast)
         PROGRESS_FORECASTS.labels(forecast.model).inc()
