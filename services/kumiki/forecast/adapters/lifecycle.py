@@ -39,10 +39,9 @@ def record_accuracy(accuracy: Accuracy) -> None:
     SCORED.labels(accuracy.model).inc()
 
 
-FINAL_STATES = {
+FINAL_STATES = {  # a job's endings (PREEMPTED ends an attempt, not the job: a stop)
     events_pb2.JOB_STATE_COMPLETED: "completed",
     events_pb2.JOB_STATE_FAILED: "failed",
-    events_pb2.JOB_STATE_PREEMPTED: "preempted",
 }
 
 
@@ -100,9 +99,10 @@ async def publish_forecast(producer: EventProducer, job: common_pb2.JobRef, fore
 
 
 _COLUMNS = "job_id, generation, queue, user_name, name, gpus, image, command, time_limit_s"
-_HISTORY_ROW = (
+_HISTORY_ROW = (  # a bind's start is kept from the first BOUND (a RUNNING after it, or a redelivery, keeps it)
     f"INSERT INTO forecast.job_history ({_COLUMNS}, submitted_at, p50_s, p90_s, model, started_at)"
-    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14) ON CONFLICT (job_id, generation) DO UPDATE"
+    " SET started_at = coalesce(forecast.job_history.started_at, EXCLUDED.started_at)"
 )
 _ENDING_ROW = (
     f"INSERT INTO forecast.job_history ({_COLUMNS}, submitted_at, finished_at, final_state, runtime_s, attempt_s,"
@@ -188,8 +188,7 @@ class LifecycleHandler:
         """The generation's row, with the forecast the job was given (and, once bound, since when it runs)."""
         given = self.book.given.get(features.job_id)
         await connection.execute(
-            _HISTORY_ROW + " ON CONFLICT (job_id, generation) DO UPDATE SET started_at ="
-            " coalesce(forecast.job_history.started_at, EXCLUDED.started_at)",
+            _HISTORY_ROW,
             *_identity(features, generation),
             at,
             given.p50_s if given is not None else None,
