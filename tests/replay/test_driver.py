@@ -140,3 +140,17 @@ async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_a
     assert sent("reports") == [(1, 1800, 15_000), (1, 3600, 15_000), (1, 7200, 15_000)]
     assert all(r.completed_at.seconds > 0 and not r.command_id for r in reports.received), "periodic, not asked"
     assert replay.progress_reported == len(reports.received) and not sent("zombie") and not sent("quiet")
+
+
+def test_a_trace_job_is_named_afresh_in_each_run_and_phase_so_its_earlier_run_times_are_no_oracle() -> None:
+    job = ReplayJob("philly-7", "q", 0.0, 100.0, 8, (8,), False)
+    names = set()
+    for run_id, phase in (("r1", "baseline"), ("r1", "kumiki"), ("r2", "kumiki")):
+        replay = Replay(
+            [job], placement_address="-", kafka=KafkaSettings(), speed=1, phase=phase, preemptible=True, run_id=run_id
+        )
+        (key,) = replay.tracks
+        request = replay.bind_request(key, job)
+        assert request.name == request.job.job_id == key and "philly-7" in key
+        names.add(request.name)
+    assert len(names) == 3, "the forecaster keys history on the name: never the same across replays"

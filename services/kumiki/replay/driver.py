@@ -472,16 +472,21 @@ class Replay:
         raise AssertionError("unreachable")
 
     # ---- submission -------------------------------------------------------------------------------------
-    async def _submit(self, key: str, track: _Track) -> None:
-        assert self._stub is not None
-        job = track.job
-        request = placement_pb2.BindRequest(
+    def bind_request(self, key: str, job: ReplayJob) -> placement_pb2.BindRequest:
+        """The job's Bind. Its name is its id in this run and phase, not the trace's: the forecaster keys a job's
+        history on its name, and a trace job replayed again (the next phase, the next `kumiki up` on the same
+        database) would otherwise be forecast from its own earlier run times, an oracle a real job does not have."""
+        return placement_pb2.BindRequest(
             job=common_pb2.JobRef(job_id=key, generation=1),
             queue=job.queue,
             pods=[common_pb2.PodResources(gpus=gpus) for gpus in job.pods],
             preemptible=self.preemptible,
-            name=job.job_id,
+            name=key,
         )
+
+    async def _submit(self, key: str, track: _Track) -> None:
+        assert self._stub is not None
+        request = self.bind_request(key, track.job)
         self._submitted(track)
         try:
             reply = await self._call(self._stub.Bind, request)
