@@ -136,6 +136,11 @@ def summarise(runs: dict[int, dict[str, Any]], seeds: list[int]) -> dict[str, An
     }
     for name in (BEFORE, NOW):
         summary[name] = {key: statistics.fmean(runs[seed][name][key] for seed in seeds) for key in keys}
+    ratios = {
+        key: [runs[seed][NOW][key] / runs[seed][BEFORE][key] for seed in seeds if runs[seed][BEFORE][key]]
+        for key in keys
+    }
+    summary["ratio_range"] = {key: [min(values), max(values)] if values else None for key, values in ratios.items()}
     summary["by_seed"] = {str(seed): runs[seed] for seed in seeds}
     return summary
 
@@ -153,12 +158,14 @@ def markdown(nodes: int, summary: dict[str, Any]) -> str:
         f"### {nodes} x {GPUS_PER_NODE} GPUs ({summary['jobs']} jobs, {summary['preempted_jobs']:.0f} preempted;"
         " mean over seeds)",
         "",
-        f"| | {BEFORE} (before) | {NOW} (now) | now / before |",
-        "|---|---:|---:|---:|",
+        f"| | {BEFORE} (before) | {NOW} (now) | now / before | per seed |",
+        "|---|---:|---:|---:|---:|",
     ]
     for label, key in rows:
         ratio = now[key] / before[key] if before[key] else math.nan
-        lines.append(f"| {label} | {before[key]:,.3f} | {now[key]:,.3f} | {ratio:.3f} |")
+        low_high = summary["ratio_range"][key]
+        spread = "n/a" if low_high is None else f"{low_high[0]:.3f} to {low_high[1]:.3f}"
+        lines.append(f"| {label} | {before[key]:,.3f} | {now[key]:,.3f} | {ratio:.3f} | {spread} |")
     return "\n".join(lines)
 
 
