@@ -18,7 +18,7 @@ from kumiki.devstack.kube import KubeBinaries
 from kumiki.devstack.processes import free_port
 from tests.conftest import read_records
 from tests.devstack.test_stack import kumiki, stack_home  # noqa: F401  (the fixture)
-from tests.replay.support import write_trace
+from tests.replay.support import replayed, write_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,14 +39,12 @@ async def test_replay_through_the_binder_evicts_a_borrower_and_its_next_generati
         tmp_path / "reclaim.csv", [("borrower", 0, 16, 3000, "6214e9"), ("owner", 300, 8, 600, "b436b2")]
     )
     out = tmp_path / "report"
-    replay = kumiki(
+    results = replayed(
         stack_home,
-        *("replay", "--trace", str(trace), "--nodes", "2", "--speed", "100", "--phases", "kumiki"),
-        *("--idle-fraction", "0", "--out", str(out)),
+        out,
+        *("--trace", str(trace), "--nodes", "2", "--speed", "100", "--phases", "kumiki", "--idle-fraction", "0"),
         timeout=400,
     )
-    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
     assert results["via"] == "pods"
     phase = results["phases"]["kumiki"]
     assert phase["problems"] == [] and phase["errors"] == [] and phase["summary"]["completed"] == 2

@@ -22,7 +22,7 @@ from kumiki.replay.core import double_holds, plan_jobs
 from kumiki.sim.trace import load_jobs
 from tests.conftest import read_records, wait_until
 from tests.devstack.test_stack import kumiki, stack_home  # noqa: F401  (the fixture)
-from tests.replay.support import write_trace
+from tests.replay.support import replayed, write_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -138,14 +138,11 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
         == [True, False]
     )
     reclaim_out = tmp_path / "reclaim"
-    replay = kumiki(
+    reclaim = replayed(
         stack_home,
-        *("replay", "--trace", str(pair), "--nodes", "1", "--speed", "500", "--idle-fraction", "0.5"),
-        *("--seed", str(seed), "--out", str(reclaim_out)),
-        timeout=300,
+        reclaim_out,
+        *("--trace", str(pair), "--nodes", "1", "--speed", "500", "--idle-fraction", "0.5", "--seed", str(seed)),
     )
-    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
-    reclaim = json.loads((reclaim_out / "results.json").read_text())
     with (reclaim_out / "jobs.csv").open() as handle:
         rows = {(row["phase"], row["job_id"].rsplit("-", 1)[-1]): row for row in csv.DictReader(handle)}
 
@@ -165,14 +162,12 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
     # each sends step / total_steps through the Checkpoints service, and the forecast service forecasts it again.
     long_jobs = write_trace(tmp_path / "long.csv", [("long-a", 0, 8, 7200, queue), ("long-b", 60, 1, 4000, queue)])
     progress_out = tmp_path / "progress"
-    replay = kumiki(
+    reported = replayed(
         stack_home,
-        *("replay", "--trace", str(long_jobs), "--nodes", "1", "--speed", "500", "--idle-fraction", "0"),
-        *("--phases", "kumiki", "--policy", "kumiki", "--progress-reports", "1", "--out", str(progress_out)),
-        timeout=300,
+        progress_out,
+        *("--trace", str(long_jobs), "--nodes", "1", "--speed", "500", "--idle-fraction", "0"),
+        *("--phases", "kumiki", "--policy", "kumiki", "--progress-reports", "1"),
     )
-    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
-    reported = json.loads((progress_out / "results.json").read_text())
     phase = reported["phases"]["kumiki"]
     assert phase["problems"] == [] and phase["errors"] == []
     assert reported["progress_reporters"] == 2 and phase["progress_reported"] >= 4  # 1,800 and 3,600 s each

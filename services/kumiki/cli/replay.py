@@ -69,18 +69,19 @@ def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
 def settings_from(args: argparse.Namespace, prefix: str = "") -> ReplaySettings:
     get: Callable[[str], object] = lambda name: getattr(args, prefix.replace("-", "_") + name)  # noqa: E731
     phases = tuple(phase.strip() for phase in str(get("phases")).split(",") if phase.strip())
+    seed = int(get("seed"))  # type: ignore[call-overload]
     settings = ReplaySettings(
         trace=str(get("trace")),
         nodes=int(get("nodes")),  # type: ignore[call-overload]
         speed=float(get("speed")),  # type: ignore[arg-type]
         phases=phases,
         idle_fraction=float(get("idle_fraction")),  # type: ignore[arg-type]
-        seed=int(get("seed")),  # type: ignore[call-overload]
+        seed=seed,
         out=Path(str(get("out"))),
         policy=None if get("policy") is None else str(get("policy")),
         idle_after_s=float(get("idle_after_s")),  # type: ignore[arg-type]
         via=str(get("via")),
-        progress_reports=progress_reports_from(args, prefix, seed=int(get("seed"))),  # type: ignore[call-overload]
+        progress_reports=progress_reports_from(args, prefix, seed=seed),  # the same jobs as the simulated twin
     )
     try:
         settings.validate()

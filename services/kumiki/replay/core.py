@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kumiki.quota.core import ANY_MODEL, Queue, QuotaConfig, build_config
 from kumiki.sched.jobs import consolidated_gang
-from kumiki.sim.engine import RANK_CHECK_FIRST_S
+from kumiki.sim.engine import RANK_CHECK_FIRST_S, progress_marks
 from kumiki.sim.trace import TraceJob
 
 
@@ -45,14 +45,9 @@ class ReplayJob:
 
 def next_report_mark(progress_s: float, duration_s: float, first_s: float = RANK_CHECK_FIRST_S) -> float | None:
     """The progress (trace seconds) at which a job that reports progress next reports, having done `progress_s`:
-    the first `first_s` x 2^k past it, where the simulator's rank checks fall (so the live replay and its simulated
-    counterpart report alike); None when the job ends before it."""
-    if first_s <= 0:
-        raise ValueError(f"first_s must be > 0, got {first_s}")
-    mark = first_s
-    while mark <= progress_s:
-        mark *= 2
-    return mark if mark < duration_s else None
+    the simulator's next mark past it (`progress_marks`), so the live replay and its simulated counterpart report
+    alike; None when the job ends before it."""
+    return next((mark for mark in progress_marks(duration_s, first_s) if mark > progress_s), None)
 
 
 def plan_jobs(

@@ -144,6 +144,19 @@ class OnDemandCheckpoint:
         return self.ack_s if self.answers else self.deadline_s
 
 
+def progress_marks(duration_s: float, first_s: float = RANK_CHECK_FIRST_S) -> list[float]:
+    """The progress points, `first_s` x 2^k before a job's end, where a running job's rank is looked at again and a
+    job that reports its progress reports (here and in the live replay)."""
+    if first_s <= 0:
+        raise ValueError(f"first_s must be > 0, got {first_s}")
+    marks = []
+    mark = first_s
+    while mark < duration_s:
+        marks.append(mark)
+        mark *= 2.0
+    return marks
+
+
 class Submitted(Protocol):
     """What choosing the jobs that report reads of a job (a `SimJobSpec`, or the live replay's `ReplayJob`)."""
 
@@ -481,11 +494,7 @@ class Simulator:
         """
         start = job.run_start_progress_s
         interval = self.config.checkpoint.interval_s
-        marks = []
-        mark = RANK_CHECK_FIRST_S
-        while mark < job.duration_s:
-            marks.append(mark)
-            mark *= 2.0
+        marks = progress_marks(job.duration_s)
         until = job.checkpoint_until_s
         if job.checkpointing and until < math.inf:
             marks.append((math.ceil(until / interval) - 1) * interval)

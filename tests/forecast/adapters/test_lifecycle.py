@@ -6,8 +6,6 @@ jobs still open (their progress reports are heard; their ending learns the whole
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
@@ -16,45 +14,16 @@ from aiokafka.structs import TopicPartition
 
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import CHECKPOINTS, JOB_FORECAST, JOB_LIFECYCLE
-from kumiki.common.config import DatabaseSettings, KafkaSettings, ServerSettings, Settings
+from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2
-from kumiki.common.service import ServiceHost
-from kumiki.forecast.app import SPEC as FORECAST
 from kumiki.forecast.models.progress import PROGRESS_MODEL
 from tests.conftest import read_records, wait_until
+from tests.forecast.adapters.support import forecast_service, forecasts, lifecycle
 
 pytestmark = pytest.mark.slow
 
 JOB = "team/pretrain"
 AT_ONCE = "team/eval"
-
-
-def lifecycle(
-    job_id: str, generation: int, state: events_pb2.JobState.ValueType, at_s: int, runtime_s: float = 0.0
-) -> events_pb2.JobLifecycle:
-    message = events_pb2.JobLifecycle(
-        job=common_pb2.JobRef(job_id=job_id, generation=generation),
-        state=state,
-        queue="research",
-        user="ada",
-        gpus=8.0,
-        name="bert-pretrain",
-        runtime_s=runtime_s,
-    )
-    message.at.seconds = at_s
-    return message
-
-
-@asynccontextmanager
-async def forecast_service(
-    kafka: KafkaSettings, database: DatabaseSettings, instance: str
-) -> AsyncIterator[ServiceHost]:
-    host = ServiceHost(FORECAST, Settings("forecast", kafka, database, ServerSettings(), instance=instance))
-    await host.start()
-    try:
-        yield host
-    finally:
-        await host.stop()
 
 
 async def records_in(kafka: KafkaSettings, topic: str) -> int:
@@ -78,21 +47,20 @@ async def test_a_job_is_followed_across_its_preemptions_and_a_restart(
     async with EventProducer(kafka, "//kumiki/placement/test") as producer:
         async with forecast_service(kafka, database_settings, "f-1"):
             for message in (
-                lifecycle(JOB, 1, events_pb2.JOB_STATE_SUBMITTED, t0 - 60),
-                lifecycle(JOB, 1, events_pb2.JOB_STATE_BOUND, t0),
+                lifecycle(JOB, events_pb2.JOB_STATE_SUBMITTED, t0 - 60),
+                lifecycle(JOB, events_pb2.JOB_STATE_BOUND, t0),
                 # evicted after 600 s, the last 100 s unsaved (800 GPU-s on 8 GPUs): 500 s of work kept
-                lifecycle(JOB, 1, events_pb2.JOB_STATE_PREEMPTED, t0 + 600, runtime_s=600.0),
-                lifecycle(JOB, 2, events_pb2.JOB_STATE_SUBMITTED, t0 - 60),
-                lifecycle(JOB, 2, events_pb2.JOB_STATE_BOUND, t0 + 1000),
-                lifecycle(AT_ONCE, 1, events_pb2.JOB_STATE_BOUND, t0),
+                lifecycle(JOB, events_pb2.JOB_STATE_PREEMPTED, t0 + 600, runtime_s=600.0),
+                lifecycle(JOB, events_pb2.JOB_STATE_SUBMITTED, t0 - 60, generation=2),
+                lifecycle(JOB, events_pb2.JOB_STATE_BOUND, t0 + 1000, generation=2),
+                lifecycle(AT_ONCE, events_pb2.JOB_STATE_BOUND, t0),
             ):
                 if message.state == events_pb2.JOB_STATE_PREEMPTED:
                     message.lost_gpu_seconds = 800.0
                 await producer.publish(JOB_LIFECYCLE, message.job.job_id, message)
             # on JOB's partition after its events: its forecast tells they were all consumed (no sleep, no race)
-            await producer.publish(JOB_LIFECYCLE, JOB, lifecycle("team/marker", 1, events_pb2.JOB_STATE_SUBMITTED, t0))
-            records = await read_records(kafka, forecast_topic, 3)
-            first = [events_pb2.RuntimeForecast.FromString(record.value) for record in records]
+            await producer.publish(JOB_LIFECYCLE, JOB, lifecycle("team/marker", events_pb2.JOB_STATE_SUBMITTED, t0))
+            first = forecasts(await read_records(kafka, forecast_topic, 3))
             assert sorted((f.job.job_id, f.job.generation) for f in first) == [
                 (AT_ONCE, 1),  # bound at once, never queued: forecast at its bind
                 ("team/marker", 1),
@@ -108,14 +76,12 @@ async def test_a_job_is_followed_across_its_preemptions_and_a_restart(
             report.completed_at.seconds = t0 + 1600  # 500 s before, 600 s since the restart: 1,100 s, half done
             await producer.publish(CHECKPOINTS, JOB, report)
             records = await read_records(kafka, forecast_topic, 4)
-            [progressed] = [
-                forecast
-                for forecast in (events_pb2.RuntimeForecast.FromString(record.value) for record in records)
-                if forecast.model == PROGRESS_MODEL
-            ]
+            [progressed] = [forecast for forecast in forecasts(records) if forecast.model == PROGRESS_MODEL]
             assert progressed.job.job_id == JOB and progressed.p50_s == pytest.approx(2200.0, rel=1e-9)
             await producer.publish(
-                JOB_LIFECYCLE, JOB, lifecycle(JOB, 2, events_pb2.JOB_STATE_COMPLETED, t0 + 1900, runtime_s=900.0)
+                JOB_LIFECYCLE,
+                JOB,
+                lifecycle(JOB, events_pb2.JOB_STATE_COMPLETED, t0 + 1900, generation=2, runtime_s=900.0),
             )
             pool = host.runtime.pool  # type: ignore[union-attr]
             assert isinstance(pool, asyncpg.Pool)

@@ -12,38 +12,24 @@ from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import CHECKPOINTS, DEAD_LETTER, JOB_FORECAST, JOB_LIFECYCLE
-from kumiki.common.config import DatabaseSettings, KafkaSettings, ServerSettings, Settings
+from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2
-from kumiki.common.service import ServiceHost
-from kumiki.forecast.app import SPEC as FORECAST
 from kumiki.forecast.models.progress import PROGRESS_MODEL
 from tests.conftest import read_records
+from tests.forecast.adapters.support import forecast_service, forecasts, lifecycle
 
 pytestmark = pytest.mark.slow
 
 JOB = "team/train"
 
 
-def lifecycle(job_id: str, state: events_pb2.JobState.ValueType, at_s: int) -> events_pb2.JobLifecycle:
-    message = events_pb2.JobLifecycle(
-        job=common_pb2.JobRef(job_id=job_id, generation=1), state=state, queue="research", user="ada", gpus=8.0
-    )
-    message.name = "bert-pretrain"
-    message.at.seconds = at_s
-    return message
-
-
-def report(step: int, total_steps: int, completed_s: int | None) -> checkpoints_pb2.CheckpointReport:
+def report(step: int, total_steps: int, completed_s: int | None, job_id: str = JOB) -> checkpoints_pb2.CheckpointReport:
     message = checkpoints_pb2.CheckpointReport(
-        job=common_pb2.JobRef(job_id=JOB, generation=1), uri=f"s3://ckpt/{step}", step=step, total_steps=total_steps
+        job=common_pb2.JobRef(job_id=job_id, generation=1), uri=f"s3://ckpt/{step}", step=step, total_steps=total_steps
     )
     if completed_s is not None:
         message.completed_at.seconds = completed_s
     return message
-
-
-def forecasts(records: list[ConsumerRecord]) -> list[events_pb2.RuntimeForecast]:
-    return [events_pb2.RuntimeForecast.FromString(record.value) for record in records]
 
 
 def progress_forecasts_counted() -> float:
@@ -56,9 +42,7 @@ async def test_a_running_jobs_progress_report_publishes_its_new_forecast(
     forecast_topic = JOB_FORECAST.full_name(kafka.topic_prefix)
     bound_s = int(time.time()) - 3600  # whole seconds: the run so far is exact
     counted_before = progress_forecasts_counted()
-    host = ServiceHost(FORECAST, Settings("forecast", kafka, database_settings, ServerSettings(), instance="f-1"))
-    await host.start()
-    try:
+    async with forecast_service(kafka, database_settings):
         async with EventProducer(kafka, "//kumiki/placement/test") as producer:
             await producer.publish(JOB_LIFECYCLE, JOB, lifecycle(JOB, events_pb2.JOB_STATE_SUBMITTED, bound_s - 60))
             await producer.publish(JOB_LIFECYCLE, JOB, lifecycle(JOB, events_pb2.JOB_STATE_BOUND, bound_s))
@@ -84,8 +68,6 @@ async def test_a_running_jobs_progress_report_publishes_its_new_forecast(
         [dead] = await read_records(kafka, DEAD_LETTER.full_name(kafka.topic_prefix), 1)
         assert dict(dead.headers)["kumiki_dlq_reason"].decode().startswith("rejected: completed_at: required")
         assert progress_forecasts_counted() == counted_before + 1
-    finally:
-        await host.stop()
 
 
 async def test_a_report_read_before_its_jobs_bind_is_applied_when_the_bind_is_read(
@@ -95,18 +77,12 @@ async def test_a_report_read_before_its_jobs_bind_is_applied_when_the_bind_is_re
     forecast_topic = JOB_FORECAST.full_name(kafka.topic_prefix)
     bound_s = int(time.time()) - 3600
     early, marker = "team/early", "team/marker"
-    host = ServiceHost(FORECAST, Settings("forecast", kafka, database_settings, ServerSettings(), instance="f-1"))
-    await host.start()
-    try:
+    async with forecast_service(kafka, database_settings):
         async with EventProducer(kafka, "//kumiki/placement/test") as producer:
             await producer.publish(JOB_LIFECYCLE, marker, lifecycle(marker, events_pb2.JOB_STATE_BOUND, bound_s))
             await read_records(kafka, forecast_topic, 1)  # the marker, bound at once, is forecast
             for job_id, step, total in ((early, 1, 4), (marker, 1, 2)):  # one partition (one key), in this order
-                message = checkpoints_pb2.CheckpointReport(
-                    job=common_pb2.JobRef(job_id=job_id, generation=1), uri="s3://c", step=step, total_steps=total
-                )
-                message.completed_at.seconds = bound_s + 600
-                await producer.publish(CHECKPOINTS, early, message)
+                await producer.publish(CHECKPOINTS, early, report(step, total, bound_s + 600, job_id))
             # the marker's progress forecast says the early report before it was read, and found no bind
             await read_records(kafka, forecast_topic, 2)
             await producer.publish(JOB_LIFECYCLE, early, lifecycle(early, events_pb2.JOB_STATE_BOUND, bound_s))
@@ -118,5 +94,3 @@ async def test_a_report_read_before_its_jobs_bind_is_applied_when_the_bind_is_re
         [applied] = [forecast for forecast in published if forecast.job.job_id == early]
         assert applied.model == PROGRESS_MODEL, "the report, applied at the bind, supersedes the opening forecast"
         assert applied.p50_s == pytest.approx(2400.0, rel=1e-9)  # 600 s since the bind, a quarter done
-    finally:
-        await host.stop()
