@@ -1,29 +1,58 @@
 """The replay driver's bookkeeping, with no broker: a CHECKPOINT read before its attempt's BOUND is answered
 once the BOUND is read (the two topics are read apart), a job is counted done once, the live view's waiting
 count never goes below 0 when a preemption is read after the driver released the job, and a job of the
---progress-reports scenario reports step / total_steps at each mark of its progress while it runs."""
+--progress-reports scenario reports step / total_steps at each mark of its progress while it runs.
+
+The driver's reports go over real gRPC to a Checkpoints server on loopback that keeps every report in order;
+the preemption service's own server (which keeps only a job's latest checkpoint) takes them in
+tests/replay/test_live.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
+
+import grpc
+import pytest
 
 from kumiki.common.bus.codec import Event
 from kumiki.common.bus.topics import JOB_LIFECYCLE, PREEMPTION_COMMANDS
 from kumiki.common.config import KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, events_pb2
+from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2, events_pb2
 from kumiki.replay.core import ReplayJob
 from kumiki.replay.driver import Replay
 from tests.conftest import wait_until
 
 
-class Reports:
-    def __init__(self) -> None:
-        self.received: list[Any] = []
+class Reports(checkpoints_pb2_grpc.CheckpointsServicer):
+    """A Checkpoints server that acknowledges every report and keeps them in the order they arrived."""
 
-    async def Report(self, request: Any, timeout: float) -> None:
+    def __init__(self) -> None:
+        self.received: list[checkpoints_pb2.CheckpointReport] = []
+
+    async def Report(
+        self, request: checkpoints_pb2.CheckpointReport, context: grpc.aio.ServicerContext
+    ) -> checkpoints_pb2.CheckpointAck:
         self.received.append(request)
+        return checkpoints_pb2.CheckpointAck()
+
+
+@pytest.fixture
+async def reports() -> AsyncIterator[tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub]]:
+    """The recording server on loopback and a client stub for it, as the driver builds one."""
+    servicer = Reports()  # type: ignore[abstract]  # only Report is called here
+    server = grpc.aio.server()
+    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield servicer, checkpoints_pb2_grpc.CheckpointsStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(None)
 
 
 def event(topic: Any, key: str, payload: Any) -> Event:
@@ -41,11 +70,12 @@ def bound(key: str, generation: int) -> events_pb2.JobLifecycle:
     return message
 
 
-async def test_a_checkpoint_read_before_its_bind_is_answered_when_the_bind_is_read() -> None:
+async def test_a_checkpoint_read_before_its_bind_is_answered_when_the_bind_is_read(
+    reports: tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub],
+) -> None:
     job = ReplayJob("zombie", "q", 0.0, 10_000.0, 1, (1,), True)
     replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
-    reports = Reports()
-    replay._checkpoints = reports  # type: ignore[assignment]
+    server, replay._checkpoints = reports
     (key,) = replay.tracks
     command = events_pb2.PreemptionCommand(
         job=common_pb2.JobRef(job_id=key, generation=1),
@@ -53,10 +83,10 @@ async def test_a_checkpoint_read_before_its_bind_is_answered_when_the_bind_is_re
         command_id="c1",
     )
     await replay._on_command(key, event(PREEMPTION_COMMANDS, key, command))
-    assert reports.received == []  # its BOUND has not been read: nothing to checkpoint yet
+    assert server.received == []  # its BOUND has not been read: nothing to checkpoint yet
     await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 1)))
     await asyncio.gather(*replay._pending_calls)
-    assert [(r.job.generation, r.command_id) for r in reports.received] == [(1, "c1")]
+    assert [(r.job.generation, r.command_id) for r in server.received] == [(1, "c1")]
     replay.tracks[key].release.cancel()  # type: ignore[union-attr]
 
 
@@ -101,7 +131,9 @@ async def test_a_generation_requeued_after_the_driver_released_the_job_does_not_
     track.release.cancel()  # type: ignore[union-attr]
 
 
-async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_and_not_after() -> None:
+async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_and_not_after(
+    reports: tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub],
+) -> None:
     jobs = [
         ReplayJob("reports", "q", 0.0, 10_000.0, 8, (8,), False),
         ReplayJob("zombie", "q", 0.0, 10_000.0, 8, (8,), True),  # computes nothing: no progress to report
@@ -119,8 +151,7 @@ async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_a
         preemptible=True,
         progress=progress,
     )
-    reports = Reports()
-    replay._checkpoints = reports  # type: ignore[assignment]
+    server, replay._checkpoints = reports
     keys = {track.job.job_id: key for key, track in replay.tracks.items()}
     for key, track in replay.tracks.items():
         await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 1)))
@@ -128,7 +159,7 @@ async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_a
     assert replay.tracks[keys["zombie"]].report is None and replay.tracks[keys["quiet"]].report is None
 
     def sent(job: str) -> list[tuple[int, int, int]]:
-        return [(r.job.generation, r.step, r.total_steps) for r in reports.received if r.job.job_id == keys[job]]
+        return [(r.job.generation, r.step, r.total_steps) for r in server.received if r.job.job_id == keys[job]]
 
     await wait_until(lambda: len(sent("reports")) == 3 and sent("preempted"), what="the reports")
     preempted = replay.tracks[keys["preempted"]]
@@ -138,8 +169,8 @@ async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_a
     await asyncio.gather(*replay._pending_calls)
     # a total off by its factor (1.5 x 10,000 steps); 14,400 s is past its end, so three reports
     assert sent("reports") == [(1, 1800, 15_000), (1, 3600, 15_000), (1, 7200, 15_000)]
-    assert all(r.completed_at.seconds > 0 and not r.command_id for r in reports.received), "periodic, not asked"
-    assert replay.progress_reported == len(reports.received) and not sent("zombie") and not sent("quiet")
+    assert all(r.completed_at.seconds > 0 and not r.command_id for r in server.received), "periodic, not asked"
+    assert replay.progress_reported == len(server.received) and not sent("zombie") and not sent("quiet")
 
 
 def test_a_trace_job_is_named_afresh_in_each_run_and_phase_so_its_earlier_run_times_are_no_oracle() -> None:
