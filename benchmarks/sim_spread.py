@@ -23,12 +23,14 @@ be cut from the slice without tuning anything to them:
   draw of this, and the issue's weeks A and B are others.
 
 Every cell runs `kumiki`, its two references (`kumiki-noforecast`, `kumiki-oracle`) and `tiresias` and
-`srtf-oracle` under each ordering seed (`kumiki simulate --seeds`: the order of jobs submitted in the same
-second). A cell's recovered share is that of its mean JCTs over the seeds (`kumiki.sim.report.forecast_value`),
-its range the spread of the per-seed shares; "kumiki <= noforecast" counts seeds. Writes report.json and
-spread.png into --out and prints one markdown table per part. Runs are independent simulations: --workers
-processes share them (default: the machine's cores). `--progress-reports MIN_GPUS` runs every cell under the
-scenario of `kumiki simulate --progress-reports` (jobs of at least MIN_GPUS GPUs report their progress, off by
+`srtf-oracle` under each ordering seed (`kumiki simulate --seeds`: the order of jobs submitted in the same second).
+A cell's recovered share is that of its mean JCTs over the seeds (`kumiki.sim.report.forecast_value`), its range
+the spread of the per-seed shares; "kumiki <= noforecast" counts seeds. Each part's verdict gives its mean share
+with a 95% bootstrap interval over its cells (`kumiki.sim.report.mean_interval`); to ask whether a change moved
+`kumiki`, run this before and after it and pair the two reports with `benchmarks/spread_diff.py`. Writes
+report.json and spread.png into --out and prints one markdown table per part. Runs are independent simulations:
+--workers processes share them (default: the machine's cores). `--progress-reports MIN_GPUS` runs every cell under
+the scenario of `kumiki simulate --progress-reports` (jobs of at least MIN_GPUS GPUs report their progress, off by
 e^N(0, 0.2); docs/design/0007-progress-reports.md): only `kumiki` hears the reports.
 """
 
@@ -51,7 +53,7 @@ from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import ProgressReports, SimConfig, Simulator
-from kumiki.sim.report import over_seeds, summarize, write_json
+from kumiki.sim.report import mean_interval, over_seeds, summarize, write_json
 from kumiki.sim.shifts import (
     SHIFTS,
     ShiftError,
@@ -177,6 +179,8 @@ def verdict(cells: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "kumiki_within_srtf_bound": sum(cell["kumiki_over_srtf_oracle"] <= SRTF_BOUND for cell in cells.values()),
         "recovered_share_non_negative": sum(share >= 0 for share in shares),
         "recovered_share_mean": statistics.fmean(shares) if shares else None,
+        # how far that mean could move with other cells of the same kind (percentile bootstrap, seeded)
+        "recovered_share_interval": list(mean_interval(shares)) if shares else None,
         "cells_with_no_gap": len(cells) - len(shares),
     }
 
@@ -184,11 +188,13 @@ def verdict(cells: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 def verdict_line(name: str, result: Mapping[str, Any]) -> str:
     total = result["cells"]
     mean = result["recovered_share_mean"]
+    bounds = result.get("recovered_share_interval")
+    interval = f" (95% interval {percent(bounds[0])} to {percent(bounds[1])})" if bounds else ""
     return (
         f"{name}: kumiki <= noforecast in {result['kumiki_at_most_noforecast']} of {total} cells, <= tiresias in"
         f" {result['kumiki_at_most_tiresias']}, <= {SRTF_BOUND}x srtf-oracle in {result['kumiki_within_srtf_bound']};"
         f" recovered share >= 0 in {result['recovered_share_non_negative']} of"
-        f" {total - result['cells_with_no_gap']}, mean {percent(mean)}"
+        f" {total - result['cells_with_no_gap']}, mean {percent(mean)}{interval}"
     )
 
 

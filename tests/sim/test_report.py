@@ -1,4 +1,5 @@
-"""The report's figures that compare runs: the forecasts' cost per queue, over seeds, as a table."""
+"""The report's figures that compare runs: the forecasts' cost per queue, over seeds, as a table, and whether a
+change moved a figure beyond the runs' chaos (`paired_change`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from kumiki.sim.report import (
     forecast_cost,
     forecast_cost_table,
     job_class,
+    mean_interval,
     over_seeds,
+    paired_change,
     recovered_shares,
     summarize,
 )
@@ -126,3 +129,47 @@ def test_a_gated_run_reports_the_share_of_looks_with_forecasts_on() -> None:
     assert "gate_on_share" not in summarize(result)
     result.gate_looks = looks
     assert summarize(result)["gate_on_share"] == 0.75
+
+
+def test_a_change_every_cell_shares_is_told_apart_and_its_interval_is_that_change() -> None:
+    before = [0.10, -0.05, 0.30, 0.22, 0.01, 0.40, -0.12, 0.18, 0.26]
+    change = paired_change(before, [share + 0.05 for share in before])
+    assert change.mean == pytest.approx(0.05) and change.low == pytest.approx(0.05) == change.high
+    # exact sign flips of nine cells: only the two patterns with every sign alike are as far from 0
+    assert change.p_value == pytest.approx(2 / 2**9) and change.decided()
+    assert (change.better, change.worse, change.cells) == (9, 0, 9)
+
+
+def test_a_change_that_moves_cells_both_ways_is_within_the_chaos() -> None:
+    before = [0.2] * 8
+    after = [0.45, -0.1, 0.5, -0.05, 0.4, 0.0, 0.3, 0.1]  # +25, -30, +30, -25, +20, -20, +10, -10 points
+    change = paired_change(before, after)
+    assert change.mean == pytest.approx(0.0) and change.low < 0.0 < change.high
+    assert change.p_value == 1.0 and not change.decided()
+    assert (change.better, change.worse) == (4, 4)
+
+
+def test_many_cells_are_tested_by_seeded_draws_and_the_answer_does_not_change() -> None:
+    before = [0.01 * index for index in range(30)]
+    after = [share + (0.04 if index % 3 else -0.01) for index, share in enumerate(before)]
+    first, second = paired_change(before, after), paired_change(before, after)
+    assert first == second
+    assert first.mean == pytest.approx((20 * 0.04 - 10 * 0.01) / 30) and first.decided()
+    assert first.low < first.mean < first.high
+
+
+def test_cells_that_do_not_pair_are_refused() -> None:
+    with pytest.raises(ValueError, match="3 before, 2 after"):
+        paired_change([0.1, 0.2, 0.3], [0.1, 0.2])
+    with pytest.raises(ValueError, match="no cells"):
+        paired_change([], [])
+
+
+def test_the_mean_of_cells_alike_is_certain_and_of_cells_apart_is_not() -> None:
+    assert mean_interval([0.2] * 9) == pytest.approx((0.2, 0.2))
+    shares = [0.035, 0.128, 0.102, 0.231, 0.041, 0.216, -0.012, 0.49, 0.263]  # nine weeks of one size
+    low, high = mean_interval(shares)
+    assert low < sum(shares) / len(shares) < high and min(shares) < low and high < max(shares)
+    assert mean_interval(shares) == (low, high), "seeded: the same cells give the same interval"
+    with pytest.raises(ValueError, match="no values"):
+        mean_interval([])
