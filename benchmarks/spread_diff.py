@@ -23,12 +23,12 @@ share no cell.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kumiki.common.config import ConfigError, read_json
 from kumiki.sim.report import PairedChange, paired_change
 
 PARTS = ("load", "mix", "shift", "week")
@@ -42,11 +42,9 @@ class ReportError(ValueError):
 def load_cells(path: Path) -> dict[str, dict[str, Mapping[str, Any]]]:
     """part -> cell label -> cell, each cell checked for the fields this compares."""
     try:
-        report = json.loads(path.read_text())
-    except OSError as error:
-        raise ReportError(f"{path}: {error.strerror or error}") from None
-    except json.JSONDecodeError as error:
-        raise ReportError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+        report = read_json(path, "reports")
+    except ConfigError as error:
+        raise ReportError(str(error)) from None
     if not isinstance(report, dict) or "config" not in report:
         raise ReportError(f"{path}: not a sim_spread.py report (no 'config')")
     parts: dict[str, dict[str, Mapping[str, Any]]] = {}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kumiki.common.config import ConfigError, Settings, whole_numbers
+from kumiki.common.config import ConfigError, Settings, read_json, whole_numbers
 
 
 def settings(**env: str) -> Settings:
@@ -93,3 +93,19 @@ def test_whole_numbers_keep_their_order_and_skip_blanks() -> None:
 def test_whole_numbers_name_the_option_and_the_bad_part(text: str, minimum: int, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         whole_numbers(text, "--x", minimum=minimum)
+
+
+def test_a_json_file_is_read_and_a_missing_or_broken_one_is_named_with_its_option(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text('{"phases": {}}')
+    assert read_json(good, "--run") == {"phases": {}}
+    with pytest.raises(ConfigError, match=r"^--run: cannot read .*missing\.json: No such file"):
+        read_json(tmp_path / "missing.json", "--run")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"phases": ')
+    with pytest.raises(ConfigError, match=r"^--run: .*broken\.json is not JSON \(Expecting value at line 1\)"):
+        read_json(broken, "--run")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"^reports: .*binary\.json is not JSON"):
+        read_json(binary, "reports")

@@ -7,10 +7,12 @@ password, database password) come from the environment or a file named by `*_FIL
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 
@@ -39,6 +41,17 @@ def service_prefix(service: str) -> str:
 def one_line(error: BaseException) -> str:
     """An error's message on one line (PyYAML's span several, with the offending text marked)."""
     return " ".join(str(error).split())
+
+
+def read_json(path: Path, name: str) -> Any:
+    """A JSON file's content; `name` is the option or argument that named the file, for the error."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"{name}: cannot read {path}: {error.strerror or error}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        reason = f"{error.msg} at line {error.lineno}" if isinstance(error, json.JSONDecodeError) else error.reason
+        raise ConfigError(f"{name}: {path} is not JSON ({reason})") from None
 
 
 def whole_number(text: str, name: str, *, minimum: int, expected: str = "be a whole number") -> int:

@@ -3,9 +3,10 @@ PNG, from the run's own results (results.json)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from kumiki.common.config import read_json
 
 ROWS: tuple[tuple[str, str, str], ...] = (
     # (label, summary key, format)
@@ -26,12 +27,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 
 def load_results(run: Path) -> dict[str, Any]:
     path = run / "results.json" if run.is_dir() else run
-    try:
-        data = json.loads(path.read_text())
-    except OSError as error:
-        raise FileNotFoundError(f"--run: cannot read {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--run: {path} is not a replay's results.json: {error}") from None
+    data = read_json(path, "--run")
     if not isinstance(data, dict) or not isinstance(data.get("phases"), dict):
         raise ValueError(f"--run: {path} has no 'phases' (not a replay's results.json)")
     return data
