@@ -72,9 +72,10 @@ def load_cells(path: Path) -> dict[str, dict[str, Mapping[str, Any]]]:
 
 def describe(change: PairedChange, unit: str, scale: float) -> str:
     verdict = "told apart from chaos" if change.decided() else "within the runs' chaos"
+    p_value = "< 0.001" if change.p_value < 0.001 else f"= {change.p_value:.3f}"
     return (
         f"{scale * change.mean:+.1f}{unit} (95% interval {scale * change.low:+.1f} to {scale * change.high:+.1f};"
-        f" sign-flip p = {change.p_value:.3f}, {verdict}); better in {change.better} of {change.cells} cells,"
+        f" sign-flip p {p_value}, {verdict}); better in {change.better} of {change.cells} cells,"
         f" worse in {change.worse}"
     )
 

@@ -423,20 +423,23 @@ def paired_change(before: Sequence[float], after: Sequence[float], *, seed: int 
     low, high = mean_interval(changes, seed=seed)
     draw = random.Random(seed + 1)
     observed = abs(mean) - 1e-12
-    if count <= _EXACT_CELLS:
+    if count <= _EXACT_CELLS:  # every pattern, the observed one among them
         patterns = [
             sum(change if (pattern >> index) & 1 else -change for index, change in enumerate(changes))
             for pattern in range(2**count)
         ]
-    else:
+        extreme = sum(abs(total) / count >= observed for total in patterns)
+        p_value = extreme / len(patterns)
+    else:  # sampled: the observed pattern counts as one draw, so p is never 0
         patterns = [sum(change if draw.random() < 0.5 else -change for change in changes) for _ in range(_RESAMPLES)]
-    extreme = sum(abs(total) / count >= observed for total in patterns)
+        extreme = sum(abs(total) / count >= observed for total in patterns)
+        p_value = (extreme + 1) / (len(patterns) + 1)
     return PairedChange(
         cells=count,
         mean=mean,
         low=low,
         high=high,
-        p_value=extreme / len(patterns),
+        p_value=p_value,
         better=sum(change > 0 for change in changes),
         worse=sum(change < 0 for change in changes),
     )
