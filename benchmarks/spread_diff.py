@@ -80,13 +80,23 @@ def describe(change: PairedChange, unit: str, scale: float) -> str:
     )
 
 
+Pairs = tuple[list[float], list[float]]  # a figure's values before and after, cell by cell
+
+
+def summary_lines(shares: Pairs, speed: Pairs) -> list[str]:
+    """The paired changes of the share (where both runs have one) and of `kumiki`'s average JCT."""
+    lines = [f"- recovered share: {describe(paired_change(*shares), ' points', 100.0)}"] if shares[0] else []
+    return [*lines, f"- `kumiki`'s average JCT shorter by {describe(paired_change(*speed), '%', 100.0)}"]
+
+
 def compare(
     before: Mapping[str, Mapping[str, Mapping[str, Any]]], after: Mapping[str, Mapping[str, Mapping[str, Any]]]
 ) -> str:
     """The markdown comparison of two reports' shared cells."""
     lines: list[str] = []
-    all_shares: tuple[list[float], list[float]] = ([], [])
-    all_speed: tuple[list[float], list[float]] = ([], [])
+    all_shares: Pairs = ([], [])
+    all_speed: Pairs = ([], [])
+    parts_shown = 0
     for part in PARTS:
         shared = [label for label in before.get(part, {}) if label in after.get(part, {})]
         if not shared:
@@ -98,8 +108,9 @@ def compare(
             " | behind no forecasts (before / after) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        shares: tuple[list[float], list[float]] = ([], [])
-        speed: tuple[list[float], list[float]] = ([], [])
+        parts_shown += 1
+        shares: Pairs = ([], [])
+        speed: Pairs = ([], [])
         for label in shared:
             old, new = before[part][label], after[part][label]
             old_jct, new_jct = old["avg_jct_s"][KUMIKI], new["avg_jct_s"][KUMIKI]
@@ -120,23 +131,14 @@ def compare(
             lines.append(
                 f"| {label} | {old_jct:,.0f} | {new_jct:,.0f} | {new_jct / old_jct:.4f} | {share_text} | {behind} |"
             )
-        lines.append("")
-        if shares[0]:
-            lines.append(f"- recovered share: {describe(paired_change(*shares), ' points', 100.0)}")
-        lines.append(f"- `kumiki`'s average JCT shorter by {describe(paired_change(*speed), '%', 100.0)}")
-        lines.append("")
+        lines += ["", *summary_lines(shares, speed), ""]
         for each, part_values in ((all_shares, shares), (all_speed, speed)):
             each[0].extend(part_values[0])
             each[1].extend(part_values[1])
     if not all_speed[0]:
         raise ReportError("the reports share no cell (run sim_spread.py with the same parts, sizes and weeks)")
-    if sum(bool(before.get(part)) and bool(after.get(part)) for part in PARTS) < 2:
-        return "\n".join(lines) + "\n"  # one part: its lines are the whole
-    lines.append(f"**Over every shared cell** ({len(all_speed[0])}):")
-    lines.append("")
-    if all_shares[0]:
-        lines.append(f"- recovered share: {describe(paired_change(*all_shares), ' points', 100.0)}")
-    lines.append(f"- `kumiki`'s average JCT shorter by {describe(paired_change(*all_speed), '%', 100.0)}")
+    if parts_shown > 1:  # with one part, its lines are the whole
+        lines += [f"**Over every shared cell** ({len(all_speed[0])}):", "", *summary_lines(all_shares, all_speed)]
     return "\n".join(lines) + "\n"
 
 

@@ -421,19 +421,16 @@ def paired_change(before: Sequence[float], after: Sequence[float], *, seed: int 
     count = len(changes)
     mean = sum(changes) / count
     low, high = mean_interval(changes, seed=seed)
-    draw = random.Random(seed + 1)
+    exact = count <= _EXACT_CELLS
+    if exact:  # every sign pattern, the observed one among them
+        signs = [[1 if (pattern >> index) & 1 else -1 for index in range(count)] for pattern in range(2**count)]
+    else:
+        draw = random.Random(seed + 1)
+        signs = [[draw.choice((1, -1)) for _ in range(count)] for _ in range(_RESAMPLES)]
     observed = abs(mean) - 1e-12
-    if count <= _EXACT_CELLS:  # every pattern, the observed one among them
-        patterns = [
-            sum(change if (pattern >> index) & 1 else -change for index, change in enumerate(changes))
-            for pattern in range(2**count)
-        ]
-        extreme = sum(abs(total) / count >= observed for total in patterns)
-        p_value = extreme / len(patterns)
-    else:  # sampled: the observed pattern counts as one draw, so p is never 0
-        patterns = [sum(change if draw.random() < 0.5 else -change for change in changes) for _ in range(_RESAMPLES)]
-        extreme = sum(abs(total) / count >= observed for total in patterns)
-        p_value = (extreme + 1) / (len(patterns) + 1)
+    extreme = sum(abs(sum(s * c for s, c in zip(sign, changes, strict=True))) / count >= observed for sign in signs)
+    # sampled, the observed pattern counts as one draw more, so p is never 0
+    p_value = extreme / len(signs) if exact else (extreme + 1) / (len(signs) + 1)
     return PairedChange(
         cells=count,
         mean=mean,
