@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kumiki.placement.core import BindCommand, BindConflict, PlacementBook
+from kumiki.placement.core import BindConflict, PlacementBook
 from kumiki.sched.cluster import NodeSpec, PodPlacement
-from kumiki.sched.jobs import GangRequest, PodRequest
-
-
-def node(name: str, gpus: int = 8, rack: str = "r0", islands: tuple[tuple[int, ...], ...] = ()) -> NodeSpec:
-    return NodeSpec(name=name, gpus=gpus, gpu_model="A100-80GB", gpu_memory_gb=80.0, rack=rack, nvlink_islands=islands)
-
-
-def gang(
-    job: str, *gpus: int, generation: int = 1, tier: int = 0, topology: str = "", **options: object
-) -> BindCommand:
-    request = GangRequest(job, tuple(PodRequest(gpus=count) for count in gpus), required_topology=topology)
-    return BindCommand(job_id=job, generation=generation, queue="q", request=request, priority_tier=tier, **options)  # type: ignore[arg-type]
+from tests.placement.core.helpers import gang, node
 
 
 def book_with(*nodes: NodeSpec) -> PlacementBook:
@@ -57,7 +46,7 @@ def test_generations_are_ordered() -> None:
 
 
 def test_an_ended_generation_never_binds_again_and_the_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kumiki.placement.core.ENDED_KEPT", 2)
+    monkeypatch.setattr("kumiki.placement.core.book.ENDED_KEPT", 2)
     book = book_with(node("a"))
     assert book.bind(gang("j", 2), 0.0).bound
     assert book.release("j", 1) is not None

@@ -4,11 +4,9 @@ checkpoints."""
 
 from __future__ import annotations
 
-import pytest
-
-from kumiki.placement.core import IdlePolicy, PlacementBook, parse_idle_reclaim
+from kumiki.placement.core import PlacementBook, parse_idle_reclaim
 from kumiki.sched.forecasting import RuntimeForecast
-from tests.placement.test_core import gang, node
+from tests.placement.core.helpers import gang, node
 
 
 def preemptive_book() -> PlacementBook:
@@ -41,14 +39,6 @@ def test_victim_keeps_running_until_released_then_the_next_generation_queues() -
     assert started[0].node_names == train.node_names  # the victim's node
     assert book.pending["train"].command.generation == 2  # waits: nothing free, nothing it may preempt
     assert not book.audit()
-
-
-def test_idle_reclaim_rules_parse_and_name_the_bad_entry() -> None:
-    rules = parse_idle_reclaim("team=waiting:600, batch=after:1800, *=never")
-    assert rules == {"team": IdlePolicy("waiting", 600.0), "batch": IdlePolicy("after", 1800.0), "*": IdlePolicy()}
-    for bad in ("team=sometimes", "team=after:soon", "=after:1", "team=after:-5"):
-        with pytest.raises(ValueError, match=bad.split(",")[0].replace("*", r"\*")):
-            parse_idle_reclaim(bad)
 
 
 def idle_book(rule: str) -> PlacementBook:

@@ -1,21 +1,25 @@
-"""Placement's pure core: the allocation book of the live cluster.
-
-It drives the scheduling core (`kumiki.sched`: the simulator's very `Scheduler` and placement code) with what
-a live service needs and a simulator does not: nodes that come, change, turn unhealthy and go; binds that are
-idempotent per (job, generation); jobs held back by quota; a table that can be rebuilt from the events it
-published; and Explain. Every arrival, release and node change is a scheduling pass of the core's queue
-policy (ordering, reservation for the blocked head, backfill). No I/O and no clock: adapters pass the time,
-publish and persist.
-"""
+"""The allocation book of the live cluster (`PlacementBook`): nodes, binds, pending and held jobs, preempted jobs
+draining, idle reclaim and Explain, over the scheduling core's `Scheduler`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from kumiki.placement.core.commands import (
+    BindCommand,
+    BindConflict,
+    BindOutcome,
+    BoundJob,
+    Explanation,
+    PendingJob,
+    job_view,
+    queued_reason,
+)
+from kumiki.placement.core.idle import IdlePolicy
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
-from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
-from kumiki.sched.jobs import GangRequest, JobView
+from kumiki.sched.forecasting import RuntimeForecast
+from kumiki.sched.jobs import JobView
 from kumiki.sched.placement import PendingReason, place_gang
 from kumiki.sched.policies import POLICIES
 from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S, Preemption, Scheduler
@@ -30,134 +34,6 @@ ENDED_KEPT = 200_000  # ended generations remembered (a few dozen bytes each)
 # admission rounds a victim gives way to the quota-held job its GPUs were freed for (a bound on how stale quota's
 # view of the release may be, not a tuned number: 5 s at the local stack's 0.1 s cycle)
 YIELD_ROUNDS = 50
-
-
-class BindConflict(ValueError):
-    """A bind that contradicts the book (an older generation, or a new one while the old still holds GPUs)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BindCommand:
-    """One Bind request in core terms. `generation` makes binds idempotent and orders attempts."""
-
-    job_id: str
-    generation: int
-    queue: str
-    request: GangRequest
-    priority_tier: int = 0
-    preemptible: bool = False
-    user: str = ""
-    name: str = ""
-    # what the pods carry for the forecaster: the image, the first container's command line, the run time asked for
-    image: str = ""
-    command_line: str = ""
-    time_limit_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BoundJob:
-    command: BindCommand
-    placement: Placement
-    node_names: tuple[str, ...]  # per pod of `placement.pods`: names survive node re-indexing
-    bound_s: float = 0.0  # when it was bound (a restart keeps it: run times count from the bind)
-    waited_s: float = 0.0  # how long it waited in the queue before this bind (0: placed on arrival)
-
-
-@dataclass(frozen=True, slots=True)
-class PendingJob:
-    command: BindCommand
-    reason: PendingReason
-    submitted_s: float  # when it first arrived: the queue order of FIFO policies
-    held: bool = False  # held back by quota admission: not in the scheduler's queue
-
-
-@dataclass(frozen=True, slots=True)
-class BindOutcome:
-    """Bound (`job` set, `replayed` when this answers a repeated request) or pending (`reason` set).
-
-    `started`: other waiting jobs the same scheduling pass started; the caller publishes them too."""
-
-    job: BoundJob | None = None
-    reason: PendingReason | None = None
-    replayed: bool = False
-    started: tuple[BoundJob, ...] = ()
-
-    @property
-    def bound(self) -> bool:
-        return self.job is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Explanation:
-    status: str  # "bound", "pending" or "unknown"
-    queue: str = ""
-    reasons: tuple[PendingReason, ...] = ()
-    queue_position: int = 0
-    job: BoundJob | None = None
-
-
-def _queued(command: BindCommand) -> PendingReason:
-    return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
-
-
-def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast | None = None) -> JobView:
-    """What the queue policy sees of a live job: its submit-time features and its forecast (no run time)."""
-    gpus = command.request.gpu_demand
-    features = JobFeatures(
-        command.job_id,
-        command.queue,
-        command.user,
-        gpus,
-        command.name,
-        submitted_s,
-        command.image,
-        command.command_line,
-        command.time_limit_s,
-    )
-    return JobView(
-        features,
-        gpus=round(gpus),
-        queue=command.queue,
-        submit_s=submitted_s,
-        priority=command.priority_tier,
-        preemptible=command.preemptible,
-        forecast=forecast,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class IdlePolicy:
-    """What a queue does with a job whose GPUs telemetry reports idle (kumiki.gpu.idle): `never` reclaim it,
-    reclaim it `after` `idle_s` seconds idle, or only when someone `waiting` could use the GPUs."""
-
-    mode: str = "never"
-    idle_s: float = 0.0
-
-
-IDLE_MODES = ("never", "after", "waiting")
-
-
-def parse_idle_reclaim(text: str) -> dict[str, IdlePolicy]:
-    """`queue=never|after:SECONDS|waiting:SECONDS,...` (`*` for every other queue); ValueError names the entry."""
-    policies: dict[str, IdlePolicy] = {}
-    for entry in (part.strip() for part in text.split(",")):
-        if not entry:
-            continue
-        queue, _, rule = entry.partition("=")
-        mode, _, seconds = rule.partition(":")
-        if not queue or mode not in IDLE_MODES:
-            raise ValueError(f"{entry!r}: expected queue=never|after:SECONDS|waiting:SECONDS")
-        if mode == "never":
-            policies[queue] = IdlePolicy()
-            continue
-        try:
-            idle_s = float(seconds)
-        except ValueError:
-            raise ValueError(f"{entry!r}: expected a number of seconds after {mode}:") from None
-        if not idle_s >= 0:
-            raise ValueError(f"{entry!r}: seconds must be >= 0")
-        policies[queue] = IdlePolicy(mode, idle_s)
-    return policies
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +211,7 @@ class PlacementBook:
             if isinstance(found, Placement) and not self._on_draining(found):
                 scheduler.adopt(self._view(command, now), command.request, found, now)
                 return BindOutcome(job=self._bound(command, found, now))
-        self._queue(command, _queued(command), now)
+        self._queue(command, queued_reason(command), now)
         started = self.cycle(now)
         job = self.bound.get(command.job_id)
         if job is not None and command.job_id not in self.nominated:
@@ -464,7 +340,7 @@ class PlacementBook:
             self.yielding[job_id] = (beneficiary, YIELD_ROUNDS)
             self.freed_for.add(beneficiary)
             return job, again
-        self._queue(again, _queued(again), job.bound_s - job.waited_s)
+        self._queue(again, queued_reason(again), job.bound_s - job.waited_s)
         if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
             placed = self.scheduler.start_waiting(job_id, now)
             if placed is not None:
@@ -608,7 +484,7 @@ class PlacementBook:
         self.nominated.pop(job_id, None)
         self.scheduler.finished(job_id)
         if requeue:
-            self._queue(job.command, _queued(job.command), now)
+            self._queue(job.command, queued_reason(job.command), now)
         return job
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:

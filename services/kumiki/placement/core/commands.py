@@ -1,0 +1,104 @@
+"""What a Bind asks and what the book answers, in core terms: the command, a bound or pending job, the outcome
+of a bind and an Explain answer, and the job as the queue policy sees it (`job_view`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kumiki.sched.cluster import Placement
+from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
+from kumiki.sched.jobs import GangRequest, JobView
+from kumiki.sched.placement import PendingReason
+
+
+class BindConflict(ValueError):
+    """A bind that contradicts the book (an older generation, or a new one while the old still holds GPUs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindCommand:
+    """One Bind request in core terms. `generation` makes binds idempotent and orders attempts."""
+
+    job_id: str
+    generation: int
+    queue: str
+    request: GangRequest
+    priority_tier: int = 0
+    preemptible: bool = False
+    user: str = ""
+    name: str = ""
+    # what the pods carry for the forecaster: the image, the first container's command line, the run time asked for
+    image: str = ""
+    command_line: str = ""
+    time_limit_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundJob:
+    command: BindCommand
+    placement: Placement
+    node_names: tuple[str, ...]  # per pod of `placement.pods`: names survive node re-indexing
+    bound_s: float = 0.0  # when it was bound (a restart keeps it: run times count from the bind)
+    waited_s: float = 0.0  # how long it waited in the queue before this bind (0: placed on arrival)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    command: BindCommand
+    reason: PendingReason
+    submitted_s: float  # when it first arrived: the queue order of FIFO policies
+    held: bool = False  # held back by quota admission: not in the scheduler's queue
+
+
+@dataclass(frozen=True, slots=True)
+class BindOutcome:
+    """Bound (`job` set, `replayed` when this answers a repeated request) or pending (`reason` set).
+
+    `started`: other waiting jobs the same scheduling pass started; the caller publishes them too."""
+
+    job: BoundJob | None = None
+    reason: PendingReason | None = None
+    replayed: bool = False
+    started: tuple[BoundJob, ...] = ()
+
+    @property
+    def bound(self) -> bool:
+        return self.job is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    status: str  # "bound", "pending" or "unknown"
+    queue: str = ""
+    reasons: tuple[PendingReason, ...] = ()
+    queue_position: int = 0
+    job: BoundJob | None = None
+
+
+def queued_reason(command: BindCommand) -> PendingReason:
+    return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
+
+
+def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast | None = None) -> JobView:
+    """What the queue policy sees of a live job: its submit-time features and its forecast (no run time)."""
+    gpus = command.request.gpu_demand
+    features = JobFeatures(
+        command.job_id,
+        command.queue,
+        command.user,
+        gpus,
+        command.name,
+        submitted_s,
+        command.image,
+        command.command_line,
+        command.time_limit_s,
+    )
+    return JobView(
+        features,
+        gpus=round(gpus),
+        queue=command.queue,
+        submit_s=submitted_s,
+        priority=command.priority_tier,
+        preemptible=command.preemptible,
+        forecast=forecast,
+    )
