@@ -19,24 +19,25 @@ from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import ClusterState, Placement
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView
-from kumiki.sched.placement import PendingReason, could_host, place_gang
-from kumiki.sched.policies import (
-    LEVEL_SPAN_S,
-    QueuePolicy,
-    estimate_remaining,
-    preempt_margin,
-    running_rank,
-    waiting_key,
-)
-from kumiki.sched.preemption import (
-    LostWork,
-    MoveValue,
-    lost_work,
-    may_yield,
-    move_value,
-    rescue_order,
-    victim_order,
-)
+from kumiki.sched.moves import plan_move, trial_move
+from kumiki.sched.placement import PendingReason, place_gang
+from kumiki.sched.policies import QueuePolicy, estimate_remaining, waiting_key
+from kumiki.sched.preemption import lost_work
+from kumiki.sched.reserving import Reservation, plan_reservation, room_at
+from kumiki.sched.victims import choose_victims
+
+__all__ = [
+    "BACKFILL_LOOKAHEAD",
+    "MIN_RUN_BEFORE_PREEMPT_S",
+    "PREEMPTION_ATTEMPTS",
+    "Decisions",
+    "Preemption",
+    "Reservation",
+    "RunningJob",
+    "Scheduler",
+    "Start",
+    "WaitingJob",
+]
 
 # How many jobs of one shape a pass may look past when they fit but may not use reserved nodes.
 BACKFILL_LOOKAHEAD = 32
@@ -71,16 +72,8 @@ class Decisions:
     preemptions: list[Preemption] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    job_id: str
-    nodes: frozenset[int]
-    shadow_s: float
-    starving: bool = False
-
-
 @dataclass(slots=True)
-class _Waiting:
+class WaitingJob:
     view: JobView
     request: GangRequest
     key: tuple[float, float, int]
@@ -99,7 +92,7 @@ _Head = tuple[int, float, _Order, str, int, tuple[str, tuple[int, ...]]]
 
 
 @dataclass(slots=True)
-class _Running:
+class RunningJob:
     view: JobView
     request: GangRequest
     placement: Placement
@@ -133,8 +126,8 @@ class Scheduler:
         self.strategy = strategy
         self.checkpoint = checkpoint or CheckpointModel()
         self.shares = dict(queue_shares or {})
-        self.waiting: dict[str, _Waiting] = {}
-        self.running: dict[str, _Running] = {}
+        self.waiting: dict[str, WaitingJob] = {}
+        self.running: dict[str, RunningJob] = {}
         self.lists: dict[tuple[str, tuple[int, ...]], list[tuple[_Order, str]]] = {}
         # per shape: (when the job joined the queue, arrival order, job): the longest waiting first
         self.by_queued: dict[tuple[int, ...], list[tuple[float, int, str]]] = {}
@@ -157,7 +150,7 @@ class Scheduler:
         self.sequence += 1
         key = (waiting_key(self.policy, view), view.submit_s, self.sequence)
         shape = tuple(sorted((pod.gpus for pod in request.pods), reverse=True))
-        entry = _Waiting(view, request, key, self.lane_of(view), shape)
+        entry = WaitingJob(view, request, key, self.lane_of(view), shape)
         self.waiting[view.job_id] = entry
         bisect.insort(self.lists.setdefault((entry.lane, shape), []), (entry.order, view.job_id))
         queued_s = view.submit_s if now is None else now
@@ -177,7 +170,7 @@ class Scheduler:
             elif job_id in self.running:
                 self.running[job_id].view = view
 
-    def _unqueue(self, job_id: str) -> _Waiting:
+    def _unqueue(self, job_id: str) -> WaitingJob:
         entry = self.waiting.pop(job_id)
         items = self.lists[(entry.lane, entry.shape)]
         index = bisect.bisect_left(items, (entry.order, job_id))
@@ -188,7 +181,7 @@ class Scheduler:
         entry = self.running.pop(job_id)
         self._release(job_id, entry)
 
-    def _release(self, job_id: str, entry: _Running) -> None:
+    def _release(self, job_id: str, entry: RunningJob) -> None:
         self.state.release(job_id)
         for node in entry.nodes:
             self.on_node[node].discard(job_id)
@@ -197,7 +190,7 @@ class Scheduler:
 
     def _start(
         self,
-        entry: _Waiting,
+        entry: WaitingJob,
         placement: Placement,
         now: float,
         decisions: Decisions,
@@ -212,7 +205,7 @@ class Scheduler:
         self.state.allocate(placement)
         gpus = placement.whole_gpus
         nodes = placement.nodes
-        self.running[view.job_id] = _Running(view, request, placement, now, gpus, borrower, nodes)
+        self.running[view.job_id] = RunningJob(view, request, placement, now, gpus, borrower, nodes)
         for node in nodes:
             self.on_node[node].add(view.job_id)
         lane = self.lane_of(view)
@@ -234,7 +227,7 @@ class Scheduler:
             return self.policy.protect_after_s
         return math.inf
 
-    def _young_full_node(self, running: _Running, executed: float) -> bool:
+    def young_full_node(self, running: RunningJob, executed: float) -> bool:
         """A protected full-node job that takes no checkpoints may still yield before its first would be due.
 
         It never writes a checkpoint, so yielding then loses all its progress, at most one interval.
@@ -247,7 +240,7 @@ class Scheduler:
             and executed < self.checkpoint.interval_s
         )
 
-    def executed(self, entry: _Running, now: float) -> float:
+    def executed(self, entry: RunningJob, now: float) -> float:
         return entry.view.executed_s + (now - entry.start_s)
 
     # ---- the pass ------------------------------------------------------------------------------
@@ -377,7 +370,7 @@ class Scheduler:
         if position < len(self.lists[list_key]):
             heapq.heappush(heads, self._head(list_key, position))
 
-    def _try_place(self, entry: _Waiting, now: float) -> tuple[Placement, str] | str:
+    def _try_place(self, entry: WaitingJob, now: float) -> tuple[Placement, str] | str:
         """A placement (and whose reservation it borrows from), or why not.
 
         'physically': does not fit the free capacity; 'shape': fits only on reserved nodes and the
@@ -407,14 +400,25 @@ class Scheduler:
         entry = self.waiting.get(job_id)
         if entry is None:
             return None
-        reservation = self.reservation
-        excluded = reservation.nodes if reservation is not None and reservation.job_id != job_id else frozenset()
-        result = place_gang(self.state, entry.request, self.strategy, excluded_nodes=excluded)
+        result = place_gang(self.state, entry.request, self.strategy, excluded_nodes=self.reserved_for_others(job_id))
         if isinstance(result, PendingReason):
             return result
         return PendingReason(job_id, "order", "fits now; starts at the next scheduling pass", str(entry.shape))
 
-    # ---- reservation ---------------------------------------------------------------------------
+    # ---- reservation (`kumiki.sched.reserving`) ---------------------------------------------------
+    def reserved_for_others(self, job_id: str) -> frozenset[int]:
+        """The nodes held for another job's reservation: `job_id` may not start there (only borrow them)."""
+        reservation = self.reservation
+        if reservation is None or reservation.job_id == job_id:
+            return frozenset()
+        return reservation.nodes
+
+    def _reserve(self, entry: WaitingJob, now: float, *, starving: bool = False) -> None:
+        """Reserve for `entry` the nodes that should free up first; unchanged when too few could ever take it."""
+        planned = plan_reservation(self, entry, now, starving=starving)
+        if planned is not None:
+            self.reservation = planned
+
     def _starving(self, now: float) -> str | None:
         if not self.policy.starvation_s:
             return None
@@ -430,46 +434,6 @@ class Scheduler:
         if best is not None:
             return best[1]
         return None
-
-    def _node_ready_times(self, node: int, now: float) -> list[tuple[float, int]]:
-        """(estimated end, GPUs) of the jobs on a node; without estimates the end is unknown (inf)."""
-        result = []
-        for job_id in self.on_node[node]:
-            running = self.running[job_id]
-            gpus = sum(len(pod.gpus) for pod in running.placement.pods if pod.node == node)
-            if self.policy.backfill_on_reserved:
-                remaining = estimate_remaining(self.policy, running.view, self.executed(running, now), pessimistic=True)
-                result.append((now + remaining, gpus))
-            else:
-                result.append((float("inf"), gpus))
-        return sorted(result)
-
-    def _ready_at(self, node: int, need: int, now: float) -> float:
-        free = self.state.free_count(node)
-        if free >= need:
-            return now
-        for end, gpus in self._node_ready_times(node, now):
-            free += gpus
-            if free >= need:
-                return end
-        return float("inf")
-
-    def _reserve(self, entry: _Waiting, now: float, *, starving: bool = False) -> None:
-        """Reserve the nodes that should free up first for `entry` (no estimates: the emptiest nodes)."""
-        need, count = self.span(entry.shape)
-        candidates = []
-        biggest = max(entry.request.pods, key=lambda pod: pod.gpu_demand)
-        for node, spec in enumerate(self.state.spec.nodes):
-            # nodes that could never take it (too small, another GPU model, no MIG or sharing, cordoned): useless
-            if spec.gpus < need or node in self.state.cordoned or not could_host(spec, biggest):
-                continue
-            ready = self._ready_at(node, need, now) if self.policy.backfill_on_reserved else float("inf")
-            candidates.append((ready, -self.state.free_count(node), node))
-        if len(candidates) < count:
-            return
-        chosen = sorted(candidates)[:count]
-        shadow = max(ready for ready, _, _ in chosen)
-        self.reservation = Reservation(entry.view.job_id, frozenset(node for _, _, node in chosen), shadow, starving)
 
     def _refresh_reservation(self, now: float, decisions: Decisions) -> None:
         reservation = self.reservation
@@ -494,7 +458,7 @@ class Scheduler:
                     self._evict(job_id, reservation.job_id, "reservation deadline", decisions)
                 if not borrowers:
                     need = self.span(entry.shape)[0]
-                    shadow = max(self._ready_at(node, need, now) for node in reservation.nodes)
+                    shadow = max(room_at(self, node, need, now, pessimistic=True) for node in reservation.nodes)
                     self.reservation = replace(reservation, shadow_s=max(shadow, now))
 
     # ---- preemption ----------------------------------------------------------------------------
@@ -517,7 +481,7 @@ class Scheduler:
         lost = lost_work(job_id, running.start_s, self.executed(running, now), now, self.checkpoint, self.acknowledged)
         return lost.since_checkpoint_s, lost.since_checkpoint_s * running.gpus
 
-    def _over_quota(self, view: JobView) -> bool:
+    def over_quota(self, view: JobView) -> bool:
         if not self.shares:
             return False
         lane = self.lane_of(view)
@@ -529,228 +493,36 @@ class Scheduler:
 
     def _preempt_for(
         self,
-        entry: _Waiting,
+        entry: WaitingJob,
         now: float,
         decisions: Decisions,
         *,
         force: bool = False,
         nodes: Sequence[int] | None = None,
     ) -> None:
-        """Free one node for a job that fits one (a gang too, when its pods fit a node together) from lower-ranked
-        jobs, losing the least work (only `nodes` if given)."""
-        need, count = self.span(entry.shape)
-        if count > 1:
-            return  # multi-node gangs get reservations, not preemption cascades
-        rank = entry.key[0]
-        reservation = self.reservation
-        reserved = (
-            reservation.nodes if reservation is not None and reservation.job_id != entry.view.job_id else frozenset()
-        )
-        policy = self.policy
-        checkpoint = self.checkpoint
-        running_jobs = self.running
-        min_run_s = self.min_run_s
-        acknowledged = self.acknowledged
-        priority = entry.view.priority
-        # a starving job smaller than the largest node takes its room from the jobs the order values least
-        sort_key = rescue_order if force and policy.starvation_by_rank and need < self.state.max_gpus else victim_order
-        best: tuple[float, int, list[tuple[str, float, float, str]]] | None = None
-        specs = self.state.spec.nodes
-        for node in range(len(specs)) if nodes is None else nodes:
-            if specs[node].gpus < need or node in reserved:
-                continue
-            free = self.state.free_count(node)
-            victims: list[tuple[tuple[float, int, int, float, str], str, int, float, float, str]] = []
-            for job_id in self.on_node[node]:
-                running = running_jobs[job_id]
-                view = running.view
-                if not may_yield(view.priority, view.preemptible, running.start_s, priority, now, min_run_s):
-                    continue
-                executed = running.view.executed_s + (now - running.start_s)
-                if executed >= self.checkpoint_until(running.request, running.view) and not self._young_full_node(
-                    running, executed
-                ):
-                    continue
-                attained = running.view.attained_gpu_s + running.gpus * (now - running.start_s)
-                victim_rank = running_rank(policy, running.view, executed, attained)
-                unsaved = lost_work(job_id, running.start_s, executed, now, checkpoint, acknowledged)
-                lost = unsaved.cost_s
-                reason = "starvation" if force else "priority" if view.priority < priority else "rank"
-                if force or view.priority < priority:
-                    worse = True
-                elif policy.order == "las":
-                    worse = victim_rank > rank
-                elif policy.order == "las-forecast":
-                    # preempt only across levels, as Tiresias: the forecast orders jobs, it does not evict
-                    worse = victim_rank // LEVEL_SPAN_S > rank // LEVEL_SPAN_S
-                else:
-                    weight = running.gpus**policy.gpu_exponent if policy.gpu_exponent else 1.0
-                    margin = preempt_margin(policy, entry.view, view, executed)
-                    worse = victim_rank > margin * rank + lost * weight
-                if worse:
-                    lost_gpu_s = lost * running.gpus
-                    order = sort_key(lost_gpu_s, view.priority, self._over_quota(view), victim_rank, job_id)
-                    since = unsaved.since_checkpoint_s
-                    victims.append((order, job_id, running.gpus, since * running.gpus, since, reason))
-            if free + sum(victim[2] for victim in victims) < need:
-                continue
-            victims.sort()
-            freed = free
-            chosen: list[tuple[str, float, float, str]] = []
-            cost = 0.0
-            for order, job_id, gpus, lost_gpu_s, since, reason in victims:
-                if freed >= need:
-                    break
-                chosen.append((job_id, lost_gpu_s, since, reason))
-                freed += gpus
-                cost += order[0]
-            if chosen and (best is None or (cost, node) < (best[0], best[1])):
-                best = (cost, node, chosen)
-        if best is None:
+        """Free one node for a job that fits one from the jobs `choose_victims` names (only on `nodes` if given),
+        and start it there."""
+        chosen = choose_victims(self, entry, now, force=force, nodes=nodes)
+        if not chosen:
             return
-        for job_id, lost_gpu_s, since, reason in best[2]:
+        for job_id, lost_gpu_s, since, reason in chosen:
             self._evict(job_id, entry.view.job_id, reason, decisions, lost_gpu_s, since)
         # on the room just made: a reserved node's free GPUs stay with the drain
+        reserved = self.reserved_for_others(entry.view.job_id)
         placed = place_gang(self.state, entry.request, self.strategy, excluded_nodes=reserved, explain=False)
         if not isinstance(placed, PendingReason):
             self._start(entry, placed, now, decisions, "")
 
-    # ---- defragmentation ------------------------------------------------------------------------
-    def _expected_free_at(self, node: int, need: int, now: float) -> float:
-        """When `need` GPUs of a node are expected free on their own: its jobs' expected remaining run time as
-        the policy estimates it (forecast, or the heavy-tail guess without one)."""
-        free = self.state.free_count(node)
-        if free >= need:
-            return now
-        ends = []
-        for job_id in self.on_node[node]:
-            running = self.running[job_id]
-            gpus = sum(len(pod.gpus) for pod in running.placement.pods if pod.node == node)
-            ends.append((now + estimate_remaining(self.policy, running.view, self.executed(running, now)), gpus))
-        for end, gpus in sorted(ends):
-            free += gpus
-            if free >= need:
-                return end
-        return math.inf
-
-    def _movable(self, node: int, need: int, priority: int, now: float) -> list[tuple[float, str, int, LostWork]]:
-        """Jobs a defragmentation may move off a node, cheapest first: single-pod jobs smaller than the gang's
-        pod (a job as large would need the very room that is missing), of no higher tier, preemptible, past
-        their minimum run time and still checkpointing."""
-        movable = []
-        for job_id in self.on_node[node]:
-            running = self.running[job_id]
-            view = running.view
-            if len(running.nodes) != 1 or len(running.request.pods) != 1 or running.gpus >= need:
-                continue
-            if not may_yield(view.priority, view.preemptible, running.start_s, priority, now, self.min_run_s):
-                continue
-            executed = self.executed(running, now)
-            if executed >= self.checkpoint_until(running.request, view):
-                continue
-            unsaved = lost_work(job_id, running.start_s, executed, now, self.checkpoint, self.acknowledged)
-            attained = view.attained_gpu_s + running.gpus * (now - running.start_s)
-            rank = running_rank(self.policy, view, executed, attained)
-            order = victim_order(unsaved.cost_s * running.gpus, view.priority, self._over_quota(view), rank, job_id)
-            movable.append((order, job_id, running.gpus, unsaved))
-        movable.sort()
-        return [(order[0], job_id, gpus, unsaved) for order, job_id, gpus, unsaved in movable]
-
-    def defragmentation(
-        self, job_id: str, now: float
-    ) -> tuple[frozenset[int], list[tuple[str, int, LostWork]], MoveValue] | None:
-        """The cheapest move that would let a waiting gang blocked only by fragmentation start: (its target
-        nodes, the jobs to move off them with what each loses, the value test). None: no such move (the gang's
-        GPUs are not free anywhere, or nothing on the nodes may move). Pure: the state is not changed."""
-        entry = self.waiting[job_id]
-        shape = entry.shape
-        need, count = shape[0], len(shape)
-        state = self.state
-        specs = state.spec.nodes
-        cordoned = state.cordoned
-        # fragmentation: the gang's GPUs are free, only not together
-        if sum(state.free_count(node) for node in range(len(specs)) if node not in cordoned) < sum(shape):
-            return None
-        reservation = self.reservation
-        reserved = reservation.nodes if reservation is not None and reservation.job_id != job_id else frozenset()
-        biggest = max(entry.request.pods, key=lambda pod: pod.gpu_demand)
-        usable = [
-            node
-            for node, spec in enumerate(specs)
-            if spec.gpus >= need and node not in cordoned and node not in reserved and could_host(spec, biggest)
-        ]
-        if len(usable) < count:
-            return None
-        options: list[tuple[float, int, int, list[tuple[str, int, LostWork]]]] = []
-        for node in usable:
-            free = state.free_count(node)
-            if free >= need:
-                if count > 1:  # a node already free serves a multi-node gang as it is
-                    options.append((0.0, 0, node, []))
-                continue
-            chosen: list[tuple[str, int, LostWork]] = []
-            cost = 0.0
-            for victim_cost, victim, gpus, unsaved in self._movable(node, need, entry.view.priority, now):
-                if free >= need:
-                    break
-                chosen.append((victim, gpus, unsaved))
-                free += gpus
-                cost += victim_cost
-            if free >= need:
-                options.append((cost, len(chosen), node, chosen))
-        options.sort(key=lambda option: option[:3])
-        picked = options[:count]
-        if len(picked) < count or not any(option[3] for option in picked):
-            return None
-        moved = [victim for option in picked for victim in option[3]]
-        expected = sorted(self._expected_free_at(node, need, now) for node in usable)[count - 1]
-        # on demand (live, or the simulator's model) a moved job first writes its checkpoint; periodic: it stops
-        handover_s = self.checkpoint.checkpoint_cost_s if self.acknowledged is not None else 0.0
-        value = move_value(
-            expected - now, handover_s, entry.request.gpu_demand, [(unsaved, gpus) for _, gpus, unsaved in moved]
-        )
-        return frozenset(option[2] for option in picked), moved, value
-
-    def _trial(self, entry: _Waiting, targets: frozenset[int], moved: Sequence[str]) -> Placement | None:
-        """Dry run on the state, undone before returning: the gang's placement on `targets` once `moved` left,
-        if it fits there and every moved job fits at once elsewhere (else the move only swaps who waits)."""
-        state = self.state
-        outside = frozenset(range(len(state.spec.nodes))) - targets
-        originals = [state.release(job_id) for job_id in moved]
-        replaced: list[str] = []
-        gang: Placement | None = None
-        try:
-            found = place_gang(state, entry.request, self.strategy, excluded_nodes=outside, explain=False)
-            if isinstance(found, PendingReason):
-                return None
-            state.allocate(found)
-            gang = found
-            for job_id in sorted(moved, key=lambda job: (-self.running[job].gpus, job)):
-                again = place_gang(
-                    state, self.running[job_id].request, self.strategy, excluded_nodes=targets, explain=False
-                )
-                if isinstance(again, PendingReason):
-                    return None
-                state.allocate(again)
-                replaced.append(job_id)
-            return found
-        finally:
-            for job_id in replaced:
-                state.release(job_id)
-            if gang is not None:
-                state.release(gang.job_id)
-            for placement in originals:
-                state.allocate(placement)
-
-    def _defragment_for(self, entry: _Waiting, now: float, decisions: Decisions) -> None:
+    # ---- defragmentation (`kumiki.sched.moves`) -----------------------------------------------------
+    def _defragment_for(self, entry: WaitingJob, now: float, decisions: Decisions) -> None:
         """Move small jobs off the nodes a gang blocked only by fragmentation needs, when the value test says it
         pays: they are preempted (reason "defragmentation": checkpoint, evict, queued again, placed elsewhere
         by the next pass) and the gang starts on the freed nodes."""
-        move = self.defragmentation(entry.view.job_id, now)
+        move = plan_move(self, entry.view.job_id, now)
         if move is None or not move[2].worth:
             return
         targets, moved, _ = move
-        placed = self._trial(entry, targets, [job_id for job_id, _, _ in moved])
+        placed = trial_move(self, entry, targets, [job_id for job_id, _, _ in moved])
         if placed is None:
             return
         for job_id, gpus, unsaved in moved:
