@@ -5,15 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState, GpuShare, NodeSpec, Placement, PodPlacement, uniform_cluster
+from kumiki.sched.fragmentation import DemandType, RequestMix
 from kumiki.sched.jobs import GangRequest, PodRequest, consolidated_gang
-from kumiki.sched.placement import (
-    DemandType,
-    PendingReason,
-    RequestMix,
-    could_host,
-    node_fragmentation,
-    place_gang,
-)
+from kumiki.sched.placement import PendingReason, could_host, place_gang
 
 
 def occupy(state: ClusterState, job: str, node: int, gpus: tuple[int, ...]) -> None:
@@ -156,17 +150,6 @@ def test_kumiki_share_placement_minimises_fragmentation():
     assert isinstance(placed, Placement) and placed.pods[0].share is not None and placed.pods[0].share.gpu == 0
     spread = place_gang(state, GangRequest("b", (PodRequest(gpu_fraction=0.3),)), "spread", mix=mix)
     assert isinstance(spread, Placement) and spread.pods[0].share is not None and spread.pods[0].share.gpu == 1
-
-
-def test_node_fragmentation_definition():
-    mix = RequestMix((DemandType(0.5, 0.5), DemandType(1.0, 0.5)))
-    # free shares 0.3 and 1.0: for 0.5 requests the 0.3 card is stranded; for whole GPUs too
-    assert node_fragmentation([0.3, 1.0], 0, 0, "V100-32GB", mix) == pytest.approx(0.3)
-    # a node that cannot host the request at all strands everything it has free (1.3), and as its 500m of
-    # CPU feeds only 0.25 GPU at the mix's 2,000m per GPU, 1.05 of it again: the score is a cost, and a
-    # starved node costs more than its free capacity so that it is filled before fresh nodes are starved
-    cpu_mix = RequestMix((DemandType(0.5, 1.0, cpu_milli=1000),))
-    assert node_fragmentation([0.3, 1.0], 500, 0, "V100-32GB", cpu_mix) == pytest.approx(1.3 + (1.3 - 500 / 2000))
 
 
 def test_kumiki_mig_placement_keeps_large_profiles_available():

@@ -4,9 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState, NodeSpec, Placement
-from kumiki.sched.fragmentation import FragmentationIndex, MixArrays
+from kumiki.sched.fragmentation import DemandType, FragmentationIndex, MixArrays, RequestMix
 from kumiki.sched.jobs import GangRequest, PodRequest
-from kumiki.sched.placement import DemandType, RequestMix, place_gang
+from kumiki.sched.placement import place_gang
 from kumiki.sim.pack import PackError, PackPod, PackProblem, arrival_order, choose, prepare, run_pack
 from kumiki.sim.trace import TraceJob, TraceNode
 
@@ -66,25 +66,6 @@ def test_vectorised_pack_chooses_what_place_gang_chooses(gpus, requests, strateg
     assert state.audit() == []
 
 
-def test_fragmentation_index_matches_the_scalar_definition():
-    from kumiki.sched.placement import node_fragmentation
-
-    prob = problem([4], [8000.0], [])
-    index = FragmentationIndex(prob.gpus, prob.cpu_milli, prob.memory_mib, prob.mix)
-    index.take(0, [0], 0.7, 1000.0, 0.0)
-    index.take(0, [1], 0.25, 0.0, 0.0)
-    mix = RequestMix(
-        tuple(
-            DemandType(float(g), float(w), int(c))
-            for g, w, c in zip(prob.mix.gpu, prob.mix.weight, prob.mix.cpu, strict=True)
-        )
-    )
-    expected = node_fragmentation([0.3, 0.75, 1.0, 1.0], 7000, 10**9, "", mix)
-    assert index.frag[0] == pytest.approx(expected)
-    with pytest.raises(ValueError, match="cannot take"):
-        index.take(0, [0], 0.5, 0.0, 0.0)
-
-
 def test_arrival_order_seed_zero_starts_with_file_order():
     first = arrival_order(5, 0)
     assert [first() for _ in range(5)] == [0, 1, 2, 3, 4]
@@ -141,54 +122,6 @@ def test_kumiki_keeps_cpu_for_the_gpus_that_best_fit_strands():
     assert choose(index, prob, prob.pods[0], "best-fit") == (0, [0])
 
 
-def test_node_fragmentation_counts_gpus_the_cpu_cannot_feed():
-    from kumiki.sched.placement import node_fragmentation
-
-    # 3 free GPUs and CPU for one 6-core pod: FGD's count is 0 (one fits), the when-filled count is
-    # 3 - 1 = 2 stranded GPUs, their mean 1.0; the mix (this shape alone) needs 6 cores per GPU, so
-    # 10 cores feed 10/6 GPUs: 3 - 10/6 more. With 18 cores all three can be fed: 0.
-    mix = RequestMix((DemandType(1.0, 1.0, cpu_milli=6000),))
-    assert node_fragmentation([1.0, 1.0, 1.0], 10000, 10**6, "", mix) == pytest.approx(1.0 + 3 - 10 / 6)
-    assert node_fragmentation([1.0, 1.0, 1.0], 18000, 10**6, "", mix) == pytest.approx(0.0)
-    # shares: cards 0.6 and 0.3 for 0.25-GPU pods with 1 GiB each and 2 GiB free: 3 copies fit the
-    # cards (2 + 1), memory allows 2, so 0.9 - 0.5 = 0.4 is stranded when filled; FGD's count is 0;
-    # the mix needs 4 GiB per GPU, so 2 GiB feed 0.5 GPU: 0.4 more
-    shares = RequestMix((DemandType(0.25, 1.0, memory_mib=1024),))
-    assert node_fragmentation([0.6, 0.3], 0, 2048, "", shares) == pytest.approx(0.2 + 0.4)
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    gpus=st.integers(1, 4),
-    takes=st.lists(
-        st.tuples(st.integers(0, 3), st.sampled_from([*SHARES, 1.0]), st.sampled_from([0, 1000, 3000])),
-        max_size=8,
-    ),
-)
-def test_fragmentation_index_agrees_with_the_scalar_score_under_cpu_and_memory_limits(gpus, takes):
-    from kumiki.sched.placement import node_fragmentation
-
-    mix = MixArrays(
-        gpu=np.array([0.5, 0.25, 1.0, 2.0]),
-        cpu=np.array([2000.0, 1000.0, 4000.0, 0.0]),
-        memory=np.array([1024.0, 0.0, 2048.0, 4096.0]),
-        weight=np.array([0.4, 0.3, 0.2, 0.1]),
-    )
-    index = FragmentationIndex(np.array([gpus]), np.array([9000.0]), np.array([6144.0]), mix)
-    for card, share, cpu in takes:
-        if card < gpus and index.free[0, card] >= share - 1e-9 and index.cpu[0] >= cpu:
-            index.take(0, [card], share, float(cpu), 1024.0 if index.memory[0] >= 1024 else 0.0)
-    scalar_mix = RequestMix(
-        tuple(
-            DemandType(float(g), float(w), int(c), int(m))
-            for g, w, c, m in zip(mix.gpu, mix.weight, mix.cpu, mix.memory, strict=True)
-        )
-    )
-    free = [max(0.0, float(share)) for share in index.free[0, :gpus]]
-    expected = node_fragmentation(free, int(index.cpu[0]), int(index.memory[0]), "", scalar_mix)
-    assert index.frag[0] == pytest.approx(expected)
-
-
 def test_mix_keeps_the_popular_shapes_covering_most_gpu_pods():
     shapes = [(1.0, 6.0)] * 6 + [(0.5, 2.0)] * 3 + [(0.25, 1.0)]
     pods = [TraceJob(f"p{i}", 0.0, g, c, 1.0, None, "", "", "", "") for i, (g, c) in enumerate(shapes)]
@@ -196,24 +129,3 @@ def test_mix_keeps_the_popular_shapes_covering_most_gpu_pods():
     # 6 + 3 of 10 pods reach 80%; the 1-in-10 shape is left out and the weights renormalised
     assert list(prob.mix.gpu) == [1.0, 0.5]
     assert list(prob.mix.weight) == pytest.approx([6 / 9, 3 / 9])
-
-
-def test_fragmentation_adds_the_gpus_the_mix_average_cpu_cannot_feed():
-    from kumiki.sched.placement import node_fragmentation
-
-    # two 1-GPU shapes, 2 and 10 cores, equally popular: the mix needs 6 cores per GPU. A node with 2
-    # free GPUs and 8 cores can feed 2 lean pods (the lean shape alone strands nothing), the heavy
-    # shape not at all (both counts 2): 0.5 * 0 + 0.5 * 2 = 1; at the mix's average 8 cores feed only
-    # 4/3 GPUs, so 2 - 4/3 more: 5/3.
-    mix = RequestMix((DemandType(1.0, 0.5, cpu_milli=2000), DemandType(1.0, 0.5, cpu_milli=10000)))
-    assert node_fragmentation([1.0, 1.0], 8000, 10**6, "", mix) == pytest.approx(5 / 3)
-    # 12 cores feed both GPUs at the average: only the heavy shape's own count (one fits, 1 GPU left
-    # when filled): 0.5 * (0 + 1) / 2
-    assert node_fragmentation([1.0, 1.0], 12000, 10**6, "", mix) == pytest.approx(0.25)
-    # no CPU: every count is 2, and the 2 GPUs no CPU feeds count once more (a cost, not capped): 4
-    assert node_fragmentation([1.0, 1.0], 0, 10**6, "", mix) == pytest.approx(4.0)
-    arrays = MixArrays(
-        gpu=np.array([1.0, 1.0]), cpu=np.array([2000.0, 10000.0]), memory=np.zeros(2), weight=np.array([0.5, 0.5])
-    )
-    index = FragmentationIndex(np.array([2, 2, 2]), np.array([8000.0, 12000.0, 0.0]), np.full(3, 1e6), arrays)
-    assert list(index.frag) == pytest.approx([5 / 3, 0.25, 4.0])

@@ -13,12 +13,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar, cast
 
 from kumiki.sched.cluster import EPSILON, ClusterState, GpuShare, MigSlice, NodeSpec, Placement, PodPlacement
+from kumiki.sched.fragmentation import DEFAULT_MIX, RequestMix, node_fragmentation
 from kumiki.sched.jobs import GangRequest, PodRequest
 from kumiki.sched.mig import MIG_PROFILES, MigError, MigProfile, free_starts, profile_for, usable_capacity
 
@@ -38,99 +39,6 @@ class PendingReason:
     def explain(self) -> str:
         detail = f": {self.detail}" if self.detail else ""
         return f"{self.job_id}: {self.resource}: {self.constraint} (needs {self.node_shape}){detail}"
-
-
-@dataclass(frozen=True, slots=True)
-class DemandType:
-    """One kind of request in the expected future mix, with its share of arrivals."""
-
-    gpu: float
-    weight: float
-    cpu_milli: int = 0
-    memory_mib: int = 0
-    gpu_model: str = ""
-    mig_profile: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestMix:
-    """The expected mix of future requests that fragmentation is measured against."""
-
-    types: tuple[DemandType, ...] = ()
-
-    @classmethod
-    def from_pods(cls, pods: Iterable[PodRequest], *, top: int = 32) -> RequestMix:
-        counts: dict[tuple[float, int, int, str, str], int] = {}
-        for pod in pods:
-            if pod.gpu_demand <= 0:
-                continue
-            key = (round(pod.gpu_demand, 4), pod.cpu_milli, pod.memory_mib, pod.gpu_model, pod.mig_profile)
-            counts[key] = counts.get(key, 0) + 1
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:top]
-        total = sum(count for _, count in ranked) or 1
-        return cls(tuple(DemandType(k[0], n / total, k[1], k[2], k[3], k[4]) for k, n in ranked))
-
-
-DEFAULT_MIX = RequestMix((DemandType(1.0, 0.6), DemandType(2.0, 0.1), DemandType(4.0, 0.1), DemandType(8.0, 0.2)))
-
-
-def node_fragmentation(
-    free: Sequence[float], cpu_free: int, memory_free: int, gpu_model: str, mix: RequestMix
-) -> float:
-    """Expected free GPU capacity of one node that the mix's requests could not use (FGD, extended).
-
-    Per request type, the mean of two counts of stranded capacity, weighted by the type's popularity:
-    - now (FGD's measure): all free capacity if the node cannot host one more such request, else the
-      cards whose free share is below the request's per-card need;
-    - when filled: what is left after packing as many such requests as the cards, CPU and memory
-      allow. This one sees that a node short of CPU or memory per free GPU strands GPUs later, which
-      FGD's one-step view misses until the last request fits.
-    Plus the free GPUs that the node's CPU and memory could not feed at the mix's average CPU and
-    memory per GPU (a node filled with lean pods of one shape still strands GPUs if the mix as a
-    whole needs more CPU per GPU than it has left). That term is deliberately not capped at the
-    node's free capacity: on a CPU- or memory-starved node it counts the stranded GPUs a second
-    time, so the score is a placement cost, not a measurement, and such nodes are filled with
-    fractional pods first instead of fresh ones being starved too.
-    On openb these take the unallocated share at full request from 5.29% (FGD's count) to 4.58%
-    (when filled), 4.51% (mix-average term, capped) and 4.23% (uncapped), 10 seeds (docs/simulator.md).
-    """
-    total_free = sum(free)
-    kinds = [kind for kind in mix.types if not kind.mig_profile]
-    demand = sum(kind.weight * kind.gpu for kind in kinds)
-    unfed = 0.0
-    if demand > 0:
-        cpu_per_gpu = sum(kind.weight * kind.cpu_milli for kind in kinds) / demand
-        memory_per_gpu = sum(kind.weight * kind.memory_mib for kind in kinds) / demand
-        if cpu_per_gpu > 0:
-            unfed = max(unfed, total_free - max(cpu_free, 0) / cpu_per_gpu)
-        if memory_per_gpu > 0:
-            unfed = max(unfed, total_free - max(memory_free, 0) / memory_per_gpu)
-    fragmented = 0.0
-    for kind in kinds:
-        if (
-            (kind.gpu_model and kind.gpu_model != gpu_model)
-            or kind.cpu_milli > cpu_free
-            or kind.memory_mib > memory_free
-        ):
-            fragmented += kind.weight * total_free
-            continue
-        whole = sum(1 for share in free if share >= 1.0 - EPSILON)
-        if kind.gpu < 1.0:
-            fits = any(share >= kind.gpu - EPSILON for share in free)
-            stranded = sum(share for share in free if share < kind.gpu - EPSILON)
-            slots = sum(int(max(share, 0.0) / kind.gpu + EPSILON) for share in free)  # floor
-        else:
-            fits = whole >= kind.gpu
-            stranded = sum(share for share in free if share < 1.0 - EPSILON)
-            slots = int(whole / kind.gpu + EPSILON)
-        if kind.cpu_milli > 0:
-            slots = min(slots, cpu_free // kind.cpu_milli)
-        if kind.memory_mib > 0:
-            slots = min(slots, memory_free // kind.memory_mib)
-        now = stranded if fits else total_free
-        filled = total_free - slots * kind.gpu
-        fragmented += kind.weight * (now + filled) / 2
-    return fragmented + unfed
 
 
 @dataclass(slots=True)
