@@ -255,7 +255,7 @@ def test_finished_jobs_of_the_same_burst_predict_the_rest_of_it() -> None:
 
 
 def test_open_forecasts_are_bounded_and_a_requery_is_one_sibling(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kumiki.forecast.models.experts as models
+    import kumiki.forecast.models.history as models
 
     monkeypatch.setattr(models, "MAX_OPEN_FORECASTS", 10)
     forecaster = KumikiForecaster()

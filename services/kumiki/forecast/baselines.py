@@ -14,7 +14,7 @@ import bisect
 import math
 from collections import deque
 
-from kumiki.forecast.models.experts import PRIOR_LOG_S, PRIOR_P90_OFFSET, log_runtime
+from kumiki.forecast.models.history import PRIOR_LOG_S, PRIOR_P90_OFFSET, log_runtime
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 

@@ -10,7 +10,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kumiki.forecast.models.experts import remember
+from kumiki.forecast.models.history import remember
 from kumiki.sched.forecasting import (
     JobFeatures,
     RuntimeForecast,

@@ -1,8 +1,11 @@
 """Run-time forecasters learned online from job history (pure: no I/O, deterministic).
 
+- `history`: the key hierarchy, rolling windows of log run time per key, and the shared constants (the prior,
+  the clamps).
+- `regression`: the statsmodels quantile regression over the history medians.
+- `calibration`: the conformal p90 per key and the log-normal spread a forecast reports.
 - `experts`: the individual models (per-key rolling medians, the burst + median-of-experts ensemble, the
-  statsmodels quantile regression) and their building blocks (key hierarchy, rolling windows, the
-  conformal p90 and spread).
+  quantile regression as a forecaster).
 - `censored`: a per-key median that counts the runs still going (Kaplan-Meier), one of the weighed models.
 - `cohort`: the record the selection weighs the models by: each key level's last started jobs, the running
   ones counted by the error they already prove.
@@ -12,40 +15,42 @@
   uninformed prior's, or how often they order jobs right), carried on every forecast.
 """
 
+from kumiki.forecast.models.calibration import CalibrationConfig, ConformalP90, SpreadConfig
 from kumiki.forecast.models.censored import CensoredHistory, RunClock, kaplan_meier_median
 from kumiki.forecast.models.cohort import StartCohorts
 from kumiki.forecast.models.experts import (
     DEFAULT_EXPERTS,
     EXPERT_FEATURES,
     EXPERTS,
-    FEATURE_NAMES,
+    BurstSiblings,
+    HistoryMedianForecaster,
+    Issued,
+    KumikiConfig,
+    KumikiForecaster,
+    QuantRegForecaster,
+)
+from kumiki.forecast.models.history import (
     GLOBAL_KEY,
     MAX_OPEN_FORECASTS,
     MIN_RUNTIME_S,
     P90_LEVEL,
     PRIOR_LOG_S,
     PRIOR_P90_OFFSET,
-    BurstSiblings,
-    CalibrationConfig,
-    ConformalP90,
     HistoryConfig,
-    HistoryMedianForecaster,
-    Issued,
     Key,
     KeyedHistory,
-    KumikiConfig,
-    KumikiForecaster,
-    QuantileRegression,
-    QuantRegConfig,
-    QuantRegForecaster,
     RollingWindow,
-    SpreadConfig,
     job_keys,
-    job_vector,
     log_runtime,
     median,
-    regression_row,
     remember,
+)
+from kumiki.forecast.models.regression import (
+    FEATURE_NAMES,
+    QuantileRegression,
+    QuantRegConfig,
+    job_vector,
+    regression_row,
 )
 from kumiki.forecast.models.selection import (
     DEFAULT_SELECTION,

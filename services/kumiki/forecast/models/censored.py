@@ -21,7 +21,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kumiki.forecast.models.experts import (
+from kumiki.forecast.models.history import (
     GLOBAL_KEY,
     MAX_LOG_S,
     PRIOR_LOG_S,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kumiki.forecast.models.censored import RunClock
-from kumiki.forecast.models.experts import Key, log_runtime
+from kumiki.forecast.models.history import Key, log_runtime
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kumiki.forecast.models.censored import RunClock
-from kumiki.forecast.models.experts import log_runtime, remember
+from kumiki.forecast.models.history import log_runtime, remember
 from kumiki.sched.forecasting import (
     Z90,
     JobFeatures,

@@ -23,21 +23,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kumiki.forecast.models.calibration import CalibrationConfig, ConformalP90, SpreadConfig
 from kumiki.forecast.models.censored import CensoredHistory
 from kumiki.forecast.models.cohort import StartCohorts
-from kumiki.forecast.models.experts import (
-    GLOBAL_KEY,
-    CalibrationConfig,
-    ConformalP90,
-    HistoryMedianForecaster,
-    Key,
-    KumikiForecaster,
-    QuantRegForecaster,
-    SpreadConfig,
-    job_keys,
-    log_runtime,
-    remember,
-)
+from kumiki.forecast.models.experts import HistoryMedianForecaster, KumikiForecaster, QuantRegForecaster
+from kumiki.forecast.models.history import GLOBAL_KEY, Key, job_keys, log_runtime, remember
 from kumiki.forecast.models.trust import TrustConfig, TrustMeasure, build_trust
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, RuntimeForecaster, tell_started, tell_stopped
 

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from kumiki.forecast.models.experts import GLOBAL_KEY, PRIOR_LOG_S, Key, RollingWindow, job_keys
+from kumiki.forecast.models.history import GLOBAL_KEY, PRIOR_LOG_S, Key, RollingWindow, job_keys
 from kumiki.sched.forecasting import JobFeatures
 
 
