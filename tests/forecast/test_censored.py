@@ -3,7 +3,7 @@ import math
 import pytest
 
 from kumiki.forecast.models import DEFAULT_SELECTION, WeightedSelection
-from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median
+from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median, kaplan_meier_quantile
 from kumiki.forecast.models.experts import HistoryMedianForecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, tell_started, tell_stopped
@@ -78,10 +78,10 @@ def test_memory_is_bounded_by_the_window():
     for index in range(500):
         run_and_finish(expert, f"j{index}", float(index), 10.0)
     # every job is in the lanes of its three key levels (queue+gpus, queue, all): the last ten of each remain
-    assert len(expert._runs) == 10
-    assert all(len(lane) == 10 for lane in expert._lanes.values())
+    assert len(expert.started_lanes.runs) == 10
+    assert all(len(lane) == 10 for lane in expert.started_lanes.lanes.values())
     expert.predict(job("never-started", 600.0))
-    assert "never-started" not in expert._runs  # nothing kept for a job until it starts
+    assert "never-started" not in expert.started_lanes.runs  # nothing kept for a job until it starts
 
 
 def test_a_new_key_with_its_first_runs_going_long_is_at_least_that_long():
@@ -105,8 +105,8 @@ def test_the_selection_passes_starts_and_stops_to_the_censored_expert():
     selection.predict(job("a", 0.0))
     tell_started(selection, "a", 10.0)
     tell_stopped(selection, "a", 70.0)
-    assert censored._runs["a"].clock.banked_s == pytest.approx(60.0)
-    assert censored._runs["a"].clock.since_s is None
+    assert censored.started_lanes.runs["a"].clock.banked_s == pytest.approx(60.0)
+    assert censored.started_lanes.runs["a"].clock.since_s is None
 
 
 class Listening:
@@ -148,3 +148,12 @@ def test_the_simulator_tells_every_start_and_every_preemption():
     stop_at = next(at for kind, job_id, at in listening.heard if kind == "stop")
     assert stop_at == pytest.approx(10_000.0)
     assert math.isfinite(stop_at)
+
+
+def test_kaplan_meier_quantiles_without_censoring_are_the_order_statistics() -> None:
+    values = [(float(value), True) for value in range(1, 11)]
+    assert [kaplan_meier_quantile(values, level) for level in (0.1, 0.5, 0.9)] == [1.0, 5.0, 9.0]
+    # runs still going past every end leave the upper quantiles unknown, not short
+    censored = [(1.0, True), (2.0, True), *((3.0, False),) * 8]
+    assert kaplan_meier_quantile(censored, 0.1) == 1.0
+    assert kaplan_meier_quantile(censored, 0.5) is None

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from kumiki.forecast.models.censored import StartedLanes, kaplan_meier_quantile
 from kumiki.forecast.models.history import (
     GLOBAL_KEY,
     MAX_LOG_S,
@@ -164,3 +165,53 @@ class ConformalP90:
     def _nudge(self, step: float) -> None:
         limit = self.config.max_correction
         self.correction = min(limit, max(-limit, self.correction + step))
+
+
+class CensoredResiduals:
+    """A key's error as its forecasts are making it now: the residuals (log run time - log p50 issued) of each key
+    level's last `window` started jobs, the running ones censored at what they have run so far.
+
+    The residuals of finished jobs alone (`ConformalP90.calibrated_sigma`) are a short-biased sample while a
+    sweep of long runs goes on in a key whose runs are usually short: its short runs finish, its long ones have
+    not, and the key looks well forecast until the first long one ends. Here each running job counts too, as
+    known to exceed its residual so far, so the Kaplan-Meier quantiles see the sweep while it runs (the same
+    correction the model selection makes with `StartCohorts`, fourteenth step, applied to the forecast's
+    spread, seventeenth step). A job is counted by its run time, not wall time: preemptions stop its clock.
+    """
+
+    def __init__(self, window: int, min_residuals: int) -> None:
+        if window < 2 or min_residuals < 2:
+            raise ValueError("window and min_residuals must be >= 2")
+        self.lanes = StartedLanes(window)
+        self.min_residuals = min_residuals
+
+    def started(self, job_id: str, keys: tuple[Key, ...], log_p50: float, start_s: float) -> None:
+        self.lanes.started(job_id, keys, start_s, offset=log_p50)
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        self.lanes.stopped(job_id, stop_s)
+
+    def finished(self, job_id: str, keys: tuple[Key, ...], log_p50: float, log_runtime_s: float) -> None:
+        self.lanes.finished(job_id, keys, log_runtime_s, offset=log_p50)
+
+    def sigma(self, job: JobFeatures, now_s: float) -> float | None:
+        """sqrt(((q90 - q10) / 2.563)^2 + q50^2) of the Kaplan-Meier residual quantiles of the most specific key
+        level with enough started jobs, as `calibrated_sigma` reads finished ones. A quantile the estimate has
+        not reached yet (too many runs still going past every end) is at least the largest residual so far,
+        which stands in for it. A level whose runs have neither ended nor outrun their p50s says nothing: the
+        next level answers. None before any key level can."""
+        width = _normal_quantile(0.9) - _normal_quantile(0.1)
+        for key in job_keys(job):
+            needed = 2 if key == GLOBAL_KEY else self.min_residuals
+            if self.lanes.size(key) < needed:
+                continue
+            samples = self.lanes.samples(key, now_s)
+            bound = max(value for value, _ in samples)
+            if bound <= 0.0 and not any(exact for _, exact in samples):
+                continue
+            low, middle, high = (
+                bound if quantile is None else quantile
+                for quantile in (kaplan_meier_quantile(samples, level) for level in (0.1, 0.5, 0.9))
+            )
+            return math.sqrt(((high - low) / width) ** 2 + middle**2)
+        return None

@@ -37,10 +37,11 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 _HISTORY = HistoryConfig()  # the same window and minimum as the rolling-median experts
 
 
-def kaplan_meier_median(samples: list[tuple[float, bool]]) -> float | None:
-    """Median of (value, exact) samples, censored ones (exact False) known only to exceed their value.
+def kaplan_meier_quantile(samples: list[tuple[float, bool]], level: float) -> float | None:
+    """The `level` quantile of (value, exact) samples, censored ones (exact False) known only to exceed their
+    value: the smallest value at which the Kaplan-Meier survival estimate falls to 1 - `level`.
 
-    None when the survival estimate never falls to 1/2 (more than half may still run past every value)."""
+    None when it never does (more than 1 - `level` of the samples may still run past every value)."""
     ordered = sorted(samples, key=lambda sample: (sample[0], not sample[1]))  # an event precedes a tie's censoring
     survival = 1.0
     index = 0
@@ -55,9 +56,14 @@ def kaplan_meier_median(samples: list[tuple[float, bool]]) -> float | None:
             events += 1
             index += 1
         survival *= 1.0 - events / at_risk
-        if survival <= 0.5 + 1e-12:
+        if survival <= 1.0 - level + 1e-12:
             return value
     return None
+
+
+def kaplan_meier_median(samples: list[tuple[float, bool]]) -> float | None:
+    """Median of (value, exact) samples (`kaplan_meier_quantile` at 1/2)."""
+    return kaplan_meier_quantile(samples, 0.5)
 
 
 @dataclass(slots=True)
@@ -86,14 +92,70 @@ class RunClock:
 class _Run:
     """A started job in the key lanes: its clock, its run time once it finished, the lanes still holding it."""
 
+    offset: float = 0.0  # subtracted from its log run time (the log p50 issued, for residuals)
     clock: RunClock = field(default_factory=RunClock)
     log_runtime_s: float | None = None  # set when it finished
     lanes: int = 0  # key lanes still holding it (forgotten at 0)
 
     def sample(self, now_s: float) -> tuple[float, bool]:
         if self.log_runtime_s is not None:
-            return self.log_runtime_s, True
-        return log_runtime(self.clock.ran_s(now_s)), False
+            return self.log_runtime_s - self.offset, True
+        return log_runtime(self.clock.ran_s(now_s)) - self.offset, False
+
+
+@dataclass(slots=True)
+class StartedLanes:
+    """Per key level, its last `window` started jobs in start order, whatever their length: finished ones at
+    their log run time, running ones censored at what they have run so far (each less its offset). Jobs are
+    counted by start, not by end, so a sweep of long runs is in the sample while it runs, and a length-biased
+    sample of the jobs running at a moment is not (docs/design/0003-forecast-trust.md, fourteenth step)."""
+
+    window: int
+    runs: dict[str, _Run] = field(default_factory=dict)
+    lanes: dict[Key, deque[str]] = field(default_factory=dict)
+
+    def started(self, job_id: str, keys: tuple[Key, ...], start_s: float, offset: float = 0.0) -> None:
+        """The job began running (a restart after a preemption resumes its clock)."""
+        run = self.runs.get(job_id) or self._enter(job_id, keys, offset)
+        if run.log_runtime_s is None:
+            run.clock.start(start_s)
+
+    def stopped(self, job_id: str, stop_s: float) -> None:
+        run = self.runs.get(job_id)
+        if run is not None:
+            run.clock.stop(stop_s)
+
+    def finished(self, job_id: str, keys: tuple[Key, ...], log_runtime_s: float, offset: float = 0.0) -> None:
+        """The job ended: its run time replaces its bound (a run never seen to start enters exact)."""
+        run = self.runs.get(job_id) or self._enter(job_id, keys, offset)
+        run.clock.since_s = None
+        run.log_runtime_s = log_runtime_s
+
+    def samples(self, key: Key, now_s: float) -> list[tuple[float, bool]]:
+        lane = self.lanes.get(key)
+        return [] if lane is None else [self.runs[job_id].sample(now_s) for job_id in lane]
+
+    def size(self, key: Key) -> int:
+        lane = self.lanes.get(key)
+        return 0 if lane is None else len(lane)
+
+    def _enter(self, job_id: str, keys: tuple[Key, ...], offset: float) -> _Run:
+        run = self.runs[job_id] = _Run(offset)
+        for key in keys:
+            lane = self.lanes.get(key)
+            if lane is None:
+                lane = self.lanes[key] = deque()
+            if len(lane) >= self.window:
+                self._leave(lane.popleft())
+            lane.append(job_id)
+            run.lanes += 1
+        return run
+
+    def _leave(self, job_id: str) -> None:
+        run = self.runs[job_id]
+        run.lanes -= 1
+        if run.lanes == 0:
+            del self.runs[job_id]
 
 
 @dataclass(slots=True)
@@ -105,11 +167,13 @@ class CensoredHistory:
     name: str = "history-censored"
     version: int = 0
     _pending: dict[str, JobFeatures] = field(default_factory=dict)  # forecast, not started yet
-    _lanes: dict[Key, deque[str]] = field(default_factory=dict)
-    _runs: dict[str, _Run] = field(default_factory=dict)
+    started_lanes: StartedLanes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started_lanes = StartedLanes(self.window)
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
-        if job.job_id not in self._runs:
+        if job.job_id not in self.started_lanes.runs:
             remember(self._pending, job.job_id, job)
         log_p50 = self.log_median(job, job.submit_s)
         return RuntimeForecast(
@@ -125,11 +189,10 @@ class CensoredHistory:
         level's median, but no less than that bound; with no level's median known, the bound itself."""
         floor = -math.inf
         for key in job_keys(job):
-            lane = self._lanes.get(key)
             needed = 1 if key == GLOBAL_KEY else self.min_count
-            if lane is None or len(lane) < needed:
+            if self.started_lanes.size(key) < needed:
                 continue
-            samples = [self._runs[job_id].sample(now_s) for job_id in lane]
+            samples = self.started_lanes.samples(key, now_s)
             if not any(exact for _, exact in samples):
                 floor = max(floor, max(value for value, _ in samples))
                 continue
@@ -140,41 +203,18 @@ class CensoredHistory:
         return floor if floor > -math.inf else PRIOR_LOG_S
 
     def started(self, job_id: str, start_s: float) -> None:
-        run = self._runs.get(job_id)
-        if run is None:
+        if job_id not in self.started_lanes.runs:
             job = self._pending.pop(job_id, None)
             if job is None:
                 return  # never forecast here (or forgotten): nothing to place it in
-            run = self._enter(job)
-        if run.log_runtime_s is None:
-            run.clock.start(start_s)
+            self.started_lanes.started(job_id, job_keys(job), start_s)
+            return
+        self.started_lanes.started(job_id, (), start_s)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
-        run = self._runs.get(job_id)
-        if run is not None:
-            run.clock.stop(stop_s)
+        self.started_lanes.stopped(job_id, stop_s)
 
     def observe(self, job: JobFeatures, runtime_s: float, finished_s: float) -> None:
         self._pending.pop(job.job_id, None)
-        run = self._runs.get(job.job_id) or self._enter(job)  # a run it never saw start (history): exact only
-        run.clock.since_s = None
-        run.log_runtime_s = log_runtime(runtime_s)
+        self.started_lanes.finished(job.job_id, job_keys(job), log_runtime(runtime_s))  # unseen start: exact only
         self.version += 1
-
-    def _enter(self, job: JobFeatures) -> _Run:
-        run = self._runs[job.job_id] = _Run()
-        for key in job_keys(job):
-            lane = self._lanes.get(key)
-            if lane is None:
-                lane = self._lanes[key] = deque()
-            if len(lane) >= self.window:
-                self._leave(lane.popleft())
-            lane.append(job.job_id)
-            run.lanes += 1
-        return run
-
-    def _leave(self, job_id: str) -> None:
-        run = self._runs[job_id]
-        run.lanes -= 1
-        if run.lanes == 0:
-            del self._runs[job_id]
