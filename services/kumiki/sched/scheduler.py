@@ -1,8 +1,10 @@
-"""The scheduling pass: ordering, reservation, backfill and preemption planning over one cluster state.
+"""The scheduling pass: ordering, reservation, backfill and preemption over one cluster state.
 
-This is the decision core the simulator drives and the live placement service is meant to drive:
-it owns the waiting queue and is the single writer of allocations (`ClusterState.allocate`). It is
-pure in the functional-core sense: no I/O, no clock (time is passed in), deterministic.
+This is the decision core the simulator and the live placement service drive: it owns the waiting queue and is
+the single writer of allocations (`ClusterState.allocate`). It is pure in the functional-core sense: no I/O, no
+clock (time is passed in), deterministic. What the pass decides it carries out here; how it plans lives beside
+it, one module per concept: `reserving` (which nodes a blocked job is promised), `victims` (whom a blocked job
+evicts), `moves` (defragmentation).
 
 Waiting jobs sit in sorted lists per (lane, gang shape); a lane is a queue when fair share is on,
 else there is one lane. A pass merges the heads of those lists, so a shape that cannot fit is
