@@ -125,7 +125,8 @@ KUMIKI = QueuePolicy(
     # The margin a victim's rank must clear is the 4x kept on exact run times times the two forecasts' own
     # measured error (`preempt_margin`): keys forecast badly hardly evict by rank at all. The error's margin
     # alone raised the recovered share over 18 load and VC-mix cells of the slice from 38% to 43% (loads) and
-    # 13% to 19% (mixes) against the fixed 4x (docs/design/0003-forecast-trust.md, ninth step); on top of the
+    # 13% to 19% (mixes) against the fixed 4x (docs/design/0003-forecast-trust.md, ninth step; re-checked on 18
+    # stand-in weeks, +18.8 points, 95% interval +9.5 to +29.6, 15 of 18 weeks better); on top of the
     # 4x (`spread_over_ratio`) it raised the mean share over 20 load, shift and mix cells from 34.7% to 39.3%
     # and stopped jobs forecast well being evicted again and again (fifteenth step; re-checked on 18 stand-in
     # weeks, +4.0 points, 95% interval -2.1 to +9.5: docs/simulator.md). A victim past its
