@@ -3,7 +3,7 @@ import math
 import pytest
 
 from kumiki.forecast.models import DEFAULT_SELECTION, WeightedSelection
-from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median, kaplan_meier_quantile
+from kumiki.forecast.models.censored import CensoredHistory, kaplan_meier_median, kaplan_meier_quantiles
 from kumiki.forecast.models.experts import HistoryMedianForecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast, tell_started, tell_stopped
@@ -152,8 +152,7 @@ def test_the_simulator_tells_every_start_and_every_preemption():
 
 def test_kaplan_meier_quantiles_without_censoring_are_the_order_statistics() -> None:
     values = [(float(value), True) for value in range(1, 11)]
-    assert [kaplan_meier_quantile(values, level) for level in (0.1, 0.5, 0.9)] == [1.0, 5.0, 9.0]
+    assert kaplan_meier_quantiles(values, (0.1, 0.5, 0.9)) == [1.0, 5.0, 9.0]
     # runs still going past every end leave the upper quantiles unknown, not short
     censored = [(1.0, True), (2.0, True), *((3.0, False),) * 8]
-    assert kaplan_meier_quantile(censored, 0.1) == 1.0
-    assert kaplan_meier_quantile(censored, 0.5) is None
+    assert kaplan_meier_quantiles(censored, (0.1, 0.5)) == [1.0, None]

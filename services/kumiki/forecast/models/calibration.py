@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from kumiki.forecast.models.censored import StartedLanes, kaplan_meier_quantile
+from kumiki.forecast.models.censored import StartedLanes, kaplan_meier_quantiles
 from kumiki.forecast.models.history import (
     GLOBAL_KEY,
     MAX_LOG_S,
@@ -186,7 +186,7 @@ class CensoredResiduals:
         self.min_residuals = min_residuals
 
     def started(self, job_id: str, keys: tuple[Key, ...], log_p50: float, start_s: float) -> None:
-        self.lanes.started(job_id, keys, start_s, offset=log_p50)
+        self.lanes.started(job_id, start_s, keys, offset=log_p50)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
         self.lanes.stopped(job_id, stop_s)
@@ -210,8 +210,7 @@ class CensoredResiduals:
             if bound <= 0.0 and not any(exact for _, exact in samples):
                 continue
             low, middle, high = (
-                bound if quantile is None else quantile
-                for quantile in (kaplan_meier_quantile(samples, level) for level in (0.1, 0.5, 0.9))
+                bound if quantile is None else quantile for quantile in kaplan_meier_quantiles(samples, (0.1, 0.5, 0.9))
             )
             return math.sqrt(((high - low) / width) ** 2 + middle**2)
         return None

@@ -37,15 +37,16 @@ from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 _HISTORY = HistoryConfig()  # the same window and minimum as the rolling-median experts
 
 
-def kaplan_meier_quantile(samples: list[tuple[float, bool]], level: float) -> float | None:
-    """The `level` quantile of (value, exact) samples, censored ones (exact False) known only to exceed their
-    value: the smallest value at which the Kaplan-Meier survival estimate falls to 1 - `level`.
+def kaplan_meier_quantiles(samples: list[tuple[float, bool]], levels: tuple[float, ...]) -> list[float | None]:
+    """Quantiles of (value, exact) samples, censored ones (exact False) known only to exceed their value: for each
+    level, the smallest value at which the Kaplan-Meier survival estimate falls to 1 - level (one sort, one pass).
 
-    None when it never does (more than 1 - `level` of the samples may still run past every value)."""
+    None for a level it never reaches (more than 1 - level of the samples may still run past every value)."""
     ordered = sorted(samples, key=lambda sample: (sample[0], not sample[1]))  # an event precedes a tie's censoring
+    found: list[float | None] = [None] * len(levels)
     survival = 1.0
     index = 0
-    while index < len(ordered):
+    while index < len(ordered) and None in found:
         value, exact = ordered[index]
         if not exact:
             index += 1
@@ -56,14 +57,15 @@ def kaplan_meier_quantile(samples: list[tuple[float, bool]], level: float) -> fl
             events += 1
             index += 1
         survival *= 1.0 - events / at_risk
-        if survival <= 1.0 - level + 1e-12:
-            return value
-    return None
+        for position, level in enumerate(levels):
+            if found[position] is None and survival <= 1.0 - level + 1e-12:
+                found[position] = value
+    return found
 
 
 def kaplan_meier_median(samples: list[tuple[float, bool]]) -> float | None:
-    """Median of (value, exact) samples (`kaplan_meier_quantile` at 1/2)."""
-    return kaplan_meier_quantile(samples, 0.5)
+    """Median of (value, exact) samples (`kaplan_meier_quantiles` at 1/2)."""
+    return kaplan_meier_quantiles(samples, (0.5,))[0]
 
 
 @dataclass(slots=True)
@@ -114,8 +116,9 @@ class StartedLanes:
     runs: dict[str, _Run] = field(default_factory=dict)
     lanes: dict[Key, deque[str]] = field(default_factory=dict)
 
-    def started(self, job_id: str, keys: tuple[Key, ...], start_s: float, offset: float = 0.0) -> None:
-        """The job began running (a restart after a preemption resumes its clock)."""
+    def started(self, job_id: str, start_s: float, keys: tuple[Key, ...] = (), offset: float = 0.0) -> None:
+        """The job began running (a restart after a preemption resumes its clock); `keys` and `offset` place a job
+        not in the lanes yet."""
         run = self.runs.get(job_id) or self._enter(job_id, keys, offset)
         if run.log_runtime_s is None:
             run.clock.start(start_s)
@@ -203,13 +206,13 @@ class CensoredHistory:
         return floor if floor > -math.inf else PRIOR_LOG_S
 
     def started(self, job_id: str, start_s: float) -> None:
+        keys: tuple[Key, ...] = ()
         if job_id not in self.started_lanes.runs:
             job = self._pending.pop(job_id, None)
             if job is None:
                 return  # never forecast here (or forgotten): nothing to place it in
-            self.started_lanes.started(job_id, job_keys(job), start_s)
-            return
-        self.started_lanes.started(job_id, (), start_s)
+            keys = job_keys(job)
+        self.started_lanes.started(job_id, start_s, keys)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
         self.started_lanes.stopped(job_id, stop_s)
