@@ -10,6 +10,9 @@ The stack is private (its own KUMIKI_HOME, Apache Kafka and Postgres on free por
 them. A supervisor restarts any service process that exits, as Kubernetes would (a service exits on purpose
 when its broker or database goes away: `ServiceHost.wait`); those restarts are counted and reported.
 
+The stack and its supervisor are `replay.private_stack`; the end checks' reads of the broker and the database
+are `replay.readback`.
+
     python benchmarks/fault_injection.py --jobs 10000 --nodes 96 --speed 1000   # the long run
 """
 
@@ -18,11 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -32,25 +33,20 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from kumiki.common.bus import EventProducer
-from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.topics import CLUSTER_STATE, DEAD_LETTER, GPU_SAMPLES, JOB_LIFECYCLE
-from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.data import resolve_trace
-from kumiki.devstack.broker import start_kafka
-from kumiki.devstack.postgres import _run, start_postgres
-from kumiki.devstack.processes import StackError, alive, free_port, spawn, wait_for_port
-from kumiki.devstack.stack import SERVICES, StackState, _service_env, bring_down, bring_up, readiness
+from kumiki.devstack.stack import SERVICES
 from kumiki.quota.adapters.store import replace_tree
 from kumiki.replay.checks import check_lifecycle, expected_ledger
 from kumiki.replay.core import ReplayError, plan_jobs, queue_tree
 from kumiki.replay.driver import Replay, publish_cluster
+from kumiki.replay.private_stack import PrivateStack
+from kumiki.replay.readback import group_lag, quota_ledger, read_topic
 from kumiki.replay.runner import GPUS_PER_NODE, vc_weights
 from kumiki.sim.trace import load_jobs
 
@@ -132,140 +128,6 @@ class FaultRecord:
     note: str = ""
 
 
-class PrivateStack:
-    """A `kumiki up` stack of its own (Apache Kafka, Postgres, the five services) that the run may kill."""
-
-    def __init__(self, home: Path, database: str) -> None:
-        self.home = home
-        self.database_kind = database
-        self.state = StackState(home)
-        self.paused: set[str] = set()
-        self.busy: set[str] = set()  # being restarted by a fault: the supervisor leaves them alone
-        self.crashes: list[tuple[float, str]] = []  # (monotonic time, service) of exits nobody asked for
-
-    def up(self) -> None:
-        os.environ["KUMIKI_HOME"] = str(self.home)
-        for name in ("KUMIKI_KAFKA_BOOTSTRAP", "KUMIKI_DATABASE_URL"):  # private infrastructure, never the shared
-            os.environ.pop(name, None)
-        # free ports below the ephemeral range: a service killed here comes back on its port, which no outgoing
-        # connection may take as its source port meanwhile (the defaults 50051-50055 lie in that range)
-        self.state = bring_up(
-            "kafka",
-            self.database_kind,
-            kafka_port=free_port(),
-            postgres_port=free_port(),
-            timeout_s=300.0,
-            default_ports=False,
-        )
-
-    def down(self) -> None:
-        for name in list(self.paused):
-            self.signal(name, signal.SIGCONT)
-        self.state.save()
-        bring_down()
-
-    @property
-    def kafka(self) -> KafkaSettings:
-        assert self.state.broker is not None
-        return KafkaSettings(bootstrap=self.state.broker["bootstrap"])
-
-    @property
-    def db(self) -> DatabaseSettings:
-        assert self.state.database is not None
-        return DatabaseSettings(url=self.state.database["url"])
-
-    def address(self, service: str) -> str:
-        return f"127.0.0.1:{self.state.services[service]['grpc_port']}"
-
-    def signal(self, service: str, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.state.services[service]["pid"], signum)
-
-    def start(self, service: str) -> None:
-        info = self.state.services[service]
-        env = _service_env(self.state, service, info["grpc_port"], info["http_port"])
-        env.update(info.get("env", {}))  # what `up` or the last restart set for it
-        info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
-        self.state.save()
-
-    def kill(self, service: str) -> None:
-        """SIGKILL the service's process group and start it again at once (a crash and the pod's restart)."""
-        self.signal(service, signal.SIGKILL)
-        _wait_dead(self.state.services[service]["pid"])
-        self.start(service)
-
-    def restart_kafka(self) -> None:
-        assert self.state.broker is not None
-        broker = self.state.broker
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(broker["pid"], signal.SIGKILL)
-        _wait_dead(broker["pid"])
-        port = int(broker["bootstrap"].rpartition(":")[2])
-        started = Path(broker["log"]).read_text(errors="replace").count("Kafka Server started")
-        try:
-            self.state.broker = start_kafka(Path(broker["data_dir"]), port, Path(broker["log"])).as_dict()
-        except StackError:  # its 90 s are not always enough on a loaded machine (log recovery after a kill)
-            pid = _broker_pid(Path(broker["data_dir"]))
-            if pid is None:
-                raise
-            self.state.broker = {**broker, "pid": pid}
-            wait_for_port("127.0.0.1", port, 300, None, "Apache Kafka", Path(broker["log"]))
-        self.state.save()
-        deadline = time.monotonic() + 300  # listening is not serving: wait for the broker's own word
-        while Path(broker["log"]).read_text(errors="replace").count("Kafka Server started") <= started:
-            if time.monotonic() > deadline:
-                raise StackError(f"Apache Kafka not started 300 s after its restart; see {broker['log']}")
-            time.sleep(0.2)
-
-    def restart_postgres(self) -> None:
-        """pg_ctl stop -m immediate (no shutdown checkpoint: crash recovery at the next start), then start."""
-        assert self.state.database is not None
-        database = self.state.database
-        pgdata = Path(database["data_dir"]) / "pgdata"
-        _run([str(Path(database["bin_dir"]) / "pg_ctl"), "-D", str(pgdata), "-m", "immediate", "-w", "stop"],
-             database.get("run_as"), "pg_ctl stop")  # fmt: skip
-        port = int(database["url"].rpartition(":")[2].split("/")[0])
-        self.state.database = start_postgres(
-            self.database_kind, Path(database["data_dir"]), port, Path(database["log"])
-        ).as_dict()
-        self.state.save()
-
-    def all_ready(self) -> bool:
-        return all(
-            name not in self.paused and readiness(info["http_port"], timeout=1.0)[0] == "ready"
-            for name, info in self.state.services.items()
-        )
-
-    def supervise_once(self) -> list[str]:
-        """Restart every service whose process is gone (not paused, not being restarted); returns them."""
-        restarted = []
-        for name, info in self.state.services.items():
-            if name in self.paused or name in self.busy or alive(info["pid"]):
-                continue
-            self.crashes.append((time.monotonic(), name))
-            self.start(name)
-            restarted.append(name)
-        return restarted
-
-
-def _broker_pid(data_dir: Path) -> int | None:
-    """The JVM start_kafka spawned for this stack: its command line names this data dir's properties file, so
-    no other broker on the machine can match."""
-    import subprocess
-
-    pattern = f"kafka.Kafka {data_dir / 'server.properties'}"
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-    return int(found[-1]) if found else None
-
-
-def _wait_dead(pid: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while alive(pid):
-        if time.monotonic() > deadline:
-            raise StackError(f"process {pid} still alive {timeout_s:.0f}s after SIGKILL")
-        time.sleep(0.05)
-
-
 # ---- bad records ------------------------------------------------------------------------------------------------
 
 
@@ -297,84 +159,6 @@ def bad_records(count: int, seed: int) -> list[tuple[str, bytes, bytes, list[tup
             headers = [(name, b"dev.kumiki.unknown.v9" if name == "ce_type" else v) for name, v in headers]
         made.append((spec.full_name(""), key, value, headers))
     return made
-
-
-# ---- reading the broker -------------------------------------------------------------------------------------
-
-
-async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord]:
-    """Every record of a topic up to its end offsets now, partition after partition (each in log order)."""
-    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, group_id=None)
-    await start_client(consumer, kafka)
-    try:
-        partitions = await _partitions(consumer, topic)
-        if not partitions:
-            return []
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        records: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in partitions}
-        deadline = time.monotonic() + 300
-        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} to its end took more than 300 s")
-            for tp, batch in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
-                records[tp].extend(record for record in batch if record.offset < ends[tp])
-        return [record for tp in partitions for record in records[tp]]
-    finally:
-        await consumer.stop()
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 30.0) -> list[TopicPartition]:
-    """The topic's partitions from fresh metadata (empty when the topic does not exist)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        cluster = await consumer._client.fetch_all_metadata()  # consumer.topics() drops the partitions it read
-        if topic not in cluster.topics():
-            return []
-        found = cluster.partitions_for_topic(topic)
-        if found:
-            return [TopicPartition(topic, p) for p in sorted(found)]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no partition metadata for {topic} within {timeout_s:.0f} s")
-        await asyncio.sleep(0.5)
-
-
-async def group_lag(kafka: KafkaSettings, database: DatabaseSettings) -> dict[str, dict[str, int]]:
-    """Per consumer group, the records between its committed offset and the end of each partition it has
-    committed on (Postgres offsets where the group keeps them there: those are the truth, Kafka's a copy)."""
-    admin = AIOKafkaAdminClient(**kafka.client_options(), request_timeout_ms=15000)
-    await admin.start()
-    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, group_id=None)
-    await start_client(consumer, kafka)
-    connection = await asyncpg.connect(database.url)
-    try:
-        stored: dict[tuple[str, str, int], int] = {}
-        for row in await connection.fetch(
-            "SELECT group_id, topic, partition, next_offset FROM kumiki_bus.consumer_offsets"
-        ):
-            stored[(row["group_id"], row["topic"], row["partition"])] = row["next_offset"]
-        groups = sorted({group[0] for group in await admin.list_consumer_groups()} | {g for g, _, _ in stored})
-        lag: dict[str, dict[str, int]] = {}
-        for group in groups:
-            committed = {tp: meta.offset for tp, meta in (await admin.list_consumer_group_offsets(group)).items()}
-            for (owner, topic, partition), offset in stored.items():
-                if owner == group:
-                    committed[TopicPartition(topic, partition)] = offset
-            topics = {tp.topic for tp in committed}
-            every = [tp for topic in sorted(topics) for tp in await _partitions(consumer, topic)]
-            ends = await consumer.end_offsets(every) if every else {}
-            behind = {}
-            for tp in every:
-                missing = ends[tp] - max(0, committed.get(tp, 0))
-                if missing > 0:
-                    behind[f"{tp.topic}[{tp.partition}]"] = missing
-            lag[group] = behind
-        return lag
-    finally:
-        await connection.close()
-        await consumer.stop()
-        await admin.close()
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
@@ -482,20 +266,6 @@ async def _inject_bad(kafka: KafkaSettings, count: int, seed: int) -> set[bytes]
     return {key for topic, key, _, _ in made if topic in DEAD_LETTERED}
 
 
-async def _ledger(database: DatabaseSettings, prefix: str) -> tuple[dict[tuple[str, int], Decimal], int]:
-    connection = await asyncpg.connect(database.url)
-    try:
-        rows = await connection.fetch(
-            "SELECT job_id, generation, gpu_seconds FROM quota.ledger WHERE job_id LIKE $1", prefix + "%"
-        )
-        still_open = await connection.fetchval(
-            "SELECT count(*) FROM quota.open_intervals WHERE job_id LIKE $1", prefix + "%"
-        )
-    finally:
-        await connection.close()
-    return {(row["job_id"], row["generation"]): row["gpu_seconds"] for row in rows}, int(still_open)
-
-
 async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str, Any]:
     """The whole run on a private stack; returns the results (also written to settings.out/results.json)."""
     settings.validate()
@@ -575,11 +345,11 @@ async def run_faults(settings: FaultSettings, progress: Any = print) -> dict[str
         expected = expected_ledger(lifecycle)
 
         async def metered() -> bool:
-            rows, _ = await _ledger(stack.db, replay.prefix)
+            rows, _ = await quota_ledger(stack.db, replay.prefix)
             return len(rows) >= len(expected)
 
         await run._until(metered, 120.0)
-        ledger, still_open = await _ledger(stack.db, replay.prefix)
+        ledger, still_open = await quota_ledger(stack.db, replay.prefix)
         wrong = {key for key in set(ledger) | set(expected) if ledger.get(key) != expected.get(key)}
         mismatched = sorted(f"{job}/{gen}: ledger {ledger.get((job, gen))} held {expected.get((job, gen))}"
                             for job, gen in wrong)  # fmt: skip
