@@ -78,10 +78,10 @@ def test_memory_is_bounded_by_the_window():
     for index in range(500):
         run_and_finish(expert, f"j{index}", float(index), 10.0)
     # every job is in the lanes of its three key levels (queue+gpus, queue, all): the last ten of each remain
-    assert len(expert.started_lanes.runs) == 10
+    assert len(expert.started_lanes.members) == 10
     assert all(len(lane) == 10 for lane in expert.started_lanes.lanes.values())
     expert.predict(job("never-started", 600.0))
-    assert "never-started" not in expert.started_lanes.runs  # nothing kept for a job until it starts
+    assert "never-started" not in expert.started_lanes.members  # nothing kept for a job until it starts
 
 
 def test_a_new_key_with_its_first_runs_going_long_is_at_least_that_long():
@@ -105,8 +105,8 @@ def test_the_selection_passes_starts_and_stops_to_the_censored_expert():
     selection.predict(job("a", 0.0))
     tell_started(selection, "a", 10.0)
     tell_stopped(selection, "a", 70.0)
-    assert censored.started_lanes.runs["a"].clock.banked_s == pytest.approx(60.0)
-    assert censored.started_lanes.runs["a"].clock.since_s is None
+    assert censored.started_lanes.members["a"].clock.banked_s == pytest.approx(60.0)
+    assert censored.started_lanes.members["a"].clock.since_s is None
 
 
 class Listening:

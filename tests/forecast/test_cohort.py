@@ -46,7 +46,7 @@ def test_the_cohort_is_the_last_started_jobs_whatever_their_length() -> None:
     errors, counted = cohorts.score(KEY, 50_000.0)
     assert counted == 10
     assert errors == pytest.approx([0.0, 10 * 3.0])
-    assert len(cohorts._members) == 10  # the long ones left every cohort and were forgotten
+    assert len(cohorts._lanes.members) == 10  # the long ones left every cohort and were forgotten
 
 
 def test_a_job_leaves_one_key_levels_cohort_and_stays_in_the_others() -> None:

@@ -18,7 +18,6 @@ where censoring helps.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 from kumiki.forecast.models.history import (
@@ -32,6 +31,7 @@ from kumiki.forecast.models.history import (
     log_runtime,
     remember,
 )
+from kumiki.forecast.models.lanes import KeyLanes
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
 
 _HISTORY = HistoryConfig()  # the same window and minimum as the rolling-median experts
@@ -105,60 +105,33 @@ class _Run:
         return log_runtime(self.clock.ran_s(now_s)) - self.offset, False
 
 
-@dataclass(slots=True)
-class StartedLanes:
-    """Per key level, its last `window` started jobs in start order, whatever their length: finished ones at
-    their log run time, running ones censored at what they have run so far (each less its offset). Jobs are
-    counted by start, not by end, so a sweep of long runs is in the sample while it runs, and a length-biased
-    sample of the jobs running at a moment is not (docs/design/0003-forecast-trust.md, fourteenth step)."""
+class StartedLanes(KeyLanes[_Run]):
+    """Each key level's last started jobs (`KeyLanes`): finished ones at their log run time, running ones
+    censored at what they have run so far (each less its offset)."""
 
-    window: int
-    runs: dict[str, _Run] = field(default_factory=dict)
-    lanes: dict[Key, deque[str]] = field(default_factory=dict)
+    __slots__ = ()
 
     def started(self, job_id: str, start_s: float, keys: tuple[Key, ...] = (), offset: float = 0.0) -> None:
         """The job began running (a restart after a preemption resumes its clock); `keys` and `offset` place a job
         not in the lanes yet."""
-        run = self.runs.get(job_id) or self._enter(job_id, keys, offset)
+        run = self.members.get(job_id) or self.enter(job_id, _Run(offset), keys)
         if run.log_runtime_s is None:
             run.clock.start(start_s)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
-        run = self.runs.get(job_id)
+        run = self.members.get(job_id)
         if run is not None:
             run.clock.stop(stop_s)
 
     def finished(self, job_id: str, keys: tuple[Key, ...], log_runtime_s: float, offset: float = 0.0) -> None:
         """The job ended: its run time replaces its bound (a run never seen to start enters exact)."""
-        run = self.runs.get(job_id) or self._enter(job_id, keys, offset)
+        run = self.members.get(job_id) or self.enter(job_id, _Run(offset), keys)
         run.clock.since_s = None
         run.log_runtime_s = log_runtime_s
 
     def samples(self, key: Key, now_s: float) -> list[tuple[float, bool]]:
         lane = self.lanes.get(key)
-        return [] if lane is None else [self.runs[job_id].sample(now_s) for job_id in lane]
-
-    def size(self, key: Key) -> int:
-        lane = self.lanes.get(key)
-        return 0 if lane is None else len(lane)
-
-    def _enter(self, job_id: str, keys: tuple[Key, ...], offset: float) -> _Run:
-        run = self.runs[job_id] = _Run(offset)
-        for key in keys:
-            lane = self.lanes.get(key)
-            if lane is None:
-                lane = self.lanes[key] = deque()
-            if len(lane) >= self.window:
-                self._leave(lane.popleft())
-            lane.append(job_id)
-            run.lanes += 1
-        return run
-
-    def _leave(self, job_id: str) -> None:
-        run = self.runs[job_id]
-        run.lanes -= 1
-        if run.lanes == 0:
-            del self.runs[job_id]
+        return [] if lane is None else [self.members[job_id].sample(now_s) for job_id in lane]
 
 
 @dataclass(slots=True)
@@ -176,7 +149,7 @@ class CensoredHistory:
         self.started_lanes = StartedLanes(self.window)
 
     def predict(self, job: JobFeatures) -> RuntimeForecast:
-        if job.job_id not in self.started_lanes.runs:
+        if job.job_id not in self.started_lanes.members:
             remember(self._pending, job.job_id, job)
         log_p50 = self.log_median(job, job.submit_s)
         return RuntimeForecast(
@@ -207,7 +180,7 @@ class CensoredHistory:
 
     def started(self, job_id: str, start_s: float) -> None:
         keys: tuple[Key, ...] = ()
-        if job_id not in self.started_lanes.runs:
+        if job_id not in self.started_lanes.members:
             job = self._pending.pop(job_id, None)
             if job is None:
                 return  # never forecast here (or forgotten): nothing to place it in

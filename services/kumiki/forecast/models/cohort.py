@@ -18,12 +18,12 @@ them, and counting it as 0 for all would only dilute the differences). Its end r
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kumiki.forecast.models.censored import RunClock
 from kumiki.forecast.models.history import Key, log_runtime
+from kumiki.forecast.models.lanes import KeyLanes
 
 
 @dataclass(slots=True)
@@ -36,7 +36,6 @@ class _Member:
 
 @dataclass(slots=True)
 class _Cohort:
-    jobs: deque[str] = field(default_factory=deque)  # start order
     finished_errors: list[float] = field(default_factory=list)  # summed over the finished members
     finished: int = 0
     running: dict[str, None] = field(default_factory=dict)
@@ -50,28 +49,29 @@ class StartCohorts:
     window: int = 100
     clip: float = 3.0  # one job's |log error| counts at most this much
     _cohorts: dict[Key, _Cohort] = field(default_factory=dict)
-    _members: dict[str, _Member] = field(default_factory=dict)
+    _lanes: KeyLanes[_Member] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.models < 1 or self.window < 1 or self.clip <= 0.0:
             raise ValueError("models and window must be >= 1 and clip > 0")
+        self._lanes = KeyLanes(self.window)
 
     def started(self, job_id: str, keys: Sequence[Key], log_p50s: tuple[float, ...], start_s: float) -> None:
         """The job began running (a restart after a preemption resumes its clock)."""
-        member = self._members.get(job_id)
+        member = self._lanes.members.get(job_id)
         if member is None:
             member = self._enter(job_id, keys, log_p50s)
         if member.errors is None:
             member.clock.start(start_s)
 
     def stopped(self, job_id: str, stop_s: float) -> None:
-        member = self._members.get(job_id)
+        member = self._lanes.members.get(job_id)
         if member is not None:
             member.clock.stop(stop_s)
 
     def finished(self, job_id: str, keys: Sequence[Key], log_p50s: tuple[float, ...], log_runtime_s: float) -> None:
         """The job ended: its true errors replace its bounds (a job never seen to start enters finished)."""
-        member = self._members.get(job_id)
+        member = self._lanes.members.get(job_id)
         if member is None:
             member = self._enter(job_id, keys, log_p50s)
         elif member.errors is not None:
@@ -94,7 +94,7 @@ class StartCohorts:
         errors = [max(0.0, total) for total in cohort.finished_errors]  # (no float drift below 0)
         counted = cohort.finished
         for job_id in cohort.running:
-            member = self._members[job_id]
+            member = self._lanes.members[job_id]
             ran = log_runtime(member.clock.ran_s(now_s))
             bounds = [ran - value for value in member.log_p50s]
             if max(bounds) <= 0.0:
@@ -108,28 +108,21 @@ class StartCohorts:
     def _enter(self, job_id: str, keys: Sequence[Key], log_p50s: tuple[float, ...]) -> _Member:
         if len(log_p50s) != self.models:
             raise ValueError(f"expected {self.models} forecasts for job {job_id!r}, got {len(log_p50s)}")
-        member = self._members[job_id] = _Member(log_p50s)
+        member = self._lanes.enter(job_id, _Member(log_p50s), keys, self._leave)
         for key in keys:
             cohort = self._cohorts.get(key)
             if cohort is None:
                 cohort = self._cohorts[key] = _Cohort(finished_errors=[0.0] * self.models)
-            if len(cohort.jobs) >= self.window:
-                self._leave(cohort, cohort.jobs.popleft())
-            cohort.jobs.append(job_id)
             cohort.running[job_id] = None
-            member.lanes += 1
         return member
 
-    def _leave(self, cohort: _Cohort, job_id: str) -> None:
-        member = self._members[job_id]
+    def _leave(self, key: Key, job_id: str, member: _Member) -> None:
+        cohort = self._cohorts[key]
         if job_id in cohort.running:
             del cohort.running[job_id]
         elif member.errors is not None:  # a finished member: its errors leave the sums
             cohort.finished_errors = _plus(cohort.finished_errors, member.errors, -1.0)
             cohort.finished -= 1
-        member.lanes -= 1
-        if member.lanes == 0:
-            del self._members[job_id]
 
 
 def _plus(totals: list[float], errors: tuple[float, ...], sign: float) -> list[float]:
