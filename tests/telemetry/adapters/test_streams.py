@@ -1,4 +1,5 @@
-"""The worker's plumbing that needs no broker: node-input partitioning, batch records, flow control."""
+"""The worker's plumbing that needs no broker: node-input partitioning and batch records (flow control is in
+test_front_end.py)."""
 
 from __future__ import annotations
 
@@ -51,32 +52,3 @@ async def test_items_go_out_as_batch_records_per_partition_in_order_and_capped()
     for node in nodes:  # a node's items keep their order
         assert [item["tick"] for item in unpacked if item["node"] == node] == list(range(12))
     assert any(len(value["items"]) == MAX_ITEMS_PER_RECORD for _, value, _ in topic.records)
-
-
-async def test_flow_control_waits_for_this_workers_stage_2_only() -> None:
-    worker = streams()
-    loop = asyncio.get_running_loop()
-
-    def sent(partition: int, offset: int) -> list[asyncio.Future[Any]]:
-        future: asyncio.Future[Any] = loop.create_future()
-        future.set_result(SimpleNamespace(partition=partition, offset=offset))
-        return [future]
-
-    await worker._wait_folded(sent(2, 9))  # a partition stage 2 here never folded: another worker's
-    assert worker.flow_waits == 0
-
-    worker._folded[0] = 3
-    waiting = asyncio.create_task(worker._wait_folded(sent(0, 5)))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()  # stage 2 is at offset 3 of partition 0, the batch ended at 5
-    worker._folded[0] = 5
-    worker._folded_changed.set()
-    await asyncio.wait_for(waiting, 1)
-    assert worker.flow_waits == 1
-
-    worker._folded[1] = 0
-    waiting = asyncio.create_task(worker._wait_folded(sent(1, 7)))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
-    await worker._forget_folded(set())  # a rebalance: this worker may no longer hold partition 1
-    await asyncio.wait_for(waiting, 1)

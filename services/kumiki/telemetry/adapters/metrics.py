@@ -2,6 +2,9 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from kumiki.common.metrics import labelled
+from kumiki.telemetry import core
+
 GPU_UTILISATION = Gauge("kumiki_gpu_utilization_percent", "Latest SM utilisation per GPU", ["node", "gpu"])
 NODE_UTILISATION = Gauge(
     "kumiki_node_gpu_utilization_percent", "Mean SM utilisation of a node's GPUs in the current window", ["node"]
@@ -40,3 +43,15 @@ COMMIT_WAIT = Gauge(
     "How long records have waited behind a committed offset of the faust group that does not move (0: caught up"
     " or moving); at KUMIKI_TELEMETRY_COMMIT_STALL_S the service exits to read them again",
 )
+
+
+def node_gauges(view: core.NodeView) -> None:
+    """Set whenever the node's view is built: at every placement-relevant change and at least every
+    publish interval (per-GPU utilisation is as fresh as cluster.state)."""
+    allocated, used = core.allocated_vs_used(view)
+    labelled(NODE_ALLOCATED, view.node).set(allocated)
+    labelled(NODE_USED, view.node).set(used)
+    labelled(NODE_FREE, view.node).set(len(view.free_gpus))
+    labelled(NODE_HEALTHY, view.node).set(1 if view.healthy else 0)
+    for gpu in view.gpus:
+        labelled(GPU_UTILISATION, view.node, gpu.uuid).set(gpu.utilization_pct)

@@ -4,41 +4,38 @@
                  rejects exactly as kumiki.common.bus.consumer does, and the samples of unregistered nodes
                  (KnownNodes) → one NodeChunk per (node, time bucket) per batch → <app>-node-input, one record
                  per partition holding many nodes' items (partition = Kafka's default partitioner on the node
-                 name, so tables stay co-partitioned). Flow control keeps at most two batches in stage 2.
+                 name, so tables stay co-partitioned). The aiokafka front end (`front_end.py`) keeps at most
+                 two batches in stage 2; the faust one is the `ingest` agent.
      lifecycle   job.lifecycle → JobPlacement table (by job) → AllocationChange per node → node-input.
   2. nodes       node-input: NodeRecord table (one write per node per record), per-GPU and per-node tumbling
                  windows, cluster.state and gpu.idle through the bus EventProducer (awaited together per
                  record), usage per job and queue → <app>-usage in batch records. The two node tables'
-                 changelog records go out in record batches of faust's producer (`_write_changelog`).
+                 changelog records go out in record batches of faust's producer (`changelog.py`).
   3. usage       <app>-usage: per-job and per-queue hopping windows, queue gauges.
 A timer asks (through node-input, so the node agent's partition owner decides) whether silent nodes are stale.
 
 Tables are faust tables with changelog topics (memory store: a restarted worker rebuilds them from the
-changelog). Internal records are JSON; public ones stay protobuf with CloudEvents headers.
+changelog; the app's settings are in `faust_app.py`). Internal records are JSON; public ones stay protobuf with
+CloudEvents headers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 
-from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.codec import RejectedRecord, decode
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
-from kumiki.common.bus.producer import EventProducer, RecordBatches
+from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import (
     CLUSTER_STATE,
     DEAD_LETTER,
@@ -53,98 +50,23 @@ from kumiki.common.contracts.v1 import events_pb2
 from kumiki.common.metrics import labelled
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
+from kumiki.telemetry.adapters.changelog import ChangelogWriter, apply_node_window
 from kumiki.telemetry.adapters.codecs import NodeRecordJson
 from kumiki.telemetry.adapters.commits import CommitWatch
+from kumiki.telemetry.adapters.consumed import Consumed, Record, dead_letter_headers
+from kumiki.telemetry.adapters.faust_app import raw_topic, telemetry_app
+from kumiki.telemetry.adapters.front_end import FlowControl, FrontEnd
 from kumiki.telemetry.adapters.known_nodes import KnownNodes
 from kumiki.telemetry.adapters.samples import FastSamples
+from kumiki.telemetry.core import Json
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-Json = dict[str, Any]
 
 # Internal records carry many items (one per node chunk, inventory, usage key) per partition: stage 2's cost
 # is per faust event, and live chunks are small. The cap keeps a record far below the broker's 1 MB limit.
 MAX_ITEMS_PER_RECORD = 100
-
-
-def faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
-    """faust's spelling of our broker settings (TLS and SASL included)."""
-    options: dict[str, Any] = {
-        "broker": ",".join(f"kafka://{part.strip()}" for part in settings.bootstrap.split(",")),
-        "topic_replication_factor": settings.replication_factor,
-        "topic_partitions": settings.default_partitions,
-    }
-    client = settings.client_options()
-    ssl_context: Any = client.get("ssl_context")
-    if settings.security_protocol.startswith("SASL"):
-        options["broker_credentials"] = faust.SASLCredentials(
-            username=settings.sasl_username,
-            password=settings.sasl_password,
-            mechanism=settings.sasl_mechanism,
-            ssl_context=ssl_context,
-        )
-    elif ssl_context is not None:
-        options["broker_credentials"] = faust.SSLCredentials(ssl_context)
-    return options
-
-
-def dead_letter_headers(
-    headers: Sequence[tuple[str, bytes]], reason: str, topic: str, partition: int, offset: int, group: str
-) -> list[tuple[str, bytes]]:
-    """The headers kumiki.common.bus.consumer puts on a dead letter (same names, same order)."""
-    return [
-        *headers,
-        ("kumiki_dlq_reason", reason.encode()),
-        ("kumiki_dlq_topic", topic.encode()),
-        ("kumiki_dlq_partition", str(partition).encode()),
-        ("kumiki_dlq_offset", str(offset).encode()),
-        ("kumiki_dlq_group", group.encode()),
-    ]
-
-
-def _header_list(headers: Any) -> list[tuple[str, bytes]]:
-    """faust hands headers over as a list of pairs or a mapping, depending on the path a record took."""
-    if not headers:
-        return []
-    items = headers.items() if hasattr(headers, "items") else headers
-    return [(str(key), bytes(value) if value is not None else b"") for key, value in items]
-
-
-class Consumed(Protocol):
-    """A consumed record: aiokafka's ConsumerRecord as it is (no copy per sample), or a `Record`."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes]]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A consumed record, whichever client read it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-
-    @classmethod
-    def of_faust(cls, event: Any) -> Record:
-        message = event.message
-        return cls(
-            message.topic, message.partition, message.offset, message.key, message.value, _header_list(message.headers)
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +79,6 @@ class _At:
 
 def _items(data: Json) -> list[Json]:
     return list(data["items"]) if data.get("kind") == "batch" else [data]
-
-
-def _raw_topic(app: Any, name: str) -> Any:
-    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
 class TelemetryStreams:
@@ -188,8 +106,6 @@ class TelemetryStreams:
         batch_size = self.batch_size
         self.app_id = f"{settings.topic_prefix}{name}"  # consumer group and changelog topic names
         self.front_end = front_end
-        self._front: AIOKafkaConsumer | None = None
-        self._front_task: asyncio.Task[None] | None = None
         self.samples_seen = 0
         self.dead_lettered = 0
         self.published_states = 0
@@ -198,44 +114,21 @@ class TelemetryStreams:
         self.unknown_rejected = 0
         self.partitions = settings.default_partitions
         self._partition_of: dict[str, int] = {}
-        # Flow control: the newest node-input offset stage 2 has folded, per partition this worker holds.
-        self._folded: dict[int, int] = {}
-        self._folded_changed = asyncio.Event()
-        self.flow_waits = 0
-        self._changelog_failure: BaseException | None = None
+        self.flow = FlowControl(self.batch_window_s)  # stage 2 reports what it folded, the front end waits on it
         self.commit_stall_s = commit_stall_s  # 0: no watch on the group's commits
         self.commits: CommitWatch | None = None
         self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
-        self.app: Any = cast(Any, faust.App)(
-            self.app_id,
-            **faust_broker_options(settings),
-            store="memory://",
-            # faust makes a data folder even for memory tables; keep it out of the working directory
-            datadir=str(Path(tempfile.gettempdir()) / f"kumiki-faust-{self.app_id}"),
-            web_enabled=False,
-            topic_disable_leader=True,
-            processing_guarantee="at_least_once",
-            consumer_auto_offset_reset="earliest",
-            producer_acks=-1,
-            producer_linger=0.005,  # batch changelog and internal records: one request per chunk burst
-            stream_wait_empty=False,
-            broker_commit_every=batch_size,
-            broker_commit_interval=1.0,
-            stream_buffer_maxsize=max(4096, 2 * batch_size),
-            table_cleanup_interval=60.0,
-            broker_session_timeout=config.session_timeout_s,
-            broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
-            logging_config=None,
-        )
+        self.app: Any = telemetry_app(self.app_id, settings, config, batch_size)
+        self.changelog = ChangelogWriter(self.app)
         prefix = settings.topic_prefix
         self.specs: dict[str, TopicSpec] = {
             spec.full_name(prefix): spec for spec in (GPU_SAMPLES, NODE_INVENTORY, JOB_LIFECYCLE)
         }
-        self.samples_topic = _raw_topic(self.app, GPU_SAMPLES.full_name(prefix))
+        self.samples_topic = raw_topic(self.app, GPU_SAMPLES.full_name(prefix))
         self._samples_topic_name = GPU_SAMPLES.full_name(prefix)
         self._fast_samples = FastSamples()
-        self.inventory_topic = _raw_topic(self.app, NODE_INVENTORY.full_name(prefix))
-        self.lifecycle_topic = _raw_topic(self.app, JOB_LIFECYCLE.full_name(prefix))
+        self.inventory_topic = raw_topic(self.app, NODE_INVENTORY.full_name(prefix))
+        self.lifecycle_topic = raw_topic(self.app, JOB_LIFECYCLE.full_name(prefix))
         json_topic: dict[str, Any] = {
             "key_serializer": "raw",
             "value_serializer": "json",
@@ -270,6 +163,18 @@ class TelemetryStreams:
             .relative_to(by_bucket)
         )
 
+        self.front: FrontEnd | None = None  # stage 1 on aiokafka; on faust, the `ingest` agent
+        if front_end == "aiokafka":
+            self.front = FrontEnd(
+                settings,
+                config,
+                (self.samples_topic.get_topic_name(), self.inventory_topic.get_topic_name()),
+                f"{self.app_id}-front",
+                self.ingest_batch,
+                self.flow,
+                batch_size=self.batch_size,
+                batch_window_s=self.batch_window_s,
+            )
         if front_end == "faust":
             self.app.agent(
                 self.app.topic(
@@ -322,22 +227,10 @@ class TelemetryStreams:
 
     async def start(self) -> None:
         await self.known_nodes.start()
-        self.app.on_partitions_revoked.connect(self._forget_folded)
+        self.app.on_partitions_revoked.connect(self.flow.forget)
         await self.app.start()
-        if self.front_end == "aiokafka":
-            self._front = AIOKafkaConsumer(
-                self.samples_topic.get_topic_name(),
-                self.inventory_topic.get_topic_name(),
-                **self.settings.client_options(),
-                group_id=f"{self.app_id}-front",
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                max_poll_records=self.batch_size,
-                session_timeout_ms=int(self.config.session_timeout_s * 1000),
-                heartbeat_interval_ms=int(min(3.0, self.config.session_timeout_s / 3) * 1000),
-            )
-            await start_client(self._front, self.settings)
-            self._front_task = asyncio.create_task(self._run_front(), name="telemetry-front-end")
+        if self.front is not None:
+            await self.front.start()
         if self.commit_stall_s > 0:
             self.commits = CommitWatch(
                 self.settings,
@@ -351,11 +244,8 @@ class TelemetryStreams:
     async def stop(self) -> None:
         if self.commits is not None:
             await self.commits.stop()
-        if self._front_task is not None:
-            self._front_task.cancel()
-            await asyncio.gather(self._front_task, return_exceptions=True)
-        if self._front is not None:
-            await self._front.stop()
+        if self.front is not None:
+            await self.front.stop()
         await self.app.stop()
         await self.known_nodes.stop()
 
@@ -378,76 +268,10 @@ class TelemetryStreams:
             f" gaps {sorted((gap.begin, gap.end) for gap in gaps) if gaps else []}"
         )
 
-    async def _forget_folded(self, *args: Any, **kwargs: Any) -> None:
-        """After a rebalance this worker may not hold the partitions it waited on: learn them again."""
-        self._folded.clear()
-        self._folded_changed.set()
-
-    async def _wait_folded(self, sent: Sequence[Any]) -> None:
-        """Flow control: wait until this worker's stage 2 has folded what `sent` put on the partitions it
-        holds (others' are another worker's). Meanwhile samples queue up in gpu.samples, so the next batch is
-        bigger, its chunks hold more ticks per node, and stage 2 costs less per sample: a worker that falls
-        behind catches up instead of spending its time on one-tick chunks."""
-        targets: dict[int, int] = {}
-        for metadata in await asyncio.gather(*sent):
-            targets[metadata.partition] = max(targets.get(metadata.partition, -1), metadata.offset)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(5.0, 10 * self.batch_window_s)  # never stall on a partition moved away
-        waited = False
-        while True:
-            behind = [p for p, offset in targets.items() if self._folded.get(p, offset) < offset]
-            remaining = deadline - loop.time()
-            if not behind or remaining <= 0:
-                break
-            waited = True
-            self._folded_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._folded_changed.wait(), remaining)
-        self.flow_waits += waited
-
-    async def _run_front(self) -> None:
-        """The aiokafka front end of stage 1: a batch's offsets are committed once its chunks are acknowledged
-        (at least once; stage 2 skips a chunk it has already folded in). At most two batches are in stage 2
-        at a time (`_wait_folded`)."""
-        assert self._front is not None
-        loop = asyncio.get_running_loop()
-        previous: asyncio.Task[None] | None = None
-        in_stage_2: collections.deque[list[Any]] = collections.deque()
-        while True:
-            while len(in_stage_2) >= 2:
-                await self._wait_folded(in_stage_2.popleft())
-            # Fill a batch up to batch_size or batch_window_s: bigger batches make bigger node chunks, and
-            # stage 2's cost is per chunk.
-            records: list[Consumed] = []
-            offsets: dict[Any, int] = {}
-            deadline = loop.time() + self.batch_window_s
-            while len(records) < self.batch_size:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                batches = await self._front.getmany(
-                    timeout_ms=max(1, int(remaining * 1000)), max_records=self.batch_size - len(records)
-                )
-                for partition, partition_records in batches.items():
-                    records += partition_records
-                    offsets[partition] = partition_records[-1].offset + 1
-            if not records:
-                continue
-            sent = await self.ingest_batch(records)
-            in_stage_2.append(sent)
-            # Fetch the next batch while this one's chunks are acknowledged; commits stay in batch order.
-            if previous is not None and previous.done():
-                previous.result()  # a failed commit stops the front end (and readiness)
-            previous = asyncio.create_task(self._commit_after(previous, sent, offsets))
-
-    async def _commit_after(
-        self, previous: asyncio.Task[None] | None, sent: list[Any], offsets: dict[Any, int]
-    ) -> None:
-        if previous is not None:
-            await previous
-        await asyncio.gather(*sent)
-        assert self._front is not None
-        await self._front.commit(offsets)
+    @property
+    def flow_waits(self) -> int:
+        """How many of stage 1's batches waited for this worker's stage 2 (flow control)."""
+        return self.flow.waits
 
     @property
     def recovered(self) -> bool:
@@ -458,13 +282,12 @@ class TelemetryStreams:
         await asyncio.wait_for(self.app.tables.recovery.completed.wait(), timeout_s)
 
     def crash_reason(self) -> BaseException | None:
-        if self._changelog_failure is not None:
-            return self._changelog_failure
+        if self.changelog.failure is not None:
+            return self.changelog.failure
         if self.commits is not None and self.commits.failure is not None:
             return self.commits.failure
-        task = self._front_task
-        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
-            return task.exception()
+        if self.front is not None and self.front.failure is not None:
+            return self.front.failure
         reason = self.app._crash_reason  # mode keeps why a service crashed here
         return reason if isinstance(reason, BaseException) else None
 
@@ -576,14 +399,13 @@ class TelemetryStreams:
     async def _nodes(self, stream: Any) -> None:
         async for event in stream.events():
             await self._fold(_items(event.value), event.message.partition)
-            self._folded[event.message.partition] = event.message.offset
-            self._folded_changed.set()
+            self.flow.fold(event.message.partition, event.message.offset)
 
     async def _fold(self, items: Sequence[Json], partition: int) -> None:
         """Stage 2 for one record (a batch of one partition's items): fold each item into its node, then per
         node decide publication and write the table once; publications are awaited together, before the
         record counts as processed (at least once). The node tables' changelog records go out as one batch
-        per table (`_write_changelog`)."""
+        per table (`ChangelogWriter`)."""
         window_writes: list[tuple[Any, Json]] = []
         before: dict[str, core.NodeRecord | None] = {}
         current: dict[str, core.NodeRecord] = {}
@@ -602,7 +424,7 @@ class TelemetryStreams:
                 record, found, usages = core.apply_chunk(record, chunk, self.config)
                 findings += found
                 self._chunk_metrics(chunk, now)
-                window = self._merge_node_window(node, chunk, partition, window_writes)
+                window = apply_node_window(self.node_windows.table, node, chunk, partition, window_writes)
                 node_mean = core.WindowAggregate.from_json(window.get("node")).mean_util_pct
                 if node_mean is not None:
                     labelled(metrics.NODE_UTILISATION, node).set(node_mean)
@@ -631,8 +453,8 @@ class TelemetryStreams:
                 record = self._maybe_publish(record, now, states)
             records[node] = record
             record_writes.append((node, record))
-        await self._write_changelog(self.node_records, partition, record_writes)
-        await self._write_changelog(self.node_windows.table, partition, window_writes)
+        await self.changelog.write(self.node_records, partition, record_writes)
+        await self.changelog.write(self.node_windows.table, partition, window_writes)
         if usage:
             await self._send_items(
                 self.usage_topic,
@@ -656,44 +478,6 @@ class TelemetryStreams:
         for finding in findings:
             metrics.IDLE_EVENTS.labels(finding.queue).inc()
 
-    def _merge_node_window(
-        self, node: str, chunk: core.NodeChunk, partition: int, writes: list[tuple[Any, Json]]
-    ) -> Json:
-        """What `node_windows[node].apply(merge_node_window, ...)` does (read, merge, store, expiry
-        bookkeeping), with the changelog record collected in `writes` instead of sent on its own."""
-        table = self.node_windows.table
-        value = core.node_window(chunk)
-        merged: Json = {}
-        for window_range in table.window.ranges(chunk.bucket):
-            key = (node, window_range)
-            merged = core.merge_node_window(table[key], value)  # table[key]: faust's read (a default when new)
-            table.data[key] = merged
-            table._maybe_set_key_ttl(key, partition)  # as faust's own write: the window expires
-            writes.append((key, merged))
-        return merged
-
-    async def _write_changelog(self, table: Any, partition: int, writes: Sequence[tuple[Any, Any]]) -> None:
-        """The changelog records faust writes for `table[key] = value`, the same bytes on the same partition,
-        but appended to record batches of faust's producer instead of sent one by one through faust's buffer
-        (about half of stage 2's cost). Each batch is queued before the next, so a node's records keep their
-        order. faust flushes that producer before it commits node-input offsets, so the records are durable
-        before the input that made them counts as processed, as before."""
-        if not writes:
-            return
-        topic = table.changelog_topic
-        name = topic.get_topic_name()
-        batches = RecordBatches(self.app.producer._ensure_producer())  # the aiokafka producer faust flushes on commit
-        for key, value in writes:
-            key_bytes = topic.prepare_key(key, table.key_serializer)[0]
-            value_bytes = topic.prepare_value(value, table.value_serializer)[0]
-            await batches.add(name, partition, key_bytes, value_bytes)
-        for sent in await batches.send():
-            sent.add_done_callback(self._changelog_sent)
-
-    def _changelog_sent(self, sent: asyncio.Future[Any]) -> None:
-        if not sent.cancelled() and sent.exception() is not None:
-            self._changelog_failure = sent.exception()  # crash_reason: the service stops, not a silent gap
-
     def _chunk_metrics(self, chunk: core.NodeChunk, now: float) -> None:
         newest = 0.0
         for gpu in chunk.gpus.values():
@@ -705,7 +489,7 @@ class TelemetryStreams:
         self, record: core.NodeRecord, now: float, states: list[tuple[str, events_pb2.NodeState, str]]
     ) -> core.NodeRecord:
         view = core.node_view(record)
-        self._node_gauges(view)
+        metrics.node_gauges(view)
         if view.last_seen <= 0 and record.inventory is None:
             return record  # nothing to say about a node known only from an allocation
         decided = core.publish_decision(record, view, now, self.config.publish_interval_s)
@@ -715,17 +499,6 @@ class TelemetryStreams:
             (record.node, convert.node_state(view, decided.version, now), f"node-state/{record.node}/{decided.version}")
         )
         return decided
-
-    def _node_gauges(self, view: core.NodeView) -> None:
-        """Set whenever the node's view is built: at every placement-relevant change and at least every
-        publish interval (per-GPU utilisation is as fresh as cluster.state)."""
-        allocated, used = core.allocated_vs_used(view)
-        labelled(metrics.NODE_ALLOCATED, view.node).set(allocated)
-        labelled(metrics.NODE_USED, view.node).set(used)
-        labelled(metrics.NODE_FREE, view.node).set(len(view.free_gpus))
-        labelled(metrics.NODE_HEALTHY, view.node).set(1 if view.healthy else 0)
-        for gpu in view.gpus:
-            labelled(metrics.GPU_UTILISATION, view.node, gpu.uuid).set(gpu.utilization_pct)
 
     async def _check_stale_nodes(self) -> None:
         now = self.clock()
