@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kumiki.common.bus import Event, EventConsumer, EventProducer, EventRejected, ensure_topics
 from kumiki.common.bus.cloudevents import CloudEventAttributes
+from kumiki.common.bus.consumer import dead_letter_headers
 from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
@@ -205,3 +206,15 @@ async def test_stop_sends_what_callers_handed_over(kafka_settings: KafkaSettings
     assert all(call.done() and call.exception() is None for call in calls)
     records = await read_records(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 50)
     assert len(records) == 50
+
+
+def test_a_dead_letter_keeps_the_original_headers_then_names_reason_and_origin_for_every_consumer() -> None:
+    headers = dead_letter_headers([("ce_type", b"x")], "undecodable: bad", "p.gpu.samples", 3, 17, "p.telemetry")
+    assert headers == [
+        ("ce_type", b"x"),
+        ("kumiki_dlq_reason", b"undecodable: bad"),
+        ("kumiki_dlq_topic", b"p.gpu.samples"),
+        ("kumiki_dlq_partition", b"3"),
+        ("kumiki_dlq_offset", b"17"),
+        ("kumiki_dlq_group", b"p.telemetry"),
+    ]

@@ -1,10 +1,10 @@
-"""Consumed records and dead-letter headers, without a broker."""
+"""Consumed records, without a broker."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kumiki.telemetry.adapters.consumed import Record, dead_letter_headers
+from kumiki.telemetry.adapters.consumed import Record
 
 
 def faust_event(headers: object) -> SimpleNamespace:
@@ -17,15 +17,3 @@ def test_a_faust_record_reads_alike_whether_its_headers_came_as_pairs_or_a_mappi
     mapping = Record.of_faust(faust_event({"ce_id": b"1", "empty": None}))
     assert pairs == mapping == Record("t", 2, 41, b"k", b"v", [("ce_id", b"1"), ("empty", b"")])
     assert Record.of_faust(faust_event(None)).headers == []
-
-
-def test_a_dead_letter_keeps_the_original_headers_then_names_reason_and_origin() -> None:
-    headers = dead_letter_headers([("ce_type", b"x")], "undecodable: bad", "p.gpu.samples", 3, 17, "p.telemetry")
-    assert headers == [
-        ("ce_type", b"x"),
-        ("kumiki_dlq_reason", b"undecodable: bad"),
-        ("kumiki_dlq_topic", b"p.gpu.samples"),
-        ("kumiki_dlq_partition", b"3"),
-        ("kumiki_dlq_offset", b"17"),
-        ("kumiki_dlq_group", b"p.telemetry"),
-    ]

@@ -46,6 +46,21 @@ VERIFY_EVERY_S = 2.0  # how often an idle transactional consumer compares its po
 INFRASTRUCTURE_ERRORS = (*UNREACHABLE, KafkaError)
 
 
+def dead_letter_headers(
+    headers: Sequence[tuple[str, bytes]], reason: str, topic: str, partition: int, offset: int, group: str
+) -> list[tuple[str, bytes]]:
+    """A dead letter's headers: the record's own, then why and where it was rejected, so a dead letter reads
+    alike whichever consumer (this one, telemetry's stage 1) rejected it."""
+    return [
+        *headers,
+        ("kumiki_dlq_reason", reason.encode()),
+        ("kumiki_dlq_topic", topic.encode()),
+        ("kumiki_dlq_partition", str(partition).encode()),
+        ("kumiki_dlq_offset", str(offset).encode()),
+        ("kumiki_dlq_group", group.encode()),
+    ]
+
+
 class EventRejected(Exception):
     """Raised by a handler for an event it can never apply (unknown queue, impossible value)."""
 
@@ -304,14 +319,9 @@ class EventConsumer:
             self._seen.popitem(last=False)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
-        headers = [
-            *list(record.headers or ()),
-            ("kumiki_dlq_reason", reason.encode()),
-            ("kumiki_dlq_topic", record.topic.encode()),
-            ("kumiki_dlq_partition", str(record.partition).encode()),
-            ("kumiki_dlq_offset", str(record.offset).encode()),
-            ("kumiki_dlq_group", self.group_id.encode()),
-        ]
+        headers = dead_letter_headers(
+            list(record.headers or ()), reason, record.topic, record.partition, record.offset, self.group_id
+        )
         await self.producer.send_raw(
             DEAD_LETTER.full_name(self.settings.topic_prefix), record.key, record.value, headers
         )

@@ -1,5 +1,4 @@
-"""What stage 1 reads, whichever client read it, and the headers a rejected record goes to the dead-letter topic
-with: the same as `kumiki.common.bus.consumer` writes, so a dead letter reads alike whoever rejected it."""
+"""What stage 1 reads, whichever client read it."""
 
 from __future__ import annotations
 
@@ -50,17 +49,3 @@ def _header_list(headers: Any) -> list[tuple[str, bytes]]:
         return []
     items = headers.items() if hasattr(headers, "items") else headers
     return [(str(key), bytes(value) if value is not None else b"") for key, value in items]
-
-
-def dead_letter_headers(
-    headers: Sequence[tuple[str, bytes]], reason: str, topic: str, partition: int, offset: int, group: str
-) -> list[tuple[str, bytes]]:
-    """The headers kumiki.common.bus.consumer puts on a dead letter (same names, same order)."""
-    return [
-        *headers,
-        ("kumiki_dlq_reason", reason.encode()),
-        ("kumiki_dlq_topic", topic.encode()),
-        ("kumiki_dlq_partition", str(partition).encode()),
-        ("kumiki_dlq_offset", str(offset).encode()),
-        ("kumiki_dlq_group", group.encode()),
-    ]

@@ -34,6 +34,7 @@ from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 
 from kumiki.common.bus.codec import RejectedRecord, decode
+from kumiki.common.bus.consumer import dead_letter_headers
 from kumiki.common.bus.metrics import CONSUMED, DEAD_LETTERED
 from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import (
@@ -53,7 +54,7 @@ from kumiki.telemetry.adapters import convert, metrics
 from kumiki.telemetry.adapters.changelog import ChangelogWriter, apply_node_window
 from kumiki.telemetry.adapters.codecs import NodeRecordJson
 from kumiki.telemetry.adapters.commits import CommitWatch
-from kumiki.telemetry.adapters.consumed import Consumed, Record, dead_letter_headers
+from kumiki.telemetry.adapters.consumed import Consumed, Record
 from kumiki.telemetry.adapters.faust_app import raw_topic, telemetry_app
 from kumiki.telemetry.adapters.front_end import FlowControl, FrontEnd
 from kumiki.telemetry.adapters.known_nodes import KnownNodes
