@@ -1,0 +1,127 @@
+"""Applying Placement's answer: a Binding per pod as assigned, the gang sent back when a node went away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from kumiki.binder import core
+from kumiki.binder.adapters.metrics import BINDS, POD_SCHEDULING_SECONDS, REPAIRS
+from kumiki.binder.adapters.state import BinderState, gang_attributes, tracer
+from kumiki.binder.core import Gang, Pod
+from kumiki.common.tracing import recording
+
+log = logging.getLogger(__name__)
+
+
+class Binding(BinderState):
+    """Binds the gangs Placement placed, whether it answered the binder or bound them on its own later."""
+
+    async def _apply(self, gang: Gang, generation: int, placed: list[core.PodAssignment], how: str) -> None:
+        """Create each pod's Binding as Placement assigned it; a node the API no longer has schedulable sends
+        the gang back (released, then submitted again with the next generation)."""
+        if gang.bound and gang.generation == generation:
+            return
+        self.busy.add(gang.job_id)
+        try:
+            for assignment in placed:
+                node = self.nodes.get(assignment.node)
+                member = self._member(gang, assignment.pod_index)
+                refused = node.why_not or (member.rules.why_not(node) if member is not None else "") if node else ""
+                if node is None or refused:
+                    why = "gone" if node is None else refused
+                    log.warning(
+                        "assigned node not schedulable; the gang goes again",
+                        extra={"job": gang.job_id, "node": assignment.node, "why": why},
+                    )
+                    await self._release(gang.job_id, generation, f"node {assignment.node} {why} before the bind", 0)
+                    gang.generation = generation
+                    gang.released = generation
+                    self.retry_at[gang.job_id] = time.monotonic() + 0.2
+                    await self._publish_nodes([assignment.node], force=True)
+                    return
+            gang.generation = generation
+            gang.bound = True
+            gang.reason = ""
+            gang.waiting_since = 0.0
+            self.binding += 1
+            self.quiet.clear()
+
+            async def bind_one(assignment: core.PodAssignment) -> bool:
+                key = gang.submitted[assignment.pod_index]
+                pod = gang.pods.get(key)
+                if pod is None:
+                    return False
+                if pod.node:
+                    return pod.node == assignment.node
+                annotations = core.assignment_annotations(
+                    gang.job_id, generation, assignment, self.nodes.get(assignment.node)
+                )
+                done = await self.kube.bind(key.namespace, key.name, pod.uid, assignment.node, annotations)
+                if done:
+                    BINDS.inc()
+                    if pod.created_unix_s:  # queueing, gang wait and Placement included: what a user waits
+                        POD_SCHEDULING_SECONDS.observe(max(0.0, time.time() - pod.created_unix_s))
+                    if how == "repair":
+                        REPAIRS.inc()
+                    if self.scheduled_events:
+                        self._event(
+                            "Pod",
+                            "v1",
+                            key.namespace,
+                            key.name,
+                            pod.uid,
+                            "Scheduled",
+                            f"Successfully assigned {key} to {assignment.node} ({how})",
+                            "Normal",
+                        )
+                return done
+
+            try:
+                results = await asyncio.gather(*(bind_one(assignment) for assignment in placed), return_exceptions=True)
+            finally:
+                self.binding -= 1
+                if not self.binding:
+                    self.quiet.set()
+            failures = [result for result in results if isinstance(result, BaseException)]
+            if failures:
+                log.error("bindings failed; retrying the gang", extra={"job": gang.job_id, "reason": str(failures[0])})
+                gang.bound = False
+                self.retry_at[gang.job_id] = time.monotonic() + 1.0
+                self._spawn(self._retry_apply(gang, generation, placed, how))
+                return
+            if gang.group:
+                await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Scheduled", len(placed), 0)
+        finally:
+            self.busy.discard(gang.job_id)
+
+    def _member(self, gang: Gang, index: int) -> Pod | None:
+        if 0 <= index < len(gang.submitted):
+            return gang.pods.get(gang.submitted[index])
+        return None
+
+    async def _retry_apply(self, gang: Gang, generation: int, placed: list[core.PodAssignment], how: str) -> None:
+        await asyncio.sleep(1.0)
+        await self._apply(gang, generation, placed, how)
+
+    async def _apply_traced(
+        self,
+        gang: Gang,
+        generation: int,
+        placed: list[core.PodAssignment],
+        how: str,
+        parent: otel_context.Context,
+    ) -> None:
+        """A bind Placement decided without the binder asking (its scheduling pass): the gang's span continues
+        the pass's trace, from the traceparent its BOUND event carried, so a later bind (or a rebind after a
+        preemption) is in the trace of the decision that made it. No context and no exporter: no span."""
+        if not recording() and not trace.get_current_span(parent).get_span_context().is_valid:
+            await self._apply(gang, generation, placed, how)
+            return
+        attributes = gang_attributes(gang, generation, len(placed), how)
+        with tracer.start_as_current_span("reconcile pod group", context=parent, attributes=attributes):
+            await self._apply(gang, generation, placed, how)

@@ -1,0 +1,180 @@
+"""What every part of the `Binder` shares: its in-memory state, its background tasks, Releases to Placement,
+its node records on cluster.state and its Kubernetes Events. The parts themselves (watches, submissions,
+bindings, evictions) are mixins over `BinderState`, each in its own module."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+
+from kumiki.binder import core
+from kumiki.binder.adapters import convert
+from kumiki.binder.adapters.kube import KubeApi
+from kumiki.binder.adapters.metrics import EVENTS_DROPPED
+from kumiki.binder.adapters.placement import PlacementClient
+from kumiki.binder.core import Gang, Pod
+from kumiki.common.bus import EventProducer
+from kumiki.common.bus.topics import CLUSTER_STATE
+from kumiki.common.contracts.v1 import events_pb2
+from kumiki.common.grpcutil import timestamp
+from kumiki.sched.jobs import PodRequest
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("kumiki.binder")
+
+
+def gang_attributes(gang: Gang, generation: int, pods: int, trigger: str) -> dict[str, str | int]:
+    """The binder's span for a gang: the same job keys as Placement's `schedule` span, and what started it
+    (`submit`: the binder asked Placement; `cycle`: Placement's scheduling pass bound it later, on job.lifecycle;
+    `preemption`: an EVICT command)."""
+    attributes: dict[str, str | int] = {
+        "kumiki.job.id": gang.job_id,
+        "kumiki.job.generation": generation,
+        "kumiki.pods": pods,
+        "kumiki.binder.trigger": trigger,
+        "k8s.namespace.name": gang.namespace,
+    }
+    if gang.group:
+        attributes["kumiki.podgroup"] = gang.group
+    return attributes
+
+
+@dataclass
+class LoggedJob:
+    """A job's last word in Placement's log."""
+
+    generation: int
+    state: int
+    assignments: list[core.PodAssignment]
+    pods: list[PodRequest | None]  # None: a logged request that is not one (never the same as a pod's)
+
+
+class BinderState:
+    """The state the mixins share; built empty, filled from Placement's log and the API's lists at start."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        placement: PlacementClient,
+        producer: EventProducer,
+        *,
+        concurrency: int = 256,
+        scheduled_events: bool = True,
+        settle_s: float = 0.5,
+        busy_event_interval_s: float = 0.02,
+    ) -> None:
+        self.kube = kube
+        self.placement = placement
+        self.producer = producer
+        self.gangs: dict[str, Gang] = {}
+        self.nodes: dict[str, core.Node] = {}
+        self.telemetry: dict[str, events_pb2.NodeState] = {}
+        self.published: dict[str, events_pb2.NodeState] = {}
+        self.logged: dict[str, LoggedJob] = {}
+        self.min_members: dict[tuple[str, str], tuple[int, str]] = {}  # (namespace, group) -> (minMember, uid)
+        self.timeouts: dict[tuple[str, str], int] = {}  # (namespace, group) -> scheduleTimeoutSeconds (0: none)
+        self.wake = asyncio.Event()
+        self.busy: set[str] = set()  # gangs with a submission or binding in flight
+        # job -> the generation a preemption command evicts, until the coordinator's PREEMPTED release of it is
+        # read: its pods ending meanwhile are the eviction, not the job's end. The two arrive on different topics,
+        # in either order, so a command for a generation already released is not recorded at all.
+        self.evicting: dict[str, int] = {}
+        self.retry_at: dict[str, float] = {}
+        self.slots = asyncio.Semaphore(concurrency)
+        self.scheduled_events = scheduled_events
+        self.events: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue(maxsize=10_000)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.synced = asyncio.Event()
+        self.node_changes = 0
+        self.dirty: set[str] = set()
+        self.told_late: set[str] = set()
+        self.never_fit: set[str] = set()
+        self.settle_s = settle_s
+        self._known_pods: dict[str, Pod] = {}  # by uid: a pod's spec is immutable, its request read once
+        self.capacity: core.ClusterCapacity | None = None  # the largest node shapes (never_fits), None: stale
+        self.binding = 0  # gangs whose Bindings are being created now (Events wait behind them)
+        self.quiet = asyncio.Event()  # set while no Bindings are being created
+        self.quiet.set()
+        self.busy_event_interval_s = busy_event_interval_s
+
+    # ---- background tasks -----------------------------------------------------------------------------
+    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("binder task failed", exc_info=task.exception())
+            self.wake.set()
+
+    def touch(self, job_id: str) -> None:
+        """The gang changed: look at it in the next round."""
+        self.dirty.add(job_id)
+        self.wake.set()
+
+    async def _release(self, job_id: str, generation: int, reason: str, state: int) -> None:
+        for attempt in range(20):
+            try:
+                await self.placement.release(job_id, generation, reason, state)
+                return
+            except Exception as error:  # Placement restarting: try again, the release is idempotent
+                log.warning("release failed; retrying", extra={"job": job_id, "reason": str(error)})
+                await asyncio.sleep(min(5.0, 0.2 * (attempt + 1)))
+
+    async def _publish_nodes(self, names: list[str], force: bool = False) -> None:
+        records = []
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            state = convert.node_state(node, self.telemetry.get(name))
+            previous = self.published.get(name)
+            if not force and previous is not None and convert.same_node_state(previous, state):
+                continue
+            state.last_seen.CopyFrom(timestamp())
+            self.published[name] = state
+            records.append((name, state))
+        if records:
+            await self.producer.publish_many(CLUSTER_STATE, records)
+
+    # ---- Kubernetes Events ----------------------------------------------------------------------------
+    def _event(
+        self,
+        kind: str,
+        api: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+    ) -> None:
+        async def send() -> None:
+            await self.kube.event(kind, api, namespace, name, uid, reason, message, type_)
+
+        try:
+            self.events.put_nowait(send)
+        except asyncio.QueueFull:
+            EVENTS_DROPPED.inc()
+
+    async def run_events(self, stopping: asyncio.Event, workers: int = 4) -> None:
+        """Events are best effort and never slow a Binding: while Bindings are being created one worker sends
+        one Event every `busy_event_interval_s`; when none are, every worker sends."""
+
+        async def worker(first: bool) -> None:
+            while not stopping.is_set():
+                if not first:
+                    await self.quiet.wait()
+                send = await self.events.get()
+                await send()
+                if first and not self.quiet.is_set():
+                    await asyncio.sleep(self.busy_event_interval_s)
+
+        await asyncio.gather(*(worker(index == 0) for index in range(workers)))

@@ -1,0 +1,302 @@
+"""The submission loop: which gangs go to Placement and when, with which generation, and what their pods
+and PodGroup say while they wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from kumiki.binder import core
+from kumiki.binder.adapters import convert
+from kumiki.binder.adapters.binding import Binding
+from kumiki.binder.adapters.metrics import BIND_SECONDS, GANGS, PENDING
+from kumiki.binder.adapters.placement import PlacementUnavailable
+from kumiki.binder.adapters.state import gang_attributes, tracer
+from kumiki.binder.core import Gang, Pod
+from kumiki.common import requests
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
+
+log = logging.getLogger(__name__)
+
+
+class Submissions(Binding):
+    """Submits through `Binding`: an answer of BOUND binds at once."""
+
+    async def run_submissions(self, stopping: asyncio.Event) -> None:
+        """Each round: every changed gang that is complete and not in flight goes to Placement. A sweep a
+        quarter of a second looks at every gang again (retries, groups that settled, the pending gauge)."""
+        await self.synced.wait()
+        self.dirty.update(self.gangs)
+        last_sweep = 0.0
+        while not stopping.is_set():
+            self.wake.clear()
+            now = time.monotonic()
+            if now - last_sweep >= 0.25:
+                last_sweep = now
+                # a bound gang changes only when its pods do (touch): the sweep is for the ones that wait
+                waiting = [job_id for job_id, gang in self.gangs.items() if not gang.bound]
+                self.dirty.update(waiting)
+                PENDING.set(sum(gang.waiting_count() for gang in self.gangs.values()))
+            dirty, self.dirty = self.dirty, set()
+            gangs = sorted(
+                (gang for job_id in dirty if (gang := self.gangs.get(job_id)) is not None),
+                key=lambda gang: gang.submit_order(),
+            )
+            for gang in gangs:
+                job_id = gang.job_id
+                if job_id in self.busy or self.retry_at.get(job_id, 0.0) > now or gang.timed_out:
+                    continue
+                if (
+                    gang.timeout_s
+                    and gang.waiting_since
+                    and not gang.bound
+                    and now - gang.waiting_since > gang.timeout_s
+                ):
+                    self.busy.add(job_id)
+                    self._spawn(self._time_out(gang, now - gang.waiting_since))
+                    continue
+                if gang.bound and gang.released != gang.generation:
+                    late = [pod for pod in gang.waiting() if pod.key not in gang.submitted]
+                    if late and job_id not in self.told_late:
+                        self.told_late.add(job_id)
+                        self._spawn(
+                            self._tell_pending(
+                                gang, late, "GroupAlreadyPlaced", "the pod group was placed before this pod joined it"
+                            )
+                        )
+                    continue
+                if not gang.ready_to_submit():
+                    continue
+                waiting_keys = tuple(pod.key for pod in gang.waiting())
+                if gang.generation and gang.released != gang.generation and gang.submitted == waiting_keys:
+                    logged = self.logged.get(job_id)
+                    if logged and logged.state == events_pb2.JOB_STATE_BOUND and logged.generation == gang.generation:
+                        # bound by the cycle while our submission was in flight (its event found us busy)
+                        self.busy.add(job_id)
+                        self._spawn(self._apply(gang, gang.generation, list(logged.assignments), "cycle"))
+                    continue  # queued in Placement as it is: its bind arrives on job.lifecycle
+                if gang.group and not gang.min_member and now - gang.last_join < self.settle_s:
+                    continue  # a group without a PodGroup: wait until its pods stop arriving
+                self.busy.add(job_id)
+                self._spawn(self._submit(gang))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=0.25)
+
+    def reconcile(self) -> None:
+        """After the first list: gangs whose pods are bound resume where they were; a gang Placement bound
+        (its last word in the log) whose pods are not all bound is repaired exactly as logged."""
+        for gang in self.gangs.values():
+            logged = self.logged.get(gang.job_id)
+            members = sorted((pod for pod in gang.pods.values() if not pod.deleting), key=lambda pod: pod.key.name)
+            bound = [pod for pod in members if pod.node]
+            if not bound:
+                continue
+            generation = max(pod.generation_annotation for pod in bound) or (logged.generation if logged else 1)
+            gang.generation = generation
+            if len(bound) == len(members):
+                gang.bound = True
+                gang.submitted = tuple(pod.key for pod in members)
+                if (
+                    logged is not None
+                    and logged.generation == generation
+                    and logged.state != events_pb2.JOB_STATE_BOUND
+                ):
+                    gang.released = generation  # Placement already released it (it ended while we were away)
+                continue
+            if (
+                logged is not None
+                and logged.state == events_pb2.JOB_STATE_BOUND
+                and logged.generation == generation
+                and core.same_requests(logged.pods, [pod.resources for pod in members])
+            ):
+                gang.submitted = tuple(pod.key for pod in members)
+                self.busy.add(gang.job_id)
+                self._spawn(self._apply(gang, generation, list(logged.assignments), "repair"))
+                continue
+            log.warning("a partly bound gang cannot be repaired as logged", extra={"job": gang.job_id})
+            gang.bound = True
+            gang.submitted = tuple(pod.key for pod in bound)
+
+    async def _submit(self, gang: Gang) -> None:
+        try:
+            async with self.slots:
+                await self._submit_now(gang)
+        finally:
+            self.busy.discard(gang.job_id)
+
+    async def _submit_now(self, gang: Gang) -> None:
+        pods = gang.waiting()
+        if not pods:
+            return
+        invalid = [pod for pod in pods if pod.invalid]
+        if invalid:
+            await self._tell_pending(gang, pods, "InvalidRequest", f"{invalid[0].key.name}: {invalid[0].invalid}")
+            self.retry_at[gang.job_id] = time.monotonic() + 3600  # a pod's request does not change
+            return
+        if self.capacity is None:
+            self.capacity = core.ClusterCapacity.of(node for node in self.nodes.values() if node.schedulable)
+        for pod in pods:
+            assert pod.resources is not None
+            why = self.capacity.never_fits(pod.resources)
+            if why:
+                await self._tell_pending(gang, pods, "NeverFits", f"no node in the cluster could ever hold it: {why}")
+                self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
+                self.never_fit.add(gang.job_id)
+                return
+        candidates = [node for node in self.nodes.values() if node.schedulable]
+        choices = [core.node_choice(pod.rules, candidates, self.capacity.tainted) for pod in pods]
+        for pod, choice in zip(pods, choices, strict=True):
+            if choice.none_because:
+                message = f"{pod.key.name}: {choice.none_because} (nodeSelector, node affinity, tolerations)"
+                await self._tell_pending(gang, pods, "NeverFits", message)
+                self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
+                self.never_fit.add(gang.job_id)
+                return
+        generation = self._generation_for(gang, pods)
+        if generation is None:
+            return
+        if not gang.waiting_since:
+            gang.waiting_since = time.monotonic()  # scheduleTimeoutSeconds counts from the first submission
+        request = placement_pb2.BindRequest(job=common_pb2.JobRef(job_id=gang.job_id, generation=generation))
+        fields = core.bind_request_fields(gang, pods)
+        request.queue = fields["queue"]
+        request.pods.extend(
+            requests.pod_resources(core.with_choice(resources, choice))
+            for resources, choice in zip(fields["pods"], choices, strict=True)
+        )
+        request.min_members = fields["min_members"]
+        request.topology.CopyFrom(convert.topology_constraint(fields["topology"]))
+        request.priority_tier = fields["priority_tier"]
+        request.preemptible = fields["preemptible"]
+        request.name = fields["name"]
+        request.image = fields["image"]
+        request.command = fields["command"]
+        if "time_limit_s" in fields:  # proto3 optional: left unset when no pod asks for a limit
+            request.time_limit_s = fields["time_limit_s"]
+        if generation != gang.generation or gang.released == generation:
+            gang.bound = False
+            gang.running_published = 0
+        gang.generation = generation
+        gang.submitted = tuple(pod.key for pod in pods)
+        started = time.perf_counter()
+        with tracer.start_as_current_span(
+            "reconcile pod group", attributes=gang_attributes(gang, generation, len(pods), "submit")
+        ) as span:
+            try:
+                answer = await self.placement.bind(request)
+            except PlacementUnavailable as error:
+                log.warning(
+                    "placement unavailable; the gang goes again", extra={"job": gang.job_id, "reason": str(error)}
+                )
+                gang.submitted = ()
+                self.retry_at[gang.job_id] = time.monotonic() + 1.0
+                return
+            if answer.status_code:
+                gang.submitted = ()
+                GANGS.labels("refused").inc()
+                span.set_attribute("kumiki.refused", answer.error)
+                if answer.status_code == 9:  # FAILED_PRECONDITION: an older generation still holds GPUs
+                    await self._resolve_conflict(gang)
+                else:
+                    await self._tell_pending(gang, pods, "PlacementRefused", answer.error)
+                    self.retry_at[gang.job_id] = time.monotonic() + 5.0
+                return
+            response = answer.response
+            if response.outcome == placement_pb2.BindResponse.OUTCOME_BOUND:
+                GANGS.labels("bound").inc()
+                span.set_attribute("kumiki.outcome", "bound")
+                await self._apply(gang, generation, convert.pod_assignments(response.assignments), "answer")
+                BIND_SECONDS.observe(time.perf_counter() - started)
+                return
+            GANGS.labels("pending").inc()
+            span.set_attribute("kumiki.outcome", "pending")
+            reason, message = core.reason_text(convert.pending_reason(reason) for reason in response.reasons)
+            ruled = [choice for choice in choices if choice.nodes or choice.avoid]
+            if ruled:  # Placement looked only at the nodes the rules admit: say so, the cluster may have room
+                admitted = len(ruled[0].nodes) or len(candidates) - len(ruled[0].avoid)
+                message += f" (on the {admitted} of {len(candidates)} nodes its node rules admit)"
+            await self._tell_pending(gang, pods, reason, message)
+
+    def _generation_for(self, gang: Gang, pods: list[Pod]) -> int | None:
+        """The generation to submit: the logged one again while it waits with the same pods (Placement answers
+        it as before), the next one once it was released, ended, or asked for different pods."""
+        logged = self.logged.get(gang.job_id)
+        last = max(gang.generation, logged.generation if logged else 0)
+        if last == 0:
+            return 1
+        if logged is not None and logged.generation == last:
+            if logged.state == events_pb2.JOB_STATE_SUBMITTED and core.same_requests(
+                logged.pods, [pod.resources for pod in pods]
+            ):
+                return last
+            if logged.state == events_pb2.JOB_STATE_BOUND:
+                if gang.released == last or gang.bound:
+                    return last + 1
+                # Placement bound it but the API never got the bind (the binder died in between): repair
+                if core.same_requests(logged.pods, [pod.resources for pod in pods]):
+                    self._spawn(self._apply(gang, last, list(logged.assignments), "repair"))
+                    gang.generation = last
+                    gang.submitted = tuple(pod.key for pod in pods)
+                    return None
+                self._spawn(self._release(gang.job_id, last, "pods changed before they were bound", 0))
+                return last + 1
+            if logged.state == events_pb2.JOB_STATE_SUBMITTED:
+                self._spawn(self._release(gang.job_id, last, "pods changed while waiting", 0))
+            return last + 1
+        if gang.submitted == tuple(pod.key for pod in pods) and not gang.bound:
+            return last  # our own pending submission again (same pods)
+        return last + 1
+
+    async def _resolve_conflict(self, gang: Gang) -> None:
+        """Placement holds an older generation for this job: release it (its pods are gone) and go again."""
+        logged = self.logged.get(gang.job_id)
+        if logged is not None and logged.state == events_pb2.JOB_STATE_BOUND:
+            await self._release(gang.job_id, logged.generation, "superseded by a new generation of the pods", 0)
+            logged.state = events_pb2.JOB_STATE_RELEASED
+        self.retry_at[gang.job_id] = time.monotonic() + 0.5
+        self.touch(gang.job_id)
+
+    async def _tell_pending(
+        self, gang: Gang, pods: list[Pod], reason: str, message: str, phase: str = "Pending"
+    ) -> None:
+        """PodScheduled=False with the reason, an Event on each pod and on the PodGroup (when it changed)."""
+        text = f"{reason}: {message}"
+        if gang.reason == text:
+            return
+        gang.reason = text
+        await asyncio.gather(
+            *(self.kube.set_unschedulable(pod.key.namespace, pod.key.name, reason, message) for pod in pods)
+        )
+        for pod in pods:
+            self._event("Pod", "v1", pod.key.namespace, pod.key.name, pod.uid, "FailedScheduling", text)
+        if gang.group:
+            uid = self.min_members.get((gang.namespace, gang.group), (0, ""))[1]
+            if uid:
+                self._event(
+                    "PodGroup", "scheduling.x-k8s.io/v1alpha1", gang.namespace, gang.group, uid, "Unschedulable", text
+                )
+                await self.kube.set_podgroup_phase(gang.namespace, gang.group, phase, 0, 0)
+
+    async def _time_out(self, gang: Gang, waited_s: float) -> None:
+        """PodGroup scheduleTimeoutSeconds passed with the gang unplaced: it leaves Placement's queue (it holds
+        no place, no reservation, nothing the gangs behind it wait for), its pods and PodGroup say so, and the
+        PodGroup's phase is Failed. It tries again when its pods or its PodGroup change."""
+        try:
+            gang.timed_out = True
+            log.info("pod group past its scheduleTimeoutSeconds", extra={"job": gang.job_id, "waited_s": waited_s})
+            if gang.generation and gang.submitted and gang.released != gang.generation:
+                gang.released = gang.generation
+                await self._release(gang.job_id, gang.generation, "scheduleTimeoutSeconds passed", 0)
+            pods = gang.waiting()
+            last = gang.reason or "waiting for placement"
+            gang.reason = ""
+            message = (
+                f"the pod group waited {waited_s:.0f}s, past its scheduleTimeoutSeconds ({gang.timeout_s}), "
+                f"without fitting; it tries again when its pods or PodGroup change. Last: {last}"
+            )
+            await self._tell_pending(gang, pods, "ScheduleTimeout", message, phase="Failed")
+            gang.waiting_since = 0.0
+        finally:
+            self.busy.discard(gang.job_id)
