@@ -265,18 +265,12 @@ class KubeApi:
                 ]
             }
         }
-        try:
+        with _unless_gone():
             if self.lane is not None:
                 path = pod_path(namespace, name, "status")
                 await self.lane.request("PATCH", path, patch, content_type=STRATEGIC_PATCH)
             else:
                 await self.client.patch(PodStatus, name, patch, namespace=namespace, patch_type=PatchType.STRATEGIC)
-        except ApiStatusError as error:
-            if error.code != 404:
-                raise
-        except ApiError as error:
-            if error.status.code != 404:
-                raise
 
     async def event(
         self,
@@ -338,19 +332,13 @@ class KubeApi:
 
     async def set_podgroup_phase(self, namespace: str, name: str, phase: str, scheduled: int, running: int) -> None:
         patch = {"status": {"phase": phase, "scheduled": scheduled, "running": running}}
-        try:
+        with _unless_gone():
             if self.lane is not None:
                 group, version, plural = POD_GROUP_API
                 path = f"/apis/{group}/{version}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
                 await self.lane.request("PATCH", f"{path}/status", patch, content_type=MERGE_PATCH)
             else:
                 await self.client.patch(PodGroupStatus, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
-        except ApiStatusError as error:
-            if error.code != 404:
-                raise
-        except ApiError as error:
-            if error.status.code != 404:
-                raise
 
     async def evict(self, namespace: str, name: str, grace_period_s: float = 0.0) -> tuple[bool, str]:
         """Ask the Eviction API (PodDisruptionBudgets apply): (True, "") when accepted or already gone,
@@ -449,3 +437,16 @@ def _retry_watch(error: Exception, count: int) -> OnErrorResult:
 
 def identity() -> str:
     return os.environ.get("KUMIKI_INSTANCE") or f"binder-{os.uname().nodename}-{os.getpid()}"
+
+
+@contextlib.contextmanager
+def _unless_gone() -> Iterator[None]:
+    """A status write for an object deleted meanwhile has nothing left to say: its 404 is not an error."""
+    try:
+        yield
+    except ApiStatusError as error:
+        if error.code != 404:
+            raise
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
