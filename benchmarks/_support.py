@@ -178,6 +178,38 @@ def create_out_or_exit(out: Path, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--out: cannot create {out}: {error.strerror}")
 
 
+def plot_rows_by_seed(
+    report: dict[str, Any], path: Path, title: str, gpus_per_node: int, highlight: str | None = None
+) -> None:
+    """One panel per cluster size of `report["sizes"]`: each row's mean average JCT as a bar, its seeds as dots
+    (rows whose name starts with `highlight` in green)."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = report["sizes"]
+    figure, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
+    for axis, (nodes, summary) in zip(axes[0], sizes.items(), strict=True):
+        names = list(summary["rows"])
+        for index, name in enumerate(names):
+            values = list(summary["rows"][name]["avg_jct_s"].values())
+            axis.scatter([index] * len(values), values, color="tab:gray", s=12, zorder=2)
+            colour = "tab:green" if highlight is not None and name.startswith(highlight) else "tab:blue"
+            axis.bar(index, summary["rows"][name]["mean_s"], color=colour, alpha=0.6, zorder=1)
+        axis.set_xticks(range(len(names)), [textwrap.fill(name, 16) for name in names], fontsize=7)
+        low = min(min(row["avg_jct_s"].values()) for row in summary["rows"].values())
+        axis.set_ylim(low * 0.97, None)
+        axis.set_ylabel("average JCT (s); dots: seeds")
+        axis.set_title(f"{nodes} x {gpus_per_node} GPUs")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def write_sizes_report(
     out: Path,
     report: dict[str, Any],

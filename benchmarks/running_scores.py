@@ -25,11 +25,10 @@ import argparse
 import math
 import statistics
 import sys
-import textwrap
 import time
 from typing import Any
 
-from _support import RecordingForecaster, run_in_processes, simulation_grid, write_sizes_report
+from _support import RecordingForecaster, plot_rows_by_seed, run_in_processes, simulation_grid, write_sizes_report
 
 from kumiki.forecast.models import DEFAULT_SELECTION, SelectionConfig, WeightedSelection
 from kumiki.sched.cluster import uniform_cluster
@@ -107,29 +106,9 @@ def markdown(nodes: int, summary: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Any) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = report["sizes"]
-    figure, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
-    for axis, (nodes, summary) in zip(axes[0], sizes.items(), strict=True):
-        names = list(summary["rows"])
-        for index, name in enumerate(names):
-            values = list(summary["rows"][name]["avg_jct_s"].values())
-            axis.scatter([index] * len(values), values, color="tab:gray", s=12, zorder=2)
-            colour = "tab:green" if name.startswith("default") else "tab:blue"
-            axis.bar(index, summary["rows"][name]["mean_s"], color=colour, alpha=0.6, zorder=1)
-        axis.set_xticks(range(len(names)), [textwrap.fill(name, 16) for name in names], fontsize=7)
-        low = min(min(row["avg_jct_s"].values()) for row in summary["rows"].values())
-        axis.set_ylim(low * 0.97, None)
-        axis.set_ylabel("average JCT (s); dots: seeds")
-        axis.set_title(f"{nodes} x {GPUS_PER_NODE} GPUs")
-    figure.suptitle("Scoring the models on running jobs too (Philly slice)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    plot_rows_by_seed(
+        report, path, "Scoring the models on running jobs too (Philly slice)", GPUS_PER_NODE, highlight="default"
+    )
 
 
 def main() -> int:
