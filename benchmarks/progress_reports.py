@@ -40,7 +40,8 @@ from kumiki.forecast.models.progress import ProgressConfig, ProgressForecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.engine import ProgressReports, SimConfig, Simulator
+from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.scenarios import ProgressReports
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs
 

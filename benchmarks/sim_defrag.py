@@ -24,7 +24,8 @@ from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
 from kumiki.sched.scheduler import Decisions
-from kumiki.sim.engine import OnDemandCheckpoint, SimConfig, Simulator
+from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.scenarios import OnDemandCheckpoint
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs
 

@@ -52,8 +52,9 @@ from _support import PHILLY, create_out_or_exit, out_and_trace_or_exit, run_in_p
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.engine import ProgressReports, SimConfig, Simulator
+from kumiki.sim.engine import SimConfig, Simulator
 from kumiki.sim.report import mean_interval, over_seeds, summarize, write_json
+from kumiki.sim.scenarios import ProgressReports
 from kumiki.sim.shifts import (
     SHIFTS,
     ShiftError,

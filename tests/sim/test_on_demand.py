@@ -8,7 +8,8 @@ import pytest
 
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.engine import JobResult, OnDemandCheckpoint, SimConfig, SimJobSpec, Simulator
+from kumiki.sim.engine import JobResult, SimConfig, SimJobSpec, Simulator
+from kumiki.sim.scenarios import OnDemandCheckpoint
 
 JOBS = [SimJobSpec("long", 0.0, 1, 10_000.0), SimJobSpec("short", 2_000.0, 1, 100.0)]
 

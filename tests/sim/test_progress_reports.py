@@ -11,7 +11,8 @@ from kumiki.forecast.models.progress import ProgressForecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.forecasting import Z90, JobFeatures, RuntimeForecast
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.engine import ProgressReports, SimConfig, SimJobSpec, Simulator
+from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
+from kumiki.sim.scenarios import ProgressReports
 from kumiki.sim.trace import load_jobs
 from kumiki.sim.workload import sim_jobs
 from tests.sim.test_trust_fallback import TINY

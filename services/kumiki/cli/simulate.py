@@ -19,7 +19,7 @@ from kumiki.sched.policies import POLICIES
 from kumiki.sim.shifts import SHIFTS, ShiftError, parse_day_order, reorder_days, shift_trace
 
 if TYPE_CHECKING:
-    from kumiki.sim.engine import ProgressReports
+    from kumiki.sim.scenarios import ProgressReports
 
 DEFAULT_CHECKPOINT = CheckpointModel()
 
@@ -126,7 +126,7 @@ def add_progress_options(parser: argparse.ArgumentParser | argparse._ArgumentGro
 
 def progress_reports_from(args: argparse.Namespace, prefix: str = "", seed: int = 0) -> ProgressReports | None:
     """The --progress-* scenario, checked, errors naming the option (None: no job reports progress)."""
-    from kumiki.sim.engine import ProgressReports
+    from kumiki.sim.scenarios import ProgressReports
 
     def option(name: str) -> tuple[str, str | None]:
         value = getattr(args, (prefix + name).replace("-", "_"))

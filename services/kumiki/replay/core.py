@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kumiki.quota.core import ANY_MODEL, Queue, QuotaConfig, build_config
 from kumiki.sched.jobs import consolidated_gang
-from kumiki.sim.engine import RANK_CHECK_FIRST_S, progress_marks
+from kumiki.sim.scenarios import RANK_CHECK_FIRST_S, progress_marks
 from kumiki.sim.trace import TraceJob
 
 

@@ -31,7 +31,7 @@ from kumiki.replay.core import (
 from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, restore_cluster
 from kumiki.replay.kube import KubeReplay, create_nodes, delete_nodes
 from kumiki.replay.nodes import NodeAgents
-from kumiki.sim.engine import ProgressReports
+from kumiki.sim.scenarios import ProgressReports
 from kumiki.sim.trace import load_jobs
 
 GPUS_PER_NODE = 8
