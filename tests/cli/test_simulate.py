@@ -215,43 +215,6 @@ def test_trace_without_durations_is_rejected_with_the_job(tmp_path, capsys):
     assert "job x: field 'duration_s'" in capsys.readouterr().err
 
 
-def test_pack_reports_unallocated_share(tmp_path):
-    pods = tmp_path / "pods.csv"
-    nodes = tmp_path / "nodes.csv"
-    pods.write_text(
-        "job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\n"
-        + "".join(f"p{i},{i},{g},2,4,,,LS,Running,\n" for i, g in enumerate([0.5, 1, 0.25, 0.5, 2, 0.75, 0]))
-    )
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\na,32000,65536,2,T4\nb,32000,65536,4,T4\n")
-    out = tmp_path / "o"
-    assert (
-        main(
-            [
-                "pack",
-                "--pods",
-                str(pods),
-                "--nodes",
-                str(nodes),
-                "--placement",
-                "best-fit,kumiki",
-                "--seeds",
-                "2",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    report = json.loads((out / "report.json").read_text())
-    assert report["capacity_gpus"] == 6
-    for row in report["strategies"].values():
-        assert 0.0 <= row["unallocated_share_mean"] <= 1.0
-        assert len(row["runs"]) == 2
-        for run in row["runs"]:
-            assert run["arrivals"] >= 1 and (run["failed"] == 0) == (run["first_failure_arrival"] == 0)
-    assert (out / "unallocated.png").exists()
-
-
 def test_day_windows_and_the_share_of_the_oracles_gain_the_forecasts_recover(tmp_path):
     trace = tmp_path / "two-days.csv"
     lines = ["job_id,submit_s,gpus,cpus,mem_gb,duration_s,user,queue,status,model\n"]

@@ -14,6 +14,7 @@ from rich.console import Console
 COMMAND_MODULES = (
     "kumiki.cli.stack",
     "kumiki.cli.simulate",
+    "kumiki.cli.pack",
     "kumiki.cli.forecast",
     "kumiki.cli.quota",
     "kumiki.cli.placement",

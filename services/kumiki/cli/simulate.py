@@ -1,10 +1,9 @@
-"""`kumiki simulate` (trace-driven scheduling simulator) and `kumiki pack` (FGD fragmentation benchmark)."""
+"""`kumiki simulate`: the trace-driven scheduling simulator."""
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kumiki.cli.main import UsageError, message_console
+from kumiki.cli.options import names_option, number_option, seeds_option, whole_number_option
 from kumiki.sched.forecasting import RuntimeForecaster
 from kumiki.sched.jobs import CheckpointModel
 from kumiki.sched.placement import STRATEGIES
@@ -83,22 +83,6 @@ def register(subparsers: Any) -> None:
     add_progress_options(simulate)
     simulate.set_defaults(handler=run_simulate)
 
-    pack = subparsers.add_parser(
-        "pack",
-        help="FGD fragmentation benchmark: place pods until the cluster's GPUs are requested",
-        description=(
-            "Pods arrive with no departures until the requested GPUs reach the cluster's GPU capacity, repeating "
-            "the pod file in shuffled order when it runs out. Seed 0 starts with the file's order; other seeds "
-            "shuffle everything. A pod that does not fit is dropped and counted."
-        ),
-    )
-    pack.add_argument("--pods", required=True, help="pod trace CSV (openb-pods.csv schema)")
-    pack.add_argument("--nodes", required=True, help="node CSV (openb-nodes.csv schema)")
-    pack.add_argument("--placement", required=True, help=f"comma-separated strategies ({', '.join(STRATEGIES)})")
-    pack.add_argument("--out", required=True, help="output directory")
-    pack.add_argument("--seeds", default="1", help="number of seeds (0..K-1), default 1")
-    pack.set_defaults(handler=run_pack)
-
 
 def add_progress_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
     """--progress-reports / --progress-share / --progress-noise, for `kumiki simulate` and the live replay (`kumiki
@@ -137,59 +121,15 @@ def progress_reports_from(args: argparse.Namespace, prefix: str = "", seed: int 
         return None
     share_option, share_text = option("progress-share")
     noise_option, noise_text = option("progress-noise")
-    share = _float(share_text, share_option)
-    noise = _float(noise_text, noise_option)
+    share = number_option(share_text, share_option)
+    noise = number_option(noise_text, noise_option)
     assert share is not None and noise is not None
     if share > 1.0:
         raise UsageError(f"{share_option} must be <= 1, got {share_text}")
-    return ProgressReports(_int(min_gpus, reports_option, 1), share, noise, seed)
+    return ProgressReports(whole_number_option(min_gpus, reports_option, 1), share, noise, seed)
 
 
 # ---- validation helpers ---------------------------------------------------------------------------
-def _int(value: str, option: str, minimum: int) -> int:
-    from kumiki.common.config import ConfigError, whole_number
-
-    try:
-        return whole_number(value, option, minimum=minimum)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-
-
-def _float(value: str | None, option: str, minimum: float | None = 0.0) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        raise UsageError(f"{option} must be a number, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise UsageError(f"{option} must be finite, got {value!r}")
-    if minimum is not None and number < minimum:
-        raise UsageError(f"{option} must be >= {minimum:g}, got {value}")
-    return number
-
-
-def _names(value: str, option: str, known: tuple[str, ...]) -> list[str]:
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    if not names:
-        raise UsageError(f"{option} must name at least one of {', '.join(known)}")
-    for name in names:
-        if name not in known:
-            raise UsageError(f"{option}: unknown {name!r} (known: {', '.join(known)})")
-    if len(set(names)) != len(names):
-        raise UsageError(f"{option} repeats a name")
-    return names
-
-
-def _seeds(value: str) -> list[int]:
-    from kumiki.common.config import ConfigError, whole_numbers
-
-    try:
-        return whole_numbers(value, "--seeds", minimum=0)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-
-
 def load_queue_shares(path: str) -> dict[str, float]:
     """A mapping queue -> guaranteed GPUs, JSON or YAML; every value a positive number."""
     import yaml
@@ -246,22 +186,22 @@ def run_simulate(args: argparse.Namespace) -> int:
     from kumiki.sim.trace import TraceError, load_jobs, window
     from kumiki.sim.workload import WorkloadError, sim_jobs
 
-    nodes = _int(args.nodes, "--nodes", 1)
-    gpus_per_node = _int(args.gpus_per_node, "--gpus-per-node", 1)
-    policies = _names(args.policy, "--policy", tuple(POLICIES))
-    placement = _names(args.placement, "--placement", STRATEGIES)
+    nodes = whole_number_option(args.nodes, "--nodes", 1)
+    gpus_per_node = whole_number_option(args.gpus_per_node, "--gpus-per-node", 1)
+    policies = names_option(args.policy, "--policy", tuple(POLICIES))
+    placement = names_option(args.placement, "--placement", STRATEGIES)
     if len(placement) != 1:
         raise UsageError("--placement takes one strategy for simulate")
-    seeds = _seeds(args.seeds) if args.seeds is not None else [_int(args.seed, "--seed", 0)]
+    seeds = seeds_option(args.seeds) if args.seeds is not None else [whole_number_option(args.seed, "--seed", 0)]
     seed = seeds[0]
-    start_s = _float(args.start_s, "--start-s", None)
-    end_s = _float(args.end_s, "--end-s", None)
+    start_s = number_option(args.start_s, "--start-s", None)
+    end_s = number_option(args.end_s, "--end-s", None)
     if start_s is not None and end_s is not None and end_s <= start_s:
         raise UsageError(f"--end-s ({end_s:g}) must be greater than --start-s ({start_s:g})")
-    nodes_per_rack = _int(args.nodes_per_rack, "--nodes-per-rack", 1)
-    interval = _float(args.checkpoint_interval_s, "--checkpoint-interval-s")
-    cost = _float(args.checkpoint_cost_s, "--checkpoint-cost-s")
-    restore = _float(args.restore_cost_s, "--restore-cost-s")
+    nodes_per_rack = whole_number_option(args.nodes_per_rack, "--nodes-per-rack", 1)
+    interval = number_option(args.checkpoint_interval_s, "--checkpoint-interval-s")
+    cost = number_option(args.checkpoint_cost_s, "--checkpoint-cost-s")
+    restore = number_option(args.restore_cost_s, "--restore-cost-s")
     assert interval is not None and cost is not None and restore is not None
     if interval <= 0:
         raise UsageError("--checkpoint-interval-s must be > 0")
@@ -543,69 +483,3 @@ def _queue_table(policies: dict[str, Any]) -> str:
         cells = [f"{row['per_queue'].get(queue, {}).get('avg_jct_s', 0):,.0f}" for row in policies.values()]
         lines.append(f"| {queue} | {first['jobs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-# ---- pack -----------------------------------------------------------------------------------------
-def run_pack(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kumiki.sim.pack import PackError, pack_report, prepare
-    from kumiki.sim.trace import TraceError, load_jobs, load_nodes
-
-    strategies = _names(args.placement, "--placement", STRATEGIES)
-    seeds = _int(args.seeds, "--seeds", 1)
-    try:
-        pods = load_jobs(args.pods)
-    except TraceError as error:
-        raise UsageError(f"--pods: {error}") from None
-    try:
-        nodes = load_nodes(args.nodes)
-    except TraceError as error:
-        raise UsageError(f"--nodes: {error}") from None
-    try:
-        problem = prepare(pods, nodes)
-    except PackError as error:
-        raise UsageError(str(error)) from None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    console = message_console()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("pack runs", total=len(strategies) * seeds)
-        report = pack_report(problem, strategies, seeds, on_run=lambda: progress.advance(task))
-    report["config"] = {"pods": str(args.pods), "nodes": str(args.nodes), "seeds": seeds}
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    lines = [
-        "| strategy | unallocated GPU share (mean) | std | arrivals at first failure (mean) | std | failed pods |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, row in report["strategies"].items():
-        lines.append(
-            f"| {name} | {row['unallocated_share_mean']:.4f} | {row['unallocated_share_std']:.4f} | "
-            f"{row['first_failure_arrival_mean']:,.1f} | {row['first_failure_arrival_std']:,.1f} | "
-            f"{row['failed_pods_mean']:,.1f} |"
-        )
-    table = "\n".join(lines) + "\n"
-    (out / "report.md").write_text(f"# Fragmentation benchmark ({seeds} seeds)\n\n{table}", encoding="utf-8")
-    _plot_pack(report, out)
-    console.print(table)
-    console.print(f"wrote {out / 'report.json'}")
-    return 0
-
-
-def _plot_pack(report: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report["strategies"])
-    means = [100 * report["strategies"][name]["unallocated_share_mean"] for name in names]
-    stds = [100 * report["strategies"][name]["unallocated_share_std"] for name in names]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(names, means, yerr=stds, color="#4878a8", capsize=4)
-    ax.set_ylabel("GPU capacity unallocated (%)")
-    ax.set_title("openb fragmentation at full request")
-    fig.tight_layout()
-    fig.savefig(out / "unallocated.png", dpi=90)
-    plt.close(fig)
