@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import asyncpg
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
 
-from kumiki.common.config import DatabaseSettings
+from kumiki.common.config import ConfigError, DatabaseSettings
 from kumiki.common.contracts.v1 import common_pb2, placement_pb2
-from kumiki.common.grpcutil import LogBudget, RequestGuard, Undecodable, guarded_deserializer, undecodable_reason
+from kumiki.common.grpcutil import (
+    LogBudget,
+    RequestGuard,
+    Undecodable,
+    channel_credentials,
+    client_credentials,
+    guarded_deserializer,
+    undecodable_reason,
+)
 from tests.conftest import wait_until
 
 BIND = placement_pb2.BindRequest.DESCRIPTOR
@@ -152,3 +161,24 @@ async def test_a_handler_that_loses_its_database_answers_unavailable(database_se
         await admin.close()
         await connection.close()
         await server.stop(None)
+
+
+def test_channel_credentials_name_the_service_s_variables_and_need_a_key_with_a_certificate(tmp_path: Path) -> None:
+    for name in ("ca.crt", "me.crt", "me.key"):
+        (tmp_path / name).write_text("not parsed until a handshake")
+    ca, cert, key = (str(tmp_path / name) for name in ("ca.crt", "me.crt", "me.key"))
+
+    assert channel_credentials({}, "KUMIKI_QUOTA") is None  # plaintext
+    assert isinstance(channel_credentials({"KUMIKI_QUOTA_CAFILE": ca}, "KUMIKI_QUOTA"), grpc.ChannelCredentials)
+    mutual = {"KUMIKI_PLACEMENT_CERTFILE": cert, "KUMIKI_PLACEMENT_KEYFILE": key}
+    assert channel_credentials(mutual, "KUMIKI_PLACEMENT") is not None  # the system's roots, our identity
+    with pytest.raises(ConfigError, match="KUMIKI_PLACEMENT_KEYFILE: KUMIKI_PLACEMENT_CERTFILE and"):
+        channel_credentials({"KUMIKI_PLACEMENT_CERTFILE": cert}, "KUMIKI_PLACEMENT")
+    with pytest.raises(ConfigError, match="KUMIKI_QUOTA_CAFILE: expected a readable file"):
+        channel_credentials({"KUMIKI_QUOTA_CAFILE": str(tmp_path / "missing.crt")}, "KUMIKI_QUOTA")
+
+
+def test_calls_between_kumiki_services_need_the_ca_that_signed_them() -> None:
+    assert client_credentials({"KUMIKI_QUOTA_CAFILE": "/elsewhere"}) is None  # only KUMIKI_GRPC_* count here
+    with pytest.raises(ConfigError, match="KUMIKI_GRPC_CAFILE: required with KUMIKI_GRPC_CERTFILE"):
+        client_credentials({"KUMIKI_GRPC_CERTFILE": __file__, "KUMIKI_GRPC_KEYFILE": __file__})

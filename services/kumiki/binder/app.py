@@ -26,7 +26,8 @@ from kumiki.binder.adapters.placement import PlacementClient
 from kumiki.common.bus import EventConsumer
 from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
-from kumiki.common.config import ConfigError, env_bool, env_file, env_int, env_str
+from kumiki.common.config import ConfigError, env_bool, env_int, env_str
+from kumiki.common.grpcutil import channel_credentials
 from kumiki.common.service import Runtime, ServiceSpec
 
 log = logging.getLogger(__name__)
@@ -90,20 +91,7 @@ async def _hold_lease(kube: KubeApi, namespace: str, name: str, duration_s: int,
 def placement_credentials(env: Mapping[str, str]) -> grpc.ChannelCredentials | None:
     """TLS to Placement: its CA (KUMIKI_PLACEMENT_CAFILE) and, for mTLS, the binder's own certificate
     (KUMIKI_PLACEMENT_CERTFILE and KUMIKI_PLACEMENT_KEYFILE). None: plaintext."""
-    cafile = env_file(env, "KUMIKI_PLACEMENT_CAFILE")
-    certfile = env_file(env, "KUMIKI_PLACEMENT_CERTFILE")
-    keyfile = env_file(env, "KUMIKI_PLACEMENT_KEYFILE")
-    if (certfile is None) != (keyfile is None):
-        raise ConfigError(
-            "KUMIKI_PLACEMENT_KEYFILE: KUMIKI_PLACEMENT_CERTFILE and KUMIKI_PLACEMENT_KEYFILE go together"
-        )
-    if cafile is None and certfile is None:
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=cafile.read_bytes() if cafile else None,
-        private_key=keyfile.read_bytes() if keyfile else None,
-        certificate_chain=certfile.read_bytes() if certfile else None,
-    )
+    return channel_credentials(env, "KUMIKI_PLACEMENT")
 
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:

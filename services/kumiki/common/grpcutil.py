@@ -359,26 +359,35 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 # ---- calling another Kumiki service ----------------------------------------------------------------------
+def channel_credentials(
+    env: Mapping[str, str], prefix: str, *, ca_required: bool = False
+) -> grpc.ChannelCredentials | None:
+    """TLS to a server from `{prefix}_CAFILE` (the CA that signed its certificate; unset: the system's roots) and,
+    for mTLS, `{prefix}_CERTFILE` with `{prefix}_KEYFILE` (this process's identity). None when neither a CA nor
+    a certificate is set: plaintext. `ca_required`: a certificate without the CA is refused."""
+    from kumiki.common.config import ConfigError, env_file
+
+    cafile = env_file(env, f"{prefix}_CAFILE")
+    certfile = env_file(env, f"{prefix}_CERTFILE")
+    keyfile = env_file(env, f"{prefix}_KEYFILE")
+    if (certfile is None) != (keyfile is None):
+        raise ConfigError(f"{prefix}_KEYFILE: {prefix}_CERTFILE and {prefix}_KEYFILE must be set together")
+    if cafile is None and certfile is not None and ca_required:
+        raise ConfigError(f"{prefix}_CAFILE: required with {prefix}_CERTFILE (the servers' CA)")
+    if cafile is None and certfile is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=cafile.read_bytes() if cafile else None,
+        private_key=keyfile.read_bytes() if keyfile else None,
+        certificate_chain=certfile.read_bytes() if certfile else None,
+    )
+
+
 def client_credentials(env: Mapping[str, str]) -> grpc.ChannelCredentials | None:
     """How this process calls other Kumiki services: KUMIKI_GRPC_CAFILE (the CA that signed their certificates)
     and, for mTLS, KUMIKI_GRPC_CERTFILE and KUMIKI_GRPC_KEYFILE (this process's identity: the certificate's CN).
     None when KUMIKI_GRPC_CAFILE is unset: plaintext, as a development stack without --tls runs."""
-    from kumiki.common.config import ConfigError, env_file
-
-    cafile = env_file(env, "KUMIKI_GRPC_CAFILE")
-    certfile = env_file(env, "KUMIKI_GRPC_CERTFILE")
-    keyfile = env_file(env, "KUMIKI_GRPC_KEYFILE")
-    if (certfile is None) != (keyfile is None):
-        raise ConfigError("KUMIKI_GRPC_KEYFILE: KUMIKI_GRPC_CERTFILE and KUMIKI_GRPC_KEYFILE must be set together")
-    if cafile is None:
-        if certfile is not None:
-            raise ConfigError("KUMIKI_GRPC_CAFILE: required with KUMIKI_GRPC_CERTFILE (the servers' CA)")
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=cafile.read_bytes(),
-        private_key=keyfile.read_bytes() if keyfile else None,
-        certificate_chain=certfile.read_bytes() if certfile else None,
-    )
+    return channel_credentials(env, "KUMIKI_GRPC", ca_required=True)
 
 
 def client_channel(

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 
 import grpc
 
-from kumiki.common.config import ConfigError, env_choice, env_file, env_float, env_optional, env_secret
+from kumiki.common.config import ConfigError, env_choice, env_float, env_optional, env_secret
 from kumiki.common.contracts.v1 import placement_pb2_grpc
+from kumiki.common.grpcutil import channel_credentials
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.placement.adapters.admission import Admission, AllowAllAdmission, QuotaServiceAdmission
 from kumiki.placement.adapters.events import DecisionPublisher, NodeTable, follow_tables, rebuild
@@ -37,18 +38,7 @@ def admission_from_env() -> Admission:
 def quota_credentials(env: Mapping[str, str]) -> grpc.ChannelCredentials | None:
     """TLS to the quota service: its CA (KUMIKI_QUOTA_CAFILE) and, for mTLS, placement's own certificate
     (KUMIKI_QUOTA_CERTFILE and KUMIKI_QUOTA_KEYFILE; its CN is the identity quota checks). None: plaintext."""
-    cafile = env_file(env, "KUMIKI_QUOTA_CAFILE")
-    certfile = env_file(env, "KUMIKI_QUOTA_CERTFILE")
-    keyfile = env_file(env, "KUMIKI_QUOTA_KEYFILE")
-    if (certfile is None) != (keyfile is None):
-        raise ConfigError("KUMIKI_QUOTA_KEYFILE: KUMIKI_QUOTA_CERTFILE and KUMIKI_QUOTA_KEYFILE must be set together")
-    if cafile is None and certfile is None:
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=cafile.read_bytes() if cafile else None,
-        private_key=keyfile.read_bytes() if keyfile else None,
-        certificate_chain=certfile.read_bytes() if certfile else None,
-    )
+    return channel_credentials(env, "KUMIKI_QUOTA")
 
 
 async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
