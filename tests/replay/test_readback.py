@@ -23,7 +23,8 @@ def _events(count: int) -> list[tuple[str, events_pb2.JobLifecycle]]:
     ]
 
 
-async def _offsets_table(database: DatabaseSettings) -> None:
+async def _migrated(database: DatabaseSettings) -> None:
+    """The bus's consumer offsets and the quota ledger, as the services create them."""
     pool = await create_pool(database)
     try:
         await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
@@ -56,7 +57,7 @@ async def test_group_lag_counts_from_the_committed_offsets_and_postgres_override
     kafka: KafkaSettings, database_settings: DatabaseSettings
 ) -> None:
     await ensure_topics(kafka, [JOB_LIFECYCLE])
-    await _offsets_table(database_settings)
+    await _migrated(database_settings)
     topic = JOB_LIFECYCLE.full_name(kafka.topic_prefix)
     async with EventProducer(kafka, "//kumiki/test") as producer:
         await producer.publish_many(JOB_LIFECYCLE, _events(60))
@@ -99,7 +100,7 @@ async def test_group_lag_counts_from_the_committed_offsets_and_postgres_override
 async def test_quota_ledger_reads_only_the_run_s_jobs_and_counts_open_intervals(
     database_settings: DatabaseSettings,
 ) -> None:
-    await _offsets_table(database_settings)
+    await _migrated(database_settings)
     connection = await asyncpg.connect(database_settings.url)
     try:
         closed = "INSERT INTO quota.ledger (job_id, generation, queue, gpu_model, priority_tier, gpus, start_us,"

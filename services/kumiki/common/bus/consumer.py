@@ -320,7 +320,7 @@ class EventConsumer:
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         headers = dead_letter_headers(
-            list(record.headers or ()), reason, record.topic, record.partition, record.offset, self.group_id
+            record.headers or (), reason, record.topic, record.partition, record.offset, self.group_id
         )
         await self.producer.send_raw(
             DEAD_LETTER.full_name(self.settings.topic_prefix), record.key, record.value, headers
