@@ -241,6 +241,45 @@ def test_reconsider_reranks_waiting_jobs_and_keeps_their_wait():
     assert scheduler.withdraw("second") and scheduler.waiting.keys() == {"first"}
 
 
+def test_a_job_queued_again_starves_from_its_last_queueing():
+    """ "quick" starts ahead of "head" and is preempted; queued again at 500 s, it starves at 1,500 s, not at 1,001 s
+    (its first queueing, an entry left behind "head" in the queue-time heap)."""
+    policy = dataclasses.replace(POLICIES["kumiki"], starvation_s=1000.0, starvation_preempts=False)
+    scheduler = Scheduler(policy, ClusterState.empty(uniform_cluster(1, 1)), "best-fit")
+    scheduler.submit(forecast_view("head", 1, 0.0, 1e5, 2e5), consolidated_gang("head", 1, 1), now=0.0)
+    scheduler.submit(forecast_view("quick", 1, 1.0, 10.0, 20.0), consolidated_gang("quick", 1, 1), now=1.0)
+    assert started(scheduler.schedule(1.0)) == ["quick"]
+    assert scheduler.preempt("quick", "", "reclaim", 500.0).job_id == "quick"
+    scheduler.submit(forecast_view("quick", 1, 1.0, 10.0, 20.0), consolidated_gang("quick", 1, 1), now=500.0)
+    assert scheduler.withdraw("head")
+    assert scheduler._starving(1001.0) is None
+    assert scheduler.next_deadline(1001.0) == 1500.0
+    assert scheduler._starving(1500.0) == "quick"
+
+
+def test_next_deadline_is_the_earliest_starvation_or_reservation_deadline_still_ahead():
+    policy = dataclasses.replace(RESERVING_KUMIKI, starvation_s=1000.0, starvation_preempts=False)
+    scheduler = Scheduler(policy, ClusterState.empty(uniform_cluster(1, 4)), "best-fit")
+    assert scheduler.next_deadline(0.0) is None  # nothing waits
+    scheduler.submit(forecast_view("running", 4, 0.0, 100.0, 200.0), consolidated_gang("running", 4, 4), now=0.0)
+    assert started(scheduler.schedule(0.0)) == ["running"]
+    scheduler.submit(forecast_view("one", 1, 10.0, 50.0, 90.0), consolidated_gang("one", 1, 4), now=10.0)
+    scheduler.submit(forecast_view("two", 2, 30.0, 50.0, 90.0), consolidated_gang("two", 2, 4), now=30.0)
+    scheduler.submit(forecast_view("later", 1, 20.0, 50.0, 90.0), consolidated_gang("later", 1, 4), now=20.0)
+    # each shape's longest waiting job counts; "later" waits behind "one"
+    assert scheduler.next_deadline(100.0) == 1010.0
+    assert scheduler.next_deadline(1010.0) == 1030.0  # "one" starves now; "two" is the next to
+    assert scheduler.next_deadline(1030.0) is None
+    # a reservation's deadline counts while its job waits and the policy lends its nodes
+    scheduler.schedule(100.0)
+    reservation = scheduler.reservation
+    assert reservation is not None and policy.backfill_on_reserved
+    assert scheduler.next_deadline(100.0) == min(1010.0, reservation.shadow_s)
+    scheduler.reservation = dataclasses.replace(reservation, shadow_s=5000.0)
+    assert scheduler.next_deadline(1030.0) == 5000.0
+    assert scheduler.next_deadline(5000.0) is None
+
+
 def test_kumiki_evicts_by_rank_only_past_the_margin_the_two_keys_errors_set():
     """The same two ranks: a newcomer evicts the running job when both keys forecast well, not when they do not."""
 

@@ -184,3 +184,15 @@ def test_pod_features_reach_the_forecaster():
         for job in seen
     )
     assert any(job.time_limit_s for job in seen) and all(job.command for job in seen)
+
+
+def test_a_starving_job_gets_its_turn_at_the_limit_even_when_the_trace_falls_silent():
+    """Nothing arrives or ends for days: the pass that lets the starving whole-node job in runs at its starvation
+    limit, as the live service's once-a-second pass would, not at the next event the trace happens to have."""
+    day = 24 * 3600.0
+    jobs = [SimJobSpec("long", 0.0, 8, 10 * day), SimJobSpec("waiter", 100.0, 8, 10 * day)]
+    result = run(jobs, "kumiki-oracle", nodes=1, gpus=8)
+    by_id = {job.job_id: job for job in result.jobs}
+    assert by_id["waiter"].first_start_s == 100.0 + POLICIES["kumiki-oracle"].starvation_s
+    # from then on the two take turns, each evicting the other when it has waited the limit
+    assert by_id["long"].preemptions >= 1 and by_id["waiter"].preemptions >= 1

