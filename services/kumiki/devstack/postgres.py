@@ -134,11 +134,15 @@ def start_postgres(kind: str, data_dir: Path, port: int, log_path: Path, databas
     )
 
 
-def stop_postgres(data_dir: Path, bin_dir: Path, user: str | None) -> bool:
+def stop_postgres(data_dir: Path, bin_dir: Path, user: str | None, *, mode: str = "fast") -> bool:
+    """`pg_ctl stop -m mode`; "immediate" skips the shutdown checkpoint (crash recovery at the next start, as the
+    fault-injection run wants). False when no server was running there."""
+    if mode not in ("smart", "fast", "immediate"):
+        raise ValueError(f"mode: {mode!r} is not one of smart, fast, immediate")
     pgdata = data_dir / "pgdata"
     if not (pgdata / "postmaster.pid").exists():
         return False
-    _run([str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"], user, "pg_ctl stop")
+    _run([str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-m", mode, "-w", "stop"], user, "pg_ctl stop")
     return True
 
 

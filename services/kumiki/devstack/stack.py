@@ -83,7 +83,8 @@ class StackState:
         self.path.write_text(json.dumps(payload, indent=2))
 
 
-def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -> dict[str, str]:
+def launch_env(state: StackState, name: str, grpc_port: int, http_port: int) -> dict[str, str]:
+    """The environment a stack service starts with: the stack's broker, database and neighbours' addresses."""
     env = dict(os.environ)
     prefix = service_prefix(name)
     assert state.broker is not None and state.database is not None
@@ -134,7 +135,7 @@ def _service_env(state: StackState, name: str, grpc_port: int, http_port: int) -
 
 def _spawn_service(state: StackState, name: str, info: dict[str, Any]) -> None:
     """Start a service as `info` says (module, ports, log, environment overrides) and record it with its pid."""
-    env = _service_env(state, name, info["grpc_port"], info["http_port"])
+    env = launch_env(state, name, info["grpc_port"], info["http_port"])
     env.update(info["env"])
     info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
     state.services[name] = info
@@ -170,7 +171,7 @@ def _await_listening(state: StackState, name: str, deadline: float, progress: An
             for other, held in state.services.items()
             if other != name
             and alive(held.get("pid"))
-            and address in _service_env(state, other, held["grpc_port"], held["http_port"]).values()
+            and address in launch_env(state, other, held["grpc_port"], held["http_port"]).values()
         ]
         taken = f"{info['grpc_port']}/{info['http_port']}"
         info["grpc_port"], info["http_port"] = free_port(), free_port()

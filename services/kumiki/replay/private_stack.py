@@ -13,9 +13,9 @@ from pathlib import Path
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.devstack.broker import start_kafka
-from kumiki.devstack.postgres import _run, start_postgres
+from kumiki.devstack.postgres import start_postgres, stop_postgres
 from kumiki.devstack.processes import StackError, alive, free_port, spawn, wait_for_port
-from kumiki.devstack.stack import StackState, _service_env, bring_down, bring_up, readiness
+from kumiki.devstack.stack import StackState, bring_down, bring_up, launch_env, readiness
 
 
 class PrivateStack:
@@ -69,7 +69,7 @@ class PrivateStack:
 
     def start(self, service: str) -> None:
         info = self.state.services[service]
-        env = _service_env(self.state, service, info["grpc_port"], info["http_port"])
+        env = launch_env(self.state, service, info["grpc_port"], info["http_port"])
         env.update(info.get("env", {}))  # what `up` or the last restart set for it
         info["pid"] = spawn([sys.executable, "-m", info["module"]], Path(info["log"]), env=env)
         self.state.save()
@@ -107,9 +107,7 @@ class PrivateStack:
         """pg_ctl stop -m immediate (no shutdown checkpoint: crash recovery at the next start), then start."""
         assert self.state.database is not None
         database = self.state.database
-        pgdata = Path(database["data_dir"]) / "pgdata"
-        _run([str(Path(database["bin_dir"]) / "pg_ctl"), "-D", str(pgdata), "-m", "immediate", "-w", "stop"],
-             database.get("run_as"), "pg_ctl stop")  # fmt: skip
+        stop_postgres(Path(database["data_dir"]), Path(database["bin_dir"]), database.get("run_as"), mode="immediate")
         port = int(database["url"].rpartition(":")[2].split("/")[0])
         self.state.database = start_postgres(
             self.database_kind, Path(database["data_dir"]), port, Path(database["log"])
