@@ -427,26 +427,19 @@ class Scheduler:
         That is a waiting job reaching the starvation limit, or the reserved job's shadow time (its borrowers
         are evicted then). A caller that runs passes only on events (the simulator) runs one at this time, or a
         trace with a silent gap would leave a starving job waiting for the next arrival."""
-        deadlines: list[float] = []
-        if self.policy.starvation_s and self.waiting:
-            for _, heap in self._queued_heads():
-                if heap[0][0] + self.policy.starvation_s > now:
-                    deadlines.append(heap[0][0] + self.policy.starvation_s)
-        reservation = self.reservation
-        if (
-            reservation is not None
-            and self.policy.backfill_on_reserved
-            and reservation.job_id in self.waiting
-            and reservation.shadow_s > now
-        ):
-            deadlines.append(reservation.shadow_s)
+        deadlines = [starves_s for _, heap in self._queued_heads() if (starves_s := self._starves_at(heap)) > now]
+        borrowers_leave_s = self._borrowers_deadline()
+        if borrowers_leave_s is not None and borrowers_leave_s > now:
+            deadlines.append(borrowers_leave_s)
         return min(deadlines, default=None)
 
     def _queued_heads(self) -> Iterator[tuple[tuple[int, ...], list[tuple[float, int, str]]]]:
-        """Each shape's queue-time heap, its head a waiting job's current entry.
+        """Each shape's queue-time heap, its head a waiting job's current entry; none without a starvation limit.
 
         Entries of jobs that left are dropped here, and so are those of an earlier queueing of a job queued again
         (started, then preempted): its wait counts from the last time it joined the queue."""
+        if not self.policy.starvation_s:
+            return
         for shape, heap in self.by_queued.items():
             while heap and not self._queued_now(heap[0]):
                 heapq.heappop(heap)
@@ -457,19 +450,30 @@ class Scheduler:
         entry = self.waiting.get(queued[2])
         return entry is not None and entry.key[2] == queued[1]
 
+    def _starves_at(self, heap: list[tuple[float, int, str]]) -> float:
+        """When the head of a queue-time heap reaches the starvation limit (one sum, so the pass the simulator
+        runs at this time finds the job starving)."""
+        return heap[0][0] + self.policy.starvation_s
+
     def _starving(self, now: float) -> str | None:
-        if not self.policy.starvation_s:
-            return None
         # the starving job whose wait holds the most GPU capacity back: large gangs first
         best: tuple[float, str] | None = None
         for shape, heap in self._queued_heads():
-            if now - heap[0][0] >= self.policy.starvation_s:
+            if now >= self._starves_at(heap):
                 weight = (now - heap[0][0]) * sum(shape)
                 if best is None or weight > best[0]:
                     best = (weight, heap[0][2])
         if best is not None:
             return best[1]
         return None
+
+    def _borrowers_deadline(self) -> float | None:
+        """When the reserved job's borrowers must leave (its shadow time); None where the policy lends no reserved
+        nodes or nothing is reserved for a waiting job."""
+        reservation = self.reservation
+        if reservation is None or reservation.job_id not in self.waiting or not self.policy.backfill_on_reserved:
+            return None
+        return reservation.shadow_s
 
     def _refresh_reservation(self, now: float, decisions: Decisions) -> None:
         reservation = self.reservation
@@ -478,10 +482,9 @@ class Scheduler:
         if reservation.job_id not in self.waiting:
             self.reservation = None
             return
-        if not self.policy.backfill_on_reserved:
-            return
         # the reserved job's time has come: borrowers that overstayed their forecast make room
-        if now >= reservation.shadow_s:
+        borrowers_leave_s = self._borrowers_deadline()
+        if borrowers_leave_s is not None and now >= borrowers_leave_s:
             entry = self.waiting[reservation.job_id]
             if isinstance(place_gang(self.state, entry.request, self.strategy), PendingReason):
                 borrowers = [
