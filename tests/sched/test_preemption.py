@@ -93,15 +93,16 @@ def test_rescue_order_is_the_orders_value_then_lost_work() -> None:
 
 
 def test_a_job_that_fits_only_on_a_reserved_node_still_evicts_a_worse_ranked_job_elsewhere() -> None:
-    """A starving two-node gang holds nodes 1 and 2 while they drain; node 0 is full with a long job. A short job that
-    fits only the reserved nodes' free GPUs evicts the long job on node 0 by rank, as it would with no
-    reservation (it used to wait for the drain: the free reserved GPUs hid it from preemption)."""
+    """A starving two-node gang holds nodes 1 and 2 while they drain (their jobs may not be preempted, so it cannot
+    clear them); node 0 is full with a long job. A short job that fits only the reserved nodes' free GPUs evicts the
+    long job on node 0 by rank, as it would with no reservation (it used to wait for the drain: the free reserved
+    GPUs hid it from preemption)."""
     scheduler = Scheduler(POLICIES["kumiki-noforecast"], ClusterState.empty(uniform_cluster(3, 4)), "best-fit")
     scheduler.submit(view("long", 4), consolidated_gang("long", 4, 4))
     assert [start.job_id for start in scheduler.schedule(0.0).starts] == ["long"]
     scheduler.submit(view("gang", 8), consolidated_gang("gang", 8, 4), now=HOUR)
     for job_id in ("d", "e"):  # submitted after the gang, they start on the nodes it cannot use yet
-        scheduler.submit(view(job_id, 3), consolidated_gang(job_id, 3, 4), now=20 * HOUR)
+        scheduler.submit(view(job_id, 3, preemptible=False), consolidated_gang(job_id, 3, 4), now=20 * HOUR)
     assert sorted(start.job_id for start in scheduler.schedule(20 * HOUR).starts) == ["d", "e"]
     # the gang starves; without forecasts it reserves the emptiest nodes, d's and e's (one GPU free on each)
     now = 25.5 * HOUR

@@ -223,6 +223,35 @@ def test_kumiki_starving_job_takes_its_room_from_the_lowest_ranked_job_not_the_c
     assert evicted(dataclasses.replace(POLICIES["kumiki"], starvation_by_rank=False)) == ["short"]
 
 
+def test_a_starving_gang_over_two_nodes_clears_the_two_that_lose_least_and_starts():
+    """Three 8-GPU nodes each run a 5-GPU job forecast to run for weeks; a 16-GPU gang waits. At the starvation
+    limit it evicts the jobs of the two nodes that lose least and starts. Before, a multi-node gang only reserved
+    nodes and waited for them to drain on their own: weeks here, with the guard held from every other job."""
+    policy = POLICIES["kumiki"]
+    scheduler = Scheduler(policy, ClusterState.empty(uniform_cluster(3, 8)), "best-fit")
+    for node, started_s in enumerate((0.0, 1000.0, 2000.0)):
+        job_id = f"long-{node}"
+        scheduler.submit(forecast_view(job_id, 5, started_s, 2e6, 4e6), consolidated_gang(job_id, 5, 8), now=started_s)
+        assert started(scheduler.schedule(started_s)) == [job_id]
+    assert [scheduler.running[f"long-{node}"].nodes for node in range(3)] == [(0,), (1,), (2,)]
+    scheduler.submit(forecast_view("gang", 16, 3000.0, 1e4, 2e4), consolidated_gang("gang", 16, 8), now=3000.0)
+    assert scheduler.schedule(3000.0, consider_preemption=True).preemptions == []  # no rank cascade
+    starving_at = 3000.0 + policy.starvation_s
+    assert scheduler.next_deadline(3001.0) == starving_at
+    assert scheduler.schedule(starving_at - 1.0).preemptions == []
+    lost = {job: scheduler.lost_work(job, starving_at)[1] for job in scheduler.running}
+    nodes = {job: scheduler.running[job].nodes[0] for job in scheduler.running}
+    assert len(set(lost.values())) == 3  # one answer, not a tie
+    decisions = scheduler.schedule(starving_at)
+    assert started(decisions) == ["gang"]
+    assert all(p.reason == "starvation" and p.for_job == "gang" for p in decisions.preemptions)
+    # the two whose unsaved work (since their last checkpoint) is least, each on its own node, which the gang takes
+    unsaved = sorted((decisions_lost, job) for job, decisions_lost in lost.items())
+    assert sorted(p.job_id for p in decisions.preemptions) == sorted(job for _, job in unsaved[:2])
+    assert set(scheduler.running["gang"].nodes) == {nodes[job] for _, job in unsaved[:2]}
+    assert scheduler.reservation is None
+
+
 def test_reconsider_reranks_waiting_jobs_and_keeps_their_wait():
     """A forecast switched off (the forecast gate) re-ranks the queue at once; starvation still counts from
     when each job first queued."""

@@ -43,8 +43,18 @@ def test_only_the_nodes_asked_and_never_a_node_reserved_for_another_job() -> Non
     assert [victim[0] for victim in choose_victims(scheduler, entry, now)] == ["a"]
 
 
-def test_a_gang_over_several_nodes_gets_a_reservation_not_a_preemption_cascade() -> None:
+def test_a_gang_over_several_nodes_evicts_only_when_starving_and_then_clears_as_many_nodes_as_it_needs() -> None:
     now = 3 * HOUR
     scheduler = running_two({"a": now - MINUTE, "b": now - MINUTE})
     scheduler.submit(view("wide", 8, priority=1), consolidated_gang("wide", 8, 4), now=now)
-    assert choose_victims(scheduler, scheduler.waiting["wide"], now, force=True) == []
+    entry = scheduler.waiting["wide"]
+    # a higher tier alone gets a reservation, not a preemption cascade
+    assert choose_victims(scheduler, entry, now) == []
+    # starving, it stops waiting: both nodes are cleared, each victim saying what it loses
+    assert sorted(choose_victims(scheduler, entry, now, force=True)) == [
+        ("a", MINUTE * 4, MINUTE, "starvation"),
+        ("b", MINUTE * 4, MINUTE, "starvation"),
+    ]
+    # a node no victim may leave (a higher tier runs there) cannot be one of them: then nothing is evicted
+    scheduler.submit(view("low", 8, priority=-1), consolidated_gang("low", 8, 4), now=now)
+    assert choose_victims(scheduler, scheduler.waiting["low"], now, force=True) == []

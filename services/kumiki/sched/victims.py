@@ -3,7 +3,8 @@
 A job that fits one node (a gang too, when its pods fit a node together) may evict jobs that rank worse than it
 by the policy's margin (`preempt_margin`), jobs of a lower priority tier, or, starving, anyone who may yield. Per
 node, victims are taken cheapest first (`victim_order`: the work they would lose) until the node has room, and
-the node losing least wins. Reads the scheduler's state, changes nothing: the pass evicts what this returns.
+the node losing least wins. A gang over several nodes evicts only when starving, and then on as many nodes as it
+needs, those losing least. Reads the scheduler's state, changes nothing: the pass evicts what this returns.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ def choose_victims(
     nodes: Sequence[int] | None = None,
 ) -> list[VictimChoice]:
     """The jobs to evict to free one node for `entry`, losing the least work (only on `nodes` if given); empty
-    when no node can be freed. `force`: the job is starving, so rank margins do not apply."""
+    when no node can be freed. `force`: the job is starving, so rank margins do not apply, and a gang that needs
+    several nodes has the ones that lose least cleared (without that a starving gang waited for its reserved
+    nodes to drain on their own, days behind a long one-GPU job, and held the guard from every other job)."""
     need, count = scheduler.span(entry.shape)
-    if count > 1:
-        return []  # multi-node gangs get reservations, not preemption cascades
+    if count > 1 and not force:
+        return []  # multi-node gangs get reservations, not rank preemption cascades
     rank = entry.key[0]
     reserved = scheduler.reserved_for_others(entry.view.job_id)
     policy = scheduler.policy
@@ -44,7 +47,7 @@ def choose_victims(
     priority = entry.view.priority
     # a starving job smaller than the largest node takes its room from the jobs the order values least
     sort_key = rescue_order if force and policy.starvation_by_rank and need < scheduler.state.max_gpus else victim_order
-    best: tuple[float, int, list[VictimChoice]] | None = None
+    cleared: list[tuple[float, int, list[VictimChoice]]] = []
     specs = scheduler.state.spec.nodes
     for node in range(len(specs)) if nodes is None else nodes:
         if specs[node].gpus < need or node in reserved:
@@ -82,6 +85,10 @@ def choose_victims(
                 order = sort_key(lost_gpu_s, view.priority, scheduler.over_quota(view), victim_rank, job_id)
                 since = unsaved.since_checkpoint_s
                 victims.append((order, job_id, running.gpus, since * running.gpus, since, reason))
+        if free >= need:
+            if count > 1:
+                cleared.append((0.0, node, []))  # a gang's other nodes may have room already
+            continue
         if free + sum(victim[2] for victim in victims) < need:
             continue
         victims.sort()
@@ -94,6 +101,7 @@ def choose_victims(
             chosen.append((job_id, lost_gpu_s, since, reason))
             freed += gpus
             cost += order[0]
-        if chosen and (best is None or (cost, node) < (best[0], best[1])):
-            best = (cost, node, chosen)
-    return [] if best is None else best[2]
+        cleared.append((cost, node, chosen))
+    if len(cleared) < count:
+        return []
+    return [victim for _, _, chosen in sorted(cleared)[:count] for victim in chosen]
