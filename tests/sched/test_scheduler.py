@@ -246,7 +246,7 @@ def test_a_starving_gang_over_two_nodes_clears_the_two_that_lose_least_and_start
     assert started(decisions) == ["gang"]
     assert all(p.reason == "starvation" and p.for_job == "gang" for p in decisions.preemptions)
     # the two whose unsaved work (since their last checkpoint) is least, each on its own node, which the gang takes
-    unsaved = sorted((decisions_lost, job) for job, decisions_lost in lost.items())
+    unsaved = sorted((unsaved_gpu_s, job) for job, unsaved_gpu_s in lost.items())
     assert sorted(p.job_id for p in decisions.preemptions) == sorted(job for _, job in unsaved[:2])
     assert set(scheduler.running["gang"].nodes) == {nodes[job] for _, job in unsaved[:2]}
     assert scheduler.reservation is None

@@ -55,6 +55,6 @@ def test_a_gang_over_several_nodes_evicts_only_when_starving_and_then_clears_as_
         ("a", MINUTE * 4, MINUTE, "starvation"),
         ("b", MINUTE * 4, MINUTE, "starvation"),
     ]
-    # a node no victim may leave (a higher tier runs there) cannot be one of them: then nothing is evicted
+    # a lower tier's gang, starving or not, may evict neither job: no node can be cleared, so nothing is evicted
     scheduler.submit(view("low", 8, priority=-1), consolidated_gang("low", 8, 4), now=now)
     assert choose_victims(scheduler, scheduler.waiting["low"], now, force=True) == []
