@@ -53,6 +53,10 @@ def choose_victims(
         if specs[node].gpus < need or node in reserved:
             continue
         free = scheduler.state.free_count(node)
+        if free >= need:  # no victims to look for here
+            if count > 1:
+                cleared.append((0.0, node, []))  # a gang's other nodes may have room already
+            continue
         victims: list[tuple[tuple[float, int, int, float, str], str, int, float, float, str]] = []
         for job_id in scheduler.on_node[node]:
             running = running_jobs[job_id]
@@ -85,10 +89,6 @@ def choose_victims(
                 order = sort_key(lost_gpu_s, view.priority, scheduler.over_quota(view), victim_rank, job_id)
                 since = unsaved.since_checkpoint_s
                 victims.append((order, job_id, running.gpus, since * running.gpus, since, reason))
-        if free >= need:
-            if count > 1:
-                cleared.append((0.0, node, []))  # a gang's other nodes may have room already
-            continue
         if free + sum(victim[2] for victim in victims) < need:
             continue
         victims.sort()
