@@ -14,9 +14,10 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kumiki.common.bus import EventConsumer, EventProducer, ensure_topics
+from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.metrics import GAPS, REDELIVERED
 from kumiki.common.bus.producer import KeyHashCache
 from kumiki.common.bus.topics import DEAD_LETTER, JOB_LIFECYCLE
@@ -229,6 +230,71 @@ async def test_commits_the_database_lost_are_applied_again_with_no_new_record(
         await _consume_from(kafka_settings, pool, partition, 0, applied_lost_and_applied_again)
         rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
         assert rows == {f"evt-{i}": 1 for i in range(10)}
+    finally:
+        await pool.close()
+
+
+async def test_a_rebalance_after_going_back_sends_the_consumer_back_again(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
+) -> None:
+    """What lost a ledger interval in the fault run: quota went back to its stored offset, was paused past its
+    session timeout, and on the rebalance that followed got its position from Kafka's committed offset (which
+    ran ahead of the commits Postgres lost). A batch from there came before the listener's seek to the stored
+    offset landed and, since the consumer had gone back to that offset once, was taken as a range with no
+    records: the records in between were never applied. A rebalance must make the consumer go back again.
+
+    Here the consumer has gone back to offset 3 once and Kafka's committed offset is 8; a second member joining
+    the group forces a real rebalance, and the listener's seek is held (the one thing not left to chance)
+    until the consumer has been handed the records after offset 8."""
+    pool = await _sink(database_settings)
+    try:
+        partition = await _one_partition_of_ten(kafka_settings)
+        await _store_offset(pool, partition, 3)
+        async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+            consumer = EventConsumer(kafka_settings, [JOB_LIFECYCLE], "guarded", apply, producer, pool=pool)
+            await consumer.start()
+            joiner = AIOKafkaConsumer(
+                DEAD_LETTER.full_name(kafka_settings.topic_prefix),
+                **kafka_settings.client_options(),
+                group_id="guarded",
+                enable_auto_commit=False,
+            )
+            task: asyncio.Task[None] | None = None
+            try:
+                await asyncio.wait_for(consumer.assigned.wait(), timeout=60)
+                assert consumer._go_back_once(partition, 3, 8)  # gone back once, as quota had before its pause
+                await consumer._consumer.commit({partition: 8})  # the lag-monitoring commit, ahead of Postgres
+                consumer.assigned.clear()
+                seek_to_stored, listener_may_seek = consumer._seek_to_stored, asyncio.Event()
+
+                async def held_seek_to_stored(assigned: list[TopicPartition]) -> None:
+                    await listener_may_seek.wait()
+                    await seek_to_stored(assigned)
+
+                consumer._seek_to_stored = held_seek_to_stored  # type: ignore[method-assign]
+                await start_client(joiner, kafka_settings)  # the rebalance
+                task = asyncio.create_task(consumer.run())
+
+                async def handed_out_to_the_end() -> bool:
+                    return partition in consumer._consumer.assignment() and (
+                        await consumer._consumer.position(partition) == 10
+                    )
+
+                await wait_until(handed_out_to_the_end, timeout_s=60, what="the records up to offset 10")
+                listener_may_seek.set()
+
+                async def caught_up() -> bool:
+                    return consumer.assigned.is_set() and await _stored_offset(pool, partition) == 10
+
+                await wait_until(caught_up, timeout_s=60, what="the consumer to catch up")
+            finally:
+                consumer.request_stop()
+                if task is not None:
+                    await task
+                await joiner.stop()
+                await consumer.stop()
+        rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
+        assert rows == {f"evt-{i}": 1 for i in range(3, 10)}
     finally:
         await pool.close()
 

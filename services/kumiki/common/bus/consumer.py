@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -70,9 +70,10 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        return None
+        self.owner._forget_going_back(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.owner._forget_going_back(assigned)
         await self.owner._seek_to_stored(assigned)
 
 
@@ -177,8 +178,9 @@ class EventConsumer:
         checked against the batch: records before it were applied already (a redelivery after a rebalance, or
         another member of the group got there first) and are skipped by offset; a batch that starts after it
         means records this process applied are not in the database any more (it lost its last commits in a
-        crash) or the client's position jumped past them, so the consumer goes back for them once, and accepts
-        the jump only when the broker hands the same batch again (a compacted or expired range has no records)."""
+        crash) or the client's position jumped past them, so the consumer goes back for them once per
+        assignment, and accepts the jump only when the broker hands the same batch again (a compacted or expired
+        range has no records)."""
         assert self.pool is not None
         handled: set[str] = set()
         async with self.pool.acquire() as connection, connection.transaction():
@@ -239,10 +241,18 @@ class EventConsumer:
             if kept < position:
                 self._go_back_once(partition, kept, position)
 
+    def _forget_going_back(self, partitions: Iterable[TopicPartition]) -> None:
+        """A rebalance gives a partition a new position (Kafka's committed offset, which runs ahead of a stored
+        offset Postgres lost), and it can be handed out before the listener's seek to the stored offset lands:
+        a batch past the stored offset after a rebalance says nothing about the range, so go back again."""
+        for partition in partitions:
+            self._gap_checked.pop(partition, None)
+
     def _go_back_once(self, partition: TopicPartition, stored: int, ahead: int) -> bool:
-        """Seek to the stored offset, once per stored offset (False: already gone back there, so the range has
-        no records to fetch). What this process remembers as seen is forgotten too: those events may be exactly
-        the ones the database lost, and only the stored offset says what was applied."""
+        """Seek to the stored offset, once per stored offset and assignment (False: already gone back there since
+        the partition was assigned, so the fetch from the stored offset found no records before `ahead`). What
+        this process remembers as seen is forgotten too: those events may be exactly the ones the database lost,
+        and only the stored offset says what was applied."""
         if self._gap_checked.get(partition) == stored:
             return False
         self._gap_checked[partition] = stored
