@@ -299,5 +299,52 @@ async def test_a_rebalance_after_going_back_sends_the_consumer_back_again(
         await pool.close()
 
 
+async def test_a_listener_that_cannot_read_the_stored_offsets_still_applies_from_them(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings
+) -> None:
+    """On assignment the listener reads the stored offsets from Postgres; when that read fails (a Postgres
+    restarting, or busy past the command timeout), the positions are Kafka's committed offsets, here 8 where
+    Postgres says 3. The consumer must still apply from 3: the batch from 8 sends it back."""
+    pool = await _sink(database_settings)
+    try:
+        partition = await _one_partition_of_ten(kafka_settings)
+        await _store_offset(pool, partition, 3)
+        committer = AIOKafkaConsumer(**kafka_settings.client_options(), group_id="guarded", enable_auto_commit=False)
+        await start_client(committer, kafka_settings)
+        try:
+            committer.assign([partition])
+            await committer.commit({partition: 8})
+        finally:
+            await committer.stop()
+        async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+            consumer = EventConsumer(kafka_settings, [JOB_LIFECYCLE], "guarded", apply, producer, pool=pool)
+            stored_offsets, failed = consumer._stored_offsets, []
+
+            async def unreachable_once() -> dict[TopicPartition, int]:
+                if not failed:
+                    failed.append(True)
+                    raise ConnectionRefusedError(111, "Connect call failed (the test's Postgres restarting)")
+                return await stored_offsets()
+
+            consumer._stored_offsets = unreachable_once  # type: ignore[method-assign]
+            await consumer.start()
+            task = asyncio.create_task(consumer.run())
+            try:
+
+                async def caught_up() -> bool:
+                    return await _stored_offset(pool, partition) == 10
+
+                await wait_until(caught_up, timeout_s=60, what="the consumer to catch up")
+            finally:
+                consumer.request_stop()
+                await task
+                await consumer.stop()
+        assert failed
+        rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
+        assert rows == {f"evt-{i}": 1 for i in range(3, 10)}
+    finally:
+        await pool.close()
+
+
 def _counter(counter: Any, topic: str, group: str) -> float:
     return float(counter.labels(topic, group)._value.get())

@@ -74,7 +74,14 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.owner._forget_going_back(assigned)
-        await self.owner._seek_to_stored(assigned)
+        try:
+            await self.owner._seek_to_stored(assigned)
+        except UNREACHABLE as error:  # the client would log it and go on all the same
+            log.warning(
+                "could not read the stored offsets on assignment: the positions are Kafka's committed offsets,"
+                " and the first batch checked against a stored offset sends the consumer back to it",
+                extra={"group": self.owner.group_id, "error": repr(error)},
+            )
 
 
 class EventConsumer:
