@@ -58,7 +58,7 @@ def _service_warnings(logs: Path) -> str:
     """The services' warnings about offsets and handlers, which a failed ledger or lifecycle check is read with
     (the logs themselves live in the test's temporary directory only)."""
     wanted = ("going back", "handler failed", "offset commit failed", "background task failed", "Traceback")
-    wanted += ("commit stalled", "failed on partition assignment")
+    wanted += ("commit stalled", "failed on partition assignment", "could not read the stored offsets")
     lines = [
         f"{path.name}: {line}"
         for path in sorted(logs.glob("*.log"))
