@@ -126,17 +126,22 @@ async def _one_partition_of_ten(kafka: KafkaSettings) -> TopicPartition:
     return TopicPartition(JOB_LIFECYCLE.full_name(kafka.topic_prefix), KeyHashCache()(b"job-a", partitions, partitions))
 
 
-async def _consume_from(kafka: KafkaSettings, pool: asyncpg.Pool, partition: TopicPartition, position: int,
-                        until: Callable[[], Awaitable[bool]]) -> EventConsumer:  # fmt: skip
+async def _consume_from(kafka: KafkaSettings, pool: asyncpg.Pool, partition: TopicPartition, position: int | None,
+                        until: Callable[[], Awaitable[bool]],
+                        prepare: Callable[[EventConsumer], None] | None = None) -> EventConsumer:  # fmt: skip
     """A consumer of the group whose client position is set to `position` once assigned (after the seek to the
-    stored offset), run until `until`."""
+    stored offset; None: left where the assignment put it), run until `until`. `prepare` sees it before it
+    starts."""
     async with EventProducer(kafka, "//kumiki/test") as producer:
         consumer = EventConsumer(kafka, [JOB_LIFECYCLE], "guarded", apply, producer, pool=pool)
+        if prepare is not None:
+            prepare(consumer)
         await consumer.start()
         try:
-            await asyncio.wait_for(consumer.assigned.wait(), timeout=60)
-            assert partition in consumer._consumer.assignment()
-            consumer._consumer.seek(partition, position)
+            if position is not None:
+                await asyncio.wait_for(consumer.assigned.wait(), timeout=60)
+                assert partition in consumer._consumer.assignment()
+                consumer._consumer.seek(partition, position)
             task = asyncio.create_task(consumer.run())
             try:
                 await wait_until(until, timeout_s=60, what="the consumer to apply the events")
@@ -316,29 +321,23 @@ async def test_a_listener_that_cannot_read_the_stored_offsets_still_applies_from
             await committer.commit({partition: 8})
         finally:
             await committer.stop()
-        async with EventProducer(kafka_settings, "//kumiki/test") as producer:
-            consumer = EventConsumer(kafka_settings, [JOB_LIFECYCLE], "guarded", apply, producer, pool=pool)
-            stored_offsets, failed = consumer._stored_offsets, []
+        failed: list[bool] = []
 
-            async def unreachable_once() -> dict[TopicPartition, int]:
+        def unreachable_once(consumer: EventConsumer) -> None:
+            stored_offsets = consumer._stored_offsets
+
+            async def read() -> dict[TopicPartition, int]:
                 if not failed:
                     failed.append(True)
                     raise ConnectionRefusedError(111, "Connect call failed (the test's Postgres restarting)")
                 return await stored_offsets()
 
-            consumer._stored_offsets = unreachable_once  # type: ignore[method-assign]
-            await consumer.start()
-            task = asyncio.create_task(consumer.run())
-            try:
+            consumer._stored_offsets = read  # type: ignore[method-assign]
 
-                async def caught_up() -> bool:
-                    return await _stored_offset(pool, partition) == 10
+        async def caught_up() -> bool:
+            return await _stored_offset(pool, partition) == 10
 
-                await wait_until(caught_up, timeout_s=60, what="the consumer to catch up")
-            finally:
-                consumer.request_stop()
-                await task
-                await consumer.stop()
+        await _consume_from(kafka_settings, pool, partition, None, caught_up, unreachable_once)
         assert failed
         rows = dict(await pool.fetch("SELECT event_id, applied FROM sink.applied"))
         assert rows == {f"evt-{i}": 1 for i in range(3, 10)}

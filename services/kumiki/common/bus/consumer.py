@@ -69,6 +69,8 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, owner: EventConsumer) -> None:
         self.owner = owner
 
+    # The going back is forgotten on both sides of a rebalance: revoked comes before any new position exists,
+    # assigned covers a partition the revoke did not name (a member dropped from its group rejoins afresh).
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.owner._forget_going_back(revoked)
 
