@@ -20,11 +20,13 @@ from typing import Any
 import asyncpg
 import grpc
 from aiohttp import web
+from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 from kumiki.common.bus import ALL_TOPICS, EventConsumer, EventProducer, TopicSpec, ensure_topics
-from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.bus.access import ACCESS, Access
+from kumiki.common.bus.admin import BrokerUnavailable, refused_by_authorizer
 from kumiki.common.bus.consumer import Handler
 from kumiki.common.config import EXIT_PORT_IN_USE, ConfigError, PortInUse, Settings, service_prefix
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
@@ -52,10 +54,13 @@ class Runtime:
     components: dict[str, object] = field(default_factory=dict)
     # set when the service stops: loops check it, since a cancellation can be lost (asyncio.wait_for in 3.11)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # what the wiring built, by name (tests, debugging)
+    access: Access | None = None  # the service's share of the bus (kumiki.common.bus.access); None: all of it
 
     def consume(
         self, specs: Sequence[TopicSpec], group: str, handler: Handler, *, exactly_once: bool = False
     ) -> EventConsumer:
+        if self.access is not None:
+            self.access.check_consumer(specs, group)
         consumer = EventConsumer(
             self.settings.kafka, specs, group, handler, self.producer, pool=self.pool if exactly_once else None
         )
@@ -109,10 +114,12 @@ class ServiceHost:
             await apply_migrations(pool, "kumiki_bus", "kumiki.common.migrations")
             if self.spec.migrations:
                 await apply_migrations(pool, self.spec.schema, self.spec.migrations)
-        await ensure_topics(settings.kafka, ALL_TOPICS)
-        producer = EventProducer(settings.kafka, f"//kumiki/{self.spec.name}/{settings.instance}")
+        access = ACCESS.get(self.spec.name)  # on a broker with ACLs it may create and write only these
+        await ensure_topics(settings.kafka, access.topics if access else ALL_TOPICS)
+        source = f"//kumiki/{self.spec.name}/{settings.instance}"
+        producer = EventProducer(settings.kafka, source, writes=access.writes if access else None)
         await producer.start()
-        self.runtime = Runtime(settings, producer, pool)
+        self.runtime = Runtime(settings, producer, pool, access=access)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         await self.spec.wire(self.runtime, self.grpc_server)
         await self.grpc_server.start()
@@ -277,6 +284,9 @@ def run_service(spec: ServiceSpec, argv: Sequence[str] | None = None) -> int:
         return 2
     except (BrokerUnavailable, DatabaseUnavailable, MigrationError) as error:
         print(f"kumiki-{spec.name}: {error}", file=sys.stderr)
+        return 3
+    except (GroupAuthorizationFailedError, TopicAuthorizationFailedError) as error:  # a broker's ACLs, while running
+        print(f"kumiki-{spec.name}: {refused_by_authorizer(settings.kafka, error)}", file=sys.stderr)
         return 3
     except PortInUse as error:
         print(f"kumiki-{spec.name}: {error}", file=sys.stderr)

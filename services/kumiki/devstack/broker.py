@@ -179,13 +179,16 @@ class SecureListener:
 
     `bundle`: the broker's PEM keystore (key then certificate, kumiki.devstack.tls.CertificateFiles.bundle);
     `cafile`: the PEM truststore; `users`: name -> password, created by kafka-storage when the storage is
-    formatted; `admin`: the one the broker itself authenticates as between its own listeners.
+    formatted; `admin`: the one the broker itself authenticates as between its own listeners. `authorizer`: run
+    KRaft's StandardAuthorizer, so a user may do only what an ACL allows it (`admin` is a super user; so is
+    ANONYMOUS, which is what the loopback-only PLAINTEXT controller listener sees the broker's own half as).
     """
 
     bundle: Path
     cafile: Path
     admin: str
     users: dict[str, str]
+    authorizer: bool = False
 
 
 def _secure_properties(data_dir: Path, port: int, controller_port: int, secure: SecureListener) -> str:
@@ -208,6 +211,15 @@ def _secure_properties(data_dir: Path, port: int, controller_port: int, secure: 
             "ssl.truststore.type=PEM",
             f"ssl.truststore.location={secure.cafile}",
             "ssl.client.auth=none",
+            *(
+                [
+                    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                    f"super.users=User:{secure.admin};User:ANONYMOUS",
+                    "allow.everyone.if.no.acl.found=false",
+                ]
+                if secure.authorizer
+                else []
+            ),
             "",
         ]
     )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from kumiki.agent.core import GpuInventory, GpuSample
 from kumiki.common.bus import EventProducer, ensure_topics
+from kumiki.common.bus.access import ACCESS
 from kumiki.common.bus.topics import GPU_SAMPLES, NODE_INVENTORY
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
@@ -116,8 +117,9 @@ class KafkaSink:
     @classmethod
     async def open(cls, settings: KafkaSettings | None = None, *, source: str | None = None) -> KafkaSink:
         settings = settings or KafkaSettings.from_env(os.environ)
-        await ensure_topics(settings, [GPU_SAMPLES, NODE_INVENTORY])
-        producer = EventProducer(settings, source or f"//kumiki/agent/{os.uname().nodename}")
+        access = ACCESS["agent"]  # on a broker with ACLs: samples and inventory, nothing else
+        await ensure_topics(settings, access.topics)
+        producer = EventProducer(settings, source or f"//kumiki/agent/{os.uname().nodename}", writes=access.writes)
         await producer.start()
         return cls(producer)
 

@@ -1,4 +1,4 @@
-"""Creating the registry's topics at start-up when they are missing."""
+"""Creating the registry's topics at start-up when they are missing; listing and adding the bus's ACLs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed, TopicAlreadyExistsError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    SaslAuthenticationFailed,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+)
+from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 
+from kumiki.common.bus.access import AclBinding
 from kumiki.common.bus.pacing import pace_empty_fetches
 from kumiki.common.bus.topics import TopicSpec
 from kumiki.common.config import KafkaSettings
@@ -77,6 +85,26 @@ async def start_client(client: Any, settings: KafkaSettings) -> None:
             logger.removeFilter(seen)
 
 
+def refused(settings: KafkaSettings, what: str, code: str) -> BrokerUnavailable:
+    """A broker with ACLs refusing this process's user: one line naming the variable, what was refused, and where
+    the user's ACLs come from."""
+    return BrokerUnavailable(
+        f"KUMIKI_KAFKA_SASL_USERNAME: the broker at {settings.bootstrap} does not let user"
+        f" {settings.sasl_username or 'ANONYMOUS'!r} use {what} ({code}): is this the service's own user?"
+        " Its ACLs: kumiki kafka acls"
+    )
+
+
+def refused_by_authorizer(settings: KafkaSettings, error: BaseException) -> BrokerUnavailable | None:
+    """The same line for aiokafka's authorization errors met while running (joining a group, fetching a topic
+    the service declares but the broker's ACLs leave out); None for any other error."""
+    if isinstance(error, GroupAuthorizationFailedError):
+        return refused(settings, f"consumer group {', '.join(map(str, error.args))}", "GROUP_AUTHORIZATION_FAILED")
+    if isinstance(error, TopicAuthorizationFailedError):
+        return refused(settings, f"topic {', '.join(map(str, error.args))}", "TOPIC_AUTHORIZATION_FAILED")
+    return None
+
+
 async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
     """Create the topics that do not exist yet; return the names created."""
     admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
@@ -102,11 +130,92 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> 
             for name, code, *rest in response.topic_errors:
                 if code == 0:
                     created.append(name)
+                elif code == 29:  # TOPIC_AUTHORIZATION_FAILED: a broker with ACLs that grant this user no CREATE
+                    raise refused(settings, f"topic {name}", "TOPIC_AUTHORIZATION_FAILED")
                 elif code != TopicAlreadyExistsError.errno:
                     message = rest[0] if rest else ""
                     raise BrokerUnavailable(f"creating topic {name} failed: error {code} {message}")
         if created:
             log.info("created topics", extra={"topics": ",".join(created)})
         return created
+    finally:
+        await admin.close()
+
+
+# Kafka's wire codes for ACLs (org.apache.kafka.common.acl / resource): the names AclBinding carries.
+_RESOURCE_CODES = {"TOPIC": 2, "GROUP": 3}
+_PATTERN_CODES = {"LITERAL": 3, "PREFIXED": 4}
+_OPERATION_CODES = {"ALL": 2, "READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7, "DESCRIBE": 8}
+_ANY, _MATCH_ANY_PATTERN, _ALLOW = 1, 1, 3
+
+
+def _named(codes: dict[str, int], code: int) -> str:
+    return next((name for name, value in codes.items() if value == code), f"CODE_{code}")
+
+
+async def _acl_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
+    await start_client(admin, settings)
+    return admin
+
+
+def _acl_failure(settings: KafkaSettings, what: str, code: int, message: str | None) -> BrokerUnavailable:
+    if code == 31:  # CLUSTER_AUTHORIZATION_FAILED: not a super user, no ALTER/DESCRIBE on the cluster
+        message = f"user {settings.sasl_username!r} may not manage ACLs (run it as the broker's admin)"
+    elif code == 55:  # SECURITY_DISABLED
+        message = "the broker runs no authorizer (authorizer.class.name is not set)"
+    return BrokerUnavailable(f"{what}: error {code}: {message or 'no message'}")
+
+
+async def describe_acls(settings: KafkaSettings) -> list[AclBinding]:
+    """Every ALLOW rule on topics and groups the broker holds (DescribeAcls v1+, what kafka-acls --list asks).
+    aiokafka's admin client has no ACL calls; it does carry the protocol's requests, sent here as they are."""
+    admin = await _acl_admin(settings)
+    try:
+        rules = []
+        for resource, resource_code in _RESOURCE_CODES.items():
+            request = DescribeAclsRequest(resource_code, None, _MATCH_ANY_PATTERN, None, None, _ANY, _ALLOW)
+            response = await admin._send_request(request)
+            if response.error_code:
+                raise _acl_failure(settings, "listing ACLs", response.error_code, response.error_message)
+            for _, name, pattern, acls in response.resources:
+                for principal, _host, operation, _permission in acls:
+                    rules.append(
+                        AclBinding(
+                            principal,
+                            resource,
+                            name,
+                            _named(_PATTERN_CODES, pattern),
+                            _named(_OPERATION_CODES, operation),
+                        )
+                    )
+        return sorted(rules)
+    finally:
+        await admin.close()
+
+
+async def create_acls(settings: KafkaSettings, bindings: Iterable[AclBinding]) -> int:
+    """Add ALLOW rules (any host); a rule the broker holds already is added again as a no-op. Returns how many
+    were sent; the first refusal raises BrokerUnavailable naming the rule."""
+    admin = await _acl_admin(settings)
+    sent = 0
+    try:
+        for rule in bindings:
+            request = CreateAclsRequest(
+                _RESOURCE_CODES[rule.resource],
+                rule.name,
+                _PATTERN_CODES[rule.pattern],
+                rule.principal,
+                "*",
+                _OPERATION_CODES[rule.operation],
+                _ALLOW,
+            )
+            response = await admin._send_request(request)
+            for code, message in response.creation_responses:
+                if code:
+                    what = f"adding {rule.operation} on {rule.resource.lower()} {rule.name} for {rule.principal}"
+                    raise _acl_failure(settings, what, code, message)
+            sent += 1
+        return sent
     finally:
         await admin.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +15,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from google.protobuf.message import Message
 from opentelemetry import trace
 
+from kumiki.common.bus.access import UndeclaredAccess
 from kumiki.common.bus.admin import start_client
 from kumiki.common.bus.cloudevents import CloudEventAttributes, format_time
 from kumiki.common.bus.metrics import PUBLISH_ROUND_RECORDS, PUBLISHED
@@ -109,9 +110,12 @@ class EventProducer:
     its CPU on the requests rather than on the client's bookkeeping, and waits at most one extra round trip.
     """
 
-    def __init__(self, settings: KafkaSettings, source: str) -> None:
+    def __init__(self, settings: KafkaSettings, source: str, writes: Collection[TopicSpec] | None = None) -> None:
         self.settings = settings
         self.source = source
+        # the topics its process declares writing (kumiki.common.bus.access); None: any. A publish elsewhere is
+        # refused here, before a secured broker would refuse it, so an undeclared write fails every test.
+        self._writes = None if writes is None else frozenset(spec.full_name(settings.topic_prefix) for spec in writes)
         self._partitioner = KeyHashCache()
         self._producer = AIOKafkaProducer(
             **settings.client_options(),
@@ -200,6 +204,7 @@ class EventProducer:
         for record in records:
             value, headers, attributes = self._record(record, moment, stamp, trace_headers)
             topic, key = record.spec.full_name(self.settings.topic_prefix), record.key.encode()
+            self._check_declared(topic)
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
             if size > MAX_REQUEST_BYTES:  # refused here, before any of the call's records is queued
                 raise MessageSizeTooLargeError(f"{topic}: a record of {size} bytes, over {MAX_REQUEST_BYTES}")
@@ -259,8 +264,16 @@ class EventProducer:
             else:
                 waiting.done.set_exception(failed)
 
+    def _check_declared(self, topic: str) -> None:
+        if self._writes is not None and topic not in self._writes:
+            raise UndeclaredAccess(
+                f"{self.source}: publishing to {topic}, a topic this process does not declare writing"
+                " (kumiki.common.bus.access.ACCESS)"
+            )
+
     async def send_raw(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
     ) -> None:
         """Publish bytes as they are (dead-lettering keeps the original record intact)."""
+        self._check_declared(topic)
         await self._producer.send_and_wait(topic, value, key=key, headers=list(headers))
