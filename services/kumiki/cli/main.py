@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "kumiki.cli.placement",
     "kumiki.cli.replay",
     "kumiki.cli.trace",
+    "kumiki.cli.kafka",
 )
 
 
