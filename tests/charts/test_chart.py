@@ -60,6 +60,12 @@ SERVICES = {
 DATABASE_SERVICES = {"quota", "forecast", "preemption"}
 SECRET_NAME_PARTS = ("PASSWORD", "TOKEN", "DATABASE_URL")
 CREDENTIAL_URL = re.compile(r"://[^/@\s]+:[^/@\s]+@")  # user:password@ in any URL
+# Kafka over SASL with the shared user kumiki (password in kumiki-kafka-sasl)
+SASL = (
+    "kafka.securityProtocol=SASL_PLAINTEXT",
+    "kafka.sasl.existingSecret=kumiki-kafka-sasl",
+    "kafka.sasl.username=kumiki",
+)
 
 
 def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,6 +78,11 @@ def render(*args: str) -> list[Manifest]:
     result = helm_template(*args)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _sets(*settings: str) -> list[str]:
+    """`--set` arguments for helm."""
+    return [arg for setting in settings for arg in ("--set", setting)]
 
 
 def rejected(*args: str) -> str:
@@ -92,7 +103,7 @@ def named(manifests: list[Manifest], kind: str, name: str) -> Manifest:
 
 
 def workloads(manifests: list[Manifest]) -> Iterator[Manifest]:
-    yield from (m for m in manifests if m["kind"] in ("Deployment", "DaemonSet"))
+    yield from (m for m in manifests if m["kind"] in ("Deployment", "DaemonSet", "Job"))
 
 
 def env_of(container: Manifest) -> dict[str, Manifest]:
@@ -101,6 +112,15 @@ def env_of(container: Manifest) -> dict[str, Manifest]:
 
 def component(manifest: Manifest) -> str:
     return str(manifest["metadata"]["labels"]["app.kubernetes.io/component"])
+
+
+def sasl_source(values: Manifest, role: str) -> tuple[str, str]:
+    """(Secret, key) of a role's Kafka SASL password as the values give it: its own kafka.sasl.users entry,
+    falling back to the shared Secret and key."""
+    sasl = values["kafka"]["sasl"]
+    own = sasl.get("users", {}).get(role, {})
+    secret = own.get("existingSecret", sasl["existingSecret"])
+    return secret, own.get("passwordKey", sasl.get("passwordKey", "password"))
 
 
 def file_source(pod_spec: Manifest, container: Manifest, path: str) -> tuple[str, str, str]:
@@ -287,8 +307,8 @@ def test_tls_sasl_and_mtls_mount_their_secrets_and_set_the_file_variables(
         "KUMIKI_KAFKA_SSL_CAFILE": ("kumiki-kafka-tls", "ca.crt"),
         "KUMIKI_KAFKA_SSL_CERTFILE": ("kumiki-kafka-tls", "tls.crt"),
         "KUMIKI_KAFKA_SSL_KEYFILE": ("kumiki-kafka-tls", "tls.key"),
-        "KUMIKI_KAFKA_SASL_PASSWORD_FILE": ("kumiki-kafka-sasl", "password"),
     }
+    options = yaml.safe_load(ALL_OPTIONS.read_text())
     for deployment in of_kind(all_options_manifests, "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -296,6 +316,9 @@ def test_tls_sasl_and_mtls_mount_their_secrets_and_set_the_file_variables(
         assert env["KUMIKI_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
         for variable, (secret, key) in expected.items():
             assert file_source(pod, container, env[variable]["value"]) == ("Secret", secret, key), variable
+        # each role's own Kafka user where kafka.sasl.users lists it, else the shared one
+        password_file = env["KUMIKI_KAFKA_SASL_PASSWORD_FILE"]["value"]
+        assert file_source(pod, container, password_file) == ("Secret", *sasl_source(options, component(deployment)))
         if component(deployment) in DATABASE_SERVICES:
             source = file_source(pod, container, env["KUMIKI_DATABASE_PASSWORD_FILE"]["value"])
             assert source == ("Secret", "kumiki-database", "password")
@@ -469,11 +492,206 @@ def test_a_bad_queue_tree_is_refused_at_install_naming_the_field() -> None:
         (["services.quota.auth.tokensSecret="], "services.quota.auth"),
         (["database.existingSecret="], "database.existingSecret: required"),
         (["services.quota.enabled=false"], "services.placement.quotaAdmission.enabled"),
+        (["kafka.sasl.users.placement.username=p"], "kafka.sasl.users: needs kafka.securityProtocol SASL"),
+        (
+            ["kafka.securityProtocol=SASL_SSL", "kafka.tls.existingSecret=t", "kafka.sasl.users.placement.username=p"],
+            "kafka.sasl.users.placement.existingSecret: required",
+        ),
+        (["kafka.acls.apply=true"], "kafka.acls.apply: needs kafka.securityProtocol SASL"),
+        ([*SASL, "kafka.acls.apply=true"], "kafka.acls.adminUsername: required with kafka.acls.apply"),
+        (
+            [*SASL, "kafka.acls.apply=true", "kafka.acls.adminUsername=admin"],
+            "kafka.acls.adminSecret: required with kafka.acls.apply",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_message_naming_the_value(settings: list[str], message: str) -> None:
-    args = [arg for setting in settings for arg in ("--set", setting)]
-    assert message in rejected(*args)
+    assert message in rejected(*_sets(*settings))
+
+
+def test_a_role_listed_in_kafka_sasl_users_runs_as_its_own_kafka_user(tmp_path: Path) -> None:
+    """Placement and the agent get their own username and mount their own password; a role not listed keeps
+    the shared user, exactly as without kafka.sasl.users."""
+    users = (
+        "kafka.sasl.users.placement.username=kumiki-placement",
+        "kafka.sasl.users.placement.existingSecret=kumiki-kafka-placement",
+        "kafka.sasl.users.agent.username=kumiki-agent",
+        "kafka.sasl.users.agent.passwordKey=agent-password",
+    )
+    manifests = render(*_sets(*SASL, *users))
+    shared = render(*_sets(*SASL))
+    expected = {
+        ("Deployment", "kumiki-placement"): ("kumiki-placement", "kumiki-kafka-placement", "password"),
+        ("DaemonSet", "kumiki-agent"): ("kumiki-agent", "kumiki-kafka-sasl", "agent-password"),
+        ("Deployment", "kumiki-quota"): ("kumiki", "kumiki-kafka-sasl", "password"),
+        ("Deployment", "kumiki-binder"): ("kumiki", "kumiki-kafka-sasl", "password"),
+    }
+    for (kind, name), (username, secret, key) in expected.items():
+        pod = named(manifests, kind, name)["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = env_of(container)
+        assert env["KUMIKI_KAFKA_SASL_USERNAME"] == {"name": "KUMIKI_KAFKA_SASL_USERNAME", "value": username}, name
+        source = file_source(pod, container, env["KUMIKI_KAFKA_SASL_PASSWORD_FILE"]["value"])
+        assert source == ("Secret", secret, key), name
+        secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+        assert secrets.count(secret) == 1 and len(secrets) == len(set(secrets)), name  # its own, nothing more
+        if username == "kumiki":
+            assert named(shared, kind, name) == named(manifests, kind, name)  # untouched by the other roles' users
+    # what the service itself reads from that env
+    from kumiki.common.config import Settings
+
+    pod = named(manifests, "Deployment", "kumiki-placement")["spec"]["template"]["spec"]
+    files = {("kumiki-kafka-placement", "password"): "placement-secret"}
+    settings = Settings.from_env("placement", _materialise(pod, pod["containers"][0], tmp_path, files))
+    assert (settings.kafka.sasl_username, settings.kafka.sasl_password) == ("kumiki-placement", "placement-secret")
+
+
+def test_a_role_listed_with_the_shared_user_renders_exactly_as_an_unlisted_one() -> None:
+    """kafka.sasl.users goes through the same lines as the shared user: listing every role with the shared
+    username, Secret and key changes no byte of the manifests."""
+    roles = ("placement", "quota", "forecast", "preemption", "telemetry-ingest", "binder", "agent")
+    listed = [
+        f"kafka.sasl.users.{role}.{field}={value}"
+        for role in roles
+        for field, value in (
+            ("username", "kumiki"),
+            ("existingSecret", "kumiki-kafka-sasl"),
+            ("passwordKey", "password"),
+        )
+    ]
+    plain, every = helm_template(*_sets(*SASL)), helm_template(*_sets(*SASL, *listed))
+    assert plain.returncode == every.returncode == 0, plain.stderr + every.stderr
+    assert every.stdout == plain.stdout
+
+
+@pytest.mark.parametrize(
+    ("settings", "field", "named_in_message"),
+    [
+        (["kafka.sasl.users.placment.username=p"], "/kafka/sasl/users", "'placment'"),
+        (["kafka.sasl.users.subscriber.username=s"], "/kafka/sasl/users", "'subscriber'"),  # no pod of the chart
+        (["kafka.sasl.users.placement.existingSecret=s"], "/kafka/sasl/users/placement", "'username'"),
+        (["kafka.sasl.users.agent.username=a=b"], "/kafka/sasl/users/agent/username", "'a=b'"),
+        (["kafka.acls.subscriberUser=x y"], "/kafka/acls/subscriberUser", "'x y'"),
+    ],
+)
+def test_the_schema_refuses_a_bad_kafka_user_naming_it(settings: list[str], field: str, named_in_message: str) -> None:
+    stderr = rejected(*_sets(*settings))
+    assert "don't meet the specifications of the schema" in stderr
+    assert f"at '{field}'" in stderr and named_in_message in stderr
+
+
+def test_no_acl_job_by_default(default_manifests: list[Manifest]) -> None:
+    assert of_kind(default_manifests, "Job") == []
+    assert of_kind(render(*_sets(*SASL)), "Job") == []
+
+
+def _acl_job_command(job: Manifest, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The Job's `kumiki` arguments after the kubelet's $(VAR) expansion, and its --user ROLE=USER pairs."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg) for arg in container["command"]]
+    assert command[:3] == ["python", "-m", "kumiki.cli"]
+    arguments = command[3:]
+    users = dict(arguments[i + 1].split("=", 1) for i, arg in enumerate(arguments) if arg == "--user")
+    return arguments, users
+
+
+def test_the_acl_job_grants_each_role_to_its_user_as_the_admin(
+    all_options_manifests: list[Manifest],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ci/all-options: a pre-install/upgrade hook runs `kumiki kafka acls --apply` as the admin, with one
+    --user per role (own users, the shared one from its Secret, the subscriber), and the CLI takes them."""
+    from kumiki.cli.main import build_parser
+    from kumiki.common.config import KafkaSettings
+
+    (job,) = of_kind(all_options_manifests, "Job")
+    assert job["metadata"]["name"] == "kumiki-kafka-acls"
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    assert job["spec"]["backoffLimit"] <= 3
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["securityContext"]["runAsNonRoot"] is True
+    # before the release's own ServiceAccount exists: the namespace's default, with no API token
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    placement = named(all_options_manifests, "Deployment", "kumiki-placement")["spec"]["template"]["spec"]
+    assert container["image"] == placement["containers"][0]["image"]
+    assert container["securityContext"] == placement["containers"][0]["securityContext"]
+    assert container["resources"]["requests"]
+    # the admin's connection: its own username and password, the brokers, CA and prefix the services use
+    env = env_of(container)
+    assert env["KUMIKI_KAFKA_SASL_USERNAME"]["value"] == "kafka-admin"
+    admin_file = env["KUMIKI_KAFKA_SASL_PASSWORD_FILE"]["value"]
+    assert file_source(pod, container, admin_file) == ("Secret", "kumiki-kafka-admin", "password")
+    service_env = env_of(placement["containers"][0])
+    for variable in (
+        "KUMIKI_KAFKA_BOOTSTRAP",
+        "KUMIKI_TOPIC_PREFIX",
+        "KUMIKI_KAFKA_SECURITY_PROTOCOL",
+        "KUMIKI_KAFKA_SASL_MECHANISM",
+        "KUMIKI_KAFKA_SSL_CAFILE",
+    ):
+        assert env[variable] == service_env[variable], variable
+    ca = file_source(pod, container, env["KUMIKI_KAFKA_SSL_CAFILE"]["value"])
+    assert ca == ("Secret", "kumiki-kafka-tls", "ca.crt")
+    shared_ref = env["KUMIKI_KAFKA_SHARED_USERNAME"]["valueFrom"]["secretKeyRef"]
+    assert (shared_ref["name"], shared_ref["key"]) == ("kumiki-kafka-sasl", "username")
+
+    secret_files = {**_secret_files(all_options_manifests), ("kumiki-kafka-admin", "password"): "admin-secret"}
+    materialised = _materialise(pod, container, tmp_path, secret_files)
+    admin = KafkaSettings.from_env(materialised)
+    assert (admin.sasl_username, admin.sasl_password) == ("kafka-admin", "admin-secret")
+    arguments, users = _acl_job_command(job, materialised)
+    assert arguments[:3] == ["kafka", "acls", "--apply"]
+    assert users == {
+        "placement": "kumiki-placement",
+        "quota": "kumiki-sasl-user",  # the shared user, named in kumiki-kafka-sasl's username key
+        "forecast": "kumiki-sasl-user",
+        "preemption": "kumiki-sasl-user",
+        "telemetry-ingest": "kumiki-telemetry-ingest",
+        "binder": "kumiki-binder",
+        "agent": "kumiki-agent",
+        "subscriber": "kumiki-analytics",
+    }
+    # the CLI accepts these arguments and turns them into rules for exactly these users (printed, not applied)
+    for variable in list(os.environ):
+        if variable.startswith("KUMIKI_"):
+            monkeypatch.delenv(variable)
+    for variable, value in materialised.items():
+        monkeypatch.setenv(variable, value)
+    args = build_parser().parse_args([arg for arg in arguments if arg != "--apply"] + ["--format", "json"])
+    assert args.handler(args) == 0
+    rules = json.loads(capsys.readouterr().out)
+    assert {rule["principal"] for rule in rules} == {f"User:{user}" for user in users.values()}
+    assert all(rule["name"].startswith("kumiki.") for rule in rules if rule["resource"] == "TOPIC")
+
+
+def test_the_acl_job_covers_only_the_roles_this_release_runs() -> None:
+    """A plain shared username is passed as is; disabled workloads and an unset subscriber get no rules."""
+    settings = (
+        *SASL,
+        "kafka.acls.apply=true",
+        "kafka.acls.adminUsername=admin",
+        "kafka.acls.adminSecret=kumiki-kafka-admin",
+        "kafka.sasl.users.quota.username=kumiki-quota",
+        "services.forecast.enabled=false",
+        "binder.enabled=false",
+    )
+    (job,) = of_kind(render(*_sets(*settings)), "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert "KUMIKI_KAFKA_SHARED_USERNAME" not in env_of(container)
+    arguments, users = _acl_job_command(job, {})
+    assert arguments[arguments.index("--roles") + 1] == "placement,quota,preemption,telemetry-ingest,agent"
+    assert users == {
+        "placement": "kumiki",
+        "quota": "kumiki-quota",
+        "preemption": "kumiki",
+        "telemetry-ingest": "kumiki",
+        "agent": "kumiki",
+    }
 
 
 def test_the_chart_lints() -> None:
