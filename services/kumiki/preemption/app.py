@@ -36,8 +36,11 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     runtime.background.append(asyncio.create_task(coordinator.run(runtime.stopping), name="preemption-coordinator"))
     runtime.closers.append(coordinator.close)
     runtime.components.update(coordinator=coordinator)
+    identity = JobIdentity.from_env(os.environ)
+    if identity is not None:
+        runtime.closers.append(identity.close)
     checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-        CheckpointsServicer(CheckpointRegistry(runtime.pool), coordinator, JobIdentity.from_env(os.environ)), server
+        CheckpointsServicer(CheckpointRegistry(runtime.pool), coordinator, identity), server
     )
 
 

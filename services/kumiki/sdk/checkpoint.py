@@ -74,19 +74,41 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _token(env: Mapping[str, str]) -> str:
+class _TokenFile:
+    """A token in a file that its owner replaces while the job runs (the kubelet rotates a projected
+    ServiceAccount token before it expires): read again whenever the file changes, the last good one kept while
+    a replacement is half written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int] | None = None
+        self.token = ""
+        self.refresh(required=True)
+
+    def refresh(self, *, required: bool = False) -> str:
+        try:
+            stat = self.path.stat()
+            seen = (stat.st_mtime_ns, stat.st_ino)
+            if seen != self._seen:
+                token = self.path.read_text().strip()
+                if token:
+                    self.token, self._seen = token, seen
+                elif required:
+                    raise SdkConfigError(f"KUMIKI_JOB_TOKEN_FILE: {str(self.path)!r} is empty")
+        except OSError as error:
+            if required:
+                raise SdkConfigError(
+                    f"KUMIKI_JOB_TOKEN_FILE: cannot read {str(self.path)!r}: {error.strerror}"
+                ) from None
+        return self.token
+
+
+def _token(env: Mapping[str, str]) -> str | _TokenFile:
     token = env.get("KUMIKI_JOB_TOKEN", "").strip()
     path = env.get("KUMIKI_JOB_TOKEN_FILE", "")
     if token and path:
         raise SdkConfigError("KUMIKI_JOB_TOKEN_FILE: set KUMIKI_JOB_TOKEN or KUMIKI_JOB_TOKEN_FILE, not both")
-    if path:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError as error:
-            raise SdkConfigError(f"KUMIKI_JOB_TOKEN_FILE: cannot read {path!r}: {error.strerror}") from None
-        if not token:
-            raise SdkConfigError(f"KUMIKI_JOB_TOKEN_FILE: {path!r} is empty")
-    return token
+    return _TokenFile(Path(path)) if path else token
 
 
 class Job:
@@ -103,7 +125,7 @@ class Job:
         resume_uri: str = "",
         resume_step: int = 0,
         clock: Callable[[], float] = time.time,
-        token: str = "",
+        token: str | _TokenFile = "",
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         if not job_id:
@@ -123,7 +145,7 @@ class Job:
         self._last_checkpoint_s = clock()
         self._stopping = threading.Event()
         # the job's own identity to the Checkpoints service: its token, or the certificate in `credentials`
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token = token
         if not address:
             self._channel: grpc.Channel | None = None
         elif credentials is not None:
@@ -173,6 +195,11 @@ class Job:
             credentials=credentials,
             **options,  # type: ignore[arg-type]
         )
+
+    @property
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        token = self._token.refresh() if isinstance(self._token, _TokenFile) else self._token
+        return (("authorization", f"Bearer {token}"),) if token else ()
 
     # ---- the three calls ---------------------------------------------------------------------------------
     def should_checkpoint(self) -> bool:

@@ -29,7 +29,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         if self.identity is None:
             return
         try:
-            self.identity.check(context, method, job_id)
+            await self.identity.check(context, method, job_id)
         except IdentityRefused as refused:
             await context.abort(refused.code, refused.reason)
 

@@ -7,11 +7,15 @@ A job proves who it is with either
   launches the job (the binder, a job controller, `kumiki.preemption.adapters.identity.job_token`) hands it the
   token (KUMIKI_JOB_TOKEN; the SDK sends it). The service keeps only the key (KUMIKI_CHECKPOINTS_JOB_KEY_FILE,
   a file of at least 32 bytes), no per-job state; or
-- an mTLS client certificate whose common name is `job:<job id>`.
+- an mTLS client certificate whose common name is `job:<job id>`; or
+- the pod's own projected ServiceAccount token, reviewed by the Kubernetes API, when
+  KUMIKI_CHECKPOINTS_KUBE_AUDIENCE names the audience pods mount it for (kumiki.preemption.adapters.kube_identity:
+  nothing to hand out, no shared key).
 
-Off unless KUMIKI_CHECKPOINTS_JOB_KEY_FILE is set (the development stack runs without it; the chart mounts the
-key from a Secret). Refusals are PERMISSION_DENIED (an identity that is not the job's) or UNAUTHENTICATED (none
-presented), each logged once at WARNING within a budget, so a caller cannot fill the disk.
+Off unless KUMIKI_CHECKPOINTS_JOB_KEY_FILE or KUMIKI_CHECKPOINTS_KUBE_AUDIENCE is set (the development stack runs
+without either; the chart sets them from its values). Refusals are PERMISSION_DENIED (an identity that is not
+the job's) or UNAUTHENTICATED (none presented, or a token Kubernetes does not accept), each logged once at WARNING
+within a budget, so a caller cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import hashlib
 import hmac
 import logging
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import grpc
 from prometheus_client import Counter
 
 from kumiki.common.config import ConfigError, Environ, env_file
 from kumiki.common.grpcutil import LogBudget
+from kumiki.preemption.adapters.kube_identity import KubeTokenReviewer, looks_like_service_account_token
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +55,29 @@ class IdentityRefused(PermissionError):
 
 @dataclass
 class JobIdentity:
-    key: bytes = field(repr=False)
+    key: bytes | None = field(default=None, repr=False)  # HMAC job tokens; None: not accepted
+    kube: KubeTokenReviewer | None = None  # pods' ServiceAccount tokens; None: not accepted
     budget: LogBudget = field(default_factory=LogBudget)
 
     @classmethod
     def from_env(cls, env: Environ) -> JobIdentity | None:
         path = env_file(env, KEY_FILE)
-        if path is None:
-            return None
-        try:
-            key = path.read_bytes().strip()
-        except OSError as error:
-            raise ConfigError(f"{KEY_FILE}: cannot read {str(path)!r}: {error.strerror}") from None
-        if len(key) < MIN_KEY_BYTES:
-            raise ConfigError(f"{KEY_FILE}: the key in {str(path)!r} has {len(key)} bytes; at least {MIN_KEY_BYTES}")
-        return cls(key)
+        key = None
+        if path is not None:
+            try:
+                key = path.read_bytes().strip()
+            except OSError as error:
+                raise ConfigError(f"{KEY_FILE}: cannot read {str(path)!r}: {error.strerror}") from None
+            if len(key) < MIN_KEY_BYTES:
+                raise ConfigError(
+                    f"{KEY_FILE}: the key in {str(path)!r} has {len(key)} bytes; at least {MIN_KEY_BYTES}"
+                )
+        kube = KubeTokenReviewer.from_env(env)
+        return cls(key, kube) if key is not None or kube is not None else None
+
+    async def close(self) -> None:
+        if self.kube is not None:
+            await self.kube.close()
 
     def caller(self, context: grpc.aio.ServicerContext) -> tuple[str, str] | None:
         """('certificate', common name) or ('token', token) as presented; None when neither is."""
@@ -79,23 +93,32 @@ class JobIdentity:
                 return "token", token.strip() if scheme.lower() == "bearer" else ""
         return None
 
-    def check(self, context: grpc.aio.ServicerContext, method: str, job_id: str) -> None:
+    async def check(self, context: grpc.aio.ServicerContext, method: str, job_id: str) -> None:
         """Raises IdentityRefused unless the caller is job `job_id` (logged, within the budget)."""
         presented = self.caller(context)
         if presented is None:
             self._refuse(method, job_id, None, grpc.StatusCode.UNAUTHENTICATED, "no job token or client certificate")
-        kind, value = presented  # type: ignore[misc]
+        kind, value = presented
         if kind == "certificate":
             if value == CERT_PREFIX + job_id:
                 return
             self._refuse(method, job_id, value, grpc.StatusCode.PERMISSION_DENIED,
                          f"job {job_id}: certificate {value!r} is not {CERT_PREFIX}{job_id}")  # fmt: skip
-        if hmac.compare_digest(value.encode(), job_token(self.key, job_id).encode()):
+        if self.kube is not None and looks_like_service_account_token(value):
+            verdict = await self.kube.review(value)
+            if verdict.code is grpc.StatusCode.OK and verdict.job == job_id:
+                return
+            if verdict.code is grpc.StatusCode.OK:
+                self._refuse(method, job_id, f"pod:{verdict.pod}", grpc.StatusCode.PERMISSION_DENIED,
+                             f"job {job_id}: the token is pod {verdict.pod}'s, of job {verdict.job}")  # fmt: skip
+            self._refuse(method, job_id, f"pod:{verdict.pod}" if verdict.pod else "token", verdict.code,
+                         f"job {job_id}: {verdict.reason}")  # fmt: skip
+        if self.key is not None and hmac.compare_digest(value.encode(), job_token(self.key, job_id).encode()):
             return
         self._refuse(method, job_id, "token", grpc.StatusCode.PERMISSION_DENIED,
                      f"job {job_id}: the token is not this job's")  # fmt: skip
 
-    def _refuse(self, method: str, job_id: str, identity: str | None, code: grpc.StatusCode, reason: str) -> None:
+    def _refuse(self, method: str, job_id: str, identity: str | None, code: grpc.StatusCode, reason: str) -> NoReturn:
         REFUSED.labels(code.name).inc()
         left_out = self.budget.take()
         if left_out is not None:
