@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from lightkube import AsyncClient
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
@@ -24,6 +25,8 @@ from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from kumiki.binder.adapters.kube import client_from
+from kumiki.binder.core.names import GENERATION_ANNOTATION, JOB_ANNOTATION, POD_GROUP_LABEL
+from kumiki.binder.core.pods import job_id_for
 from kumiki.common.config import DatabaseSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2_grpc
 from kumiki.common.db import apply_migrations, create_pool
@@ -33,6 +36,7 @@ from kumiki.preemption.adapters.kube_identity import AUDIENCE_VARIABLE, KubeToke
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 from kumiki.sdk.checkpoint import Job
 from tests.binder.support import pod_object
+from tests.conftest import REPO_ROOT
 from tests.preemption.test_identity import _refusals, _report, report
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -224,3 +228,40 @@ def test_the_audience_variable_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_p
     with pytest.raises(ConfigError, match="KUMIKI_KUBECONFIG: no file at"):
         JobIdentity.from_env({AUDIENCE_VARIABLE: AUDIENCE, "KUMIKI_KUBECONFIG": str(tmp_path / "missing")})
     assert JobIdentity.from_env({}) is None
+
+
+async def test_the_documented_pod_is_accepted_and_reports_as_its_job(
+    cluster: Cluster, served: tuple[str, CheckpointRegistry], tmp_path: Path
+) -> None:
+    """docs/examples/checkpointing-job.yaml, as written (in this test's namespace): the API server takes it, the
+    audience it mounts is the one the service reviews for, and the SDK with its environment (the downward API's
+    values resolved from the annotations the binder writes) reports as the pod's job."""
+    address, registry = served
+    manifest = yaml.safe_load((REPO_ROOT / "docs" / "examples" / "checkpointing-job.yaml").read_text())
+    ns = cluster.namespace
+    manifest["metadata"]["namespace"] = ns
+    manifest["spec"]["serviceAccountName"] = "trainer"
+    group = manifest["metadata"]["labels"][POD_GROUP_LABEL]
+    manifest["metadata"]["annotations"] = {JOB_ANNOTATION: job_id_for(ns, group, ""), GENERATION_ANNOTATION: "1"}
+    pod = await cluster.client.create(Pod.from_dict(manifest))
+    cluster.pods[manifest["metadata"]["name"]] = pod
+    [source] = manifest["spec"]["volumes"][0]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == AUDIENCE
+    token_path = Path(manifest["spec"]["containers"][0]["env"][3]["value"])
+    token_file = tmp_path / token_path.name
+    token_file.write_text(await cluster.token(manifest["metadata"]["name"]))
+    env = {}
+    for variable in manifest["spec"]["containers"][0]["env"]:
+        if "valueFrom" in variable:  # metadata.annotations['kumiki.io/job'] -> the annotation
+            key = variable["valueFrom"]["fieldRef"]["fieldPath"].split("'")[1]
+            env[variable["name"]] = manifest["metadata"]["annotations"][key]
+        else:
+            env[variable["name"]] = variable["value"]
+    env.update(KUMIKI_CHECKPOINTS_ADDRESS=address, KUMIKI_JOB_TOKEN_FILE=str(token_file))
+    job = Job.from_env(env)
+    try:
+        assert await asyncio.to_thread(job.report_checkpoint, "s3://ckpt/train/7", 7)
+    finally:
+        await asyncio.to_thread(job.close)
+    latest = await registry.latest(f"{ns}/{group}")
+    assert latest is not None and latest.step == 7

@@ -28,10 +28,10 @@ from lightkube.models.authentication_v1 import TokenReviewSpec
 from lightkube.resources.authentication_v1 import TokenReview
 from lightkube.resources.core_v1 import Pod
 
+from kumiki.binder.core.names import JOB_ANNOTATION  # written by the binder at bind time
 from kumiki.common.config import ConfigError, Environ
 
 AUDIENCE_VARIABLE = "KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"
-JOB_ANNOTATION = "kumiki.io/job"  # written by the binder at bind time (docs/kubernetes.md)
 POD_NAME = "authentication.kubernetes.io/pod-name"
 POD_UID = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
