@@ -76,6 +76,26 @@ async def test_guaranteed_admission_reclaims_from_borrowers(database_settings: D
         assert await quota.pool.fetchval("SELECT count(*) FROM quota.reclaim_decisions") == 3
 
 
+async def test_reclaim_takes_running_borrowers_before_ones_not_bound_yet(database_settings: DatabaseSettings) -> None:
+    """The three latest borrowers were admitted but never bound (they wait in placement for nodes): reclaiming
+    them would free no GPU. The victims are the latest three that run (BOUND, an open interval in the ledger)."""
+    async with quota_server(database_settings, tree(capacity=16)) as quota:
+        for i in range(16):
+            reply = await quota.stub.Admit(
+                admit_request(f"b-{i}", "org/batch", 1, preemptible=True), metadata=bearer("erin")
+            )
+            assert reply.borrowed
+        handler = LedgerHandler()
+        async with quota.pool.acquire() as connection, connection.transaction():
+            for i in range(13):
+                bound = lifecycle(f"b-{i}", 1, events_pb2.JOB_STATE_BOUND, 1_800_000_000.0, gpus=1, queue="org/batch")
+                await handler(bound, connection)
+        reply = await quota.stub.Admit(admit_request("needs-3", "org/team-a", 3), metadata=bearer("alice"))
+        assert reply.admitted and not reply.borrowed
+        rows = await quota.pool.fetch("SELECT victim_job FROM quota.reclaim_decisions ORDER BY victim_job")
+        assert [row["victim_job"] for row in rows] == ["b-10", "b-11", "b-12"]
+
+
 async def test_callers_must_own_the_queue(database_settings: DatabaseSettings) -> None:
     async with quota_server(database_settings, tree()) as quota:
         with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -114,11 +134,13 @@ async def test_invalid_reload_leaves_the_tree_untouched(database_settings: Datab
         assert reply.admitted and not reply.borrowed
 
 
-def lifecycle(job: str, generation: int, state: int, at_s: float, *, gpus: float = 2.0) -> Event:
+def lifecycle(
+    job: str, generation: int, state: int, at_s: float, *, gpus: float = 2.0, queue: str = "org/team-a"
+) -> Event:
     message = events_pb2.JobLifecycle(
         job=common_pb2.JobRef(job_id=job, generation=generation),
         state=state,  # type: ignore[arg-type]
-        queue="org/team-a",
+        queue=queue,
         gpus=gpus,
         gpu_model="A100",
         priority_tier=1,

@@ -24,6 +24,23 @@ def test_victims_come_from_the_most_over_quota_queue_first() -> None:
     assert uncovered == 0
 
 
+def test_a_running_borrower_goes_before_a_later_one_not_bound_yet_but_not_across_queues() -> None:
+    config = small_config()
+    held = [
+        Holding("root/b", 4),
+        Holding("root/batch", 1, borrowed=True, job_id="running", generation=1, seq=1),
+        Holding("root/batch", 1, borrowed=True, job_id="waiting", generation=1, seq=2, running=False),
+        Holding("root/b", 1, borrowed=True, job_id="b-running", generation=1, seq=3),
+    ]
+    # batch is 2 over, b 1 over: batch first; of its two, the running one, though admitted earlier
+    victims, _ = choose_victims(config, held, 1, "root/a")
+    assert [v.job_id for v in victims] == ["running"]
+    # then batch and b are both 1 over: the running one (b's) before the one not bound; the unbound one last
+    victims, uncovered = choose_victims(config, held, 3, "root/a")
+    assert [v.job_id for v in victims] == ["running", "b-running", "waiting"]
+    assert uncovered == 0
+
+
 def test_guaranteed_work_is_never_a_victim_and_shortfall_is_reported() -> None:
     config = small_config()
     held = [Holding("root/b", 4, job_id="b", generation=1), Holding("root/batch", 1, borrowed=True, job_id="x")]

@@ -164,6 +164,7 @@ def _holding(row: asyncpg.Record) -> Holding:
         generation=row["generation"],
         seq=row["seq"],
         reclaiming=row["reclaiming"],
+        running=row.get("running", True),
     )
 
 
@@ -245,7 +246,11 @@ class QuotaStore:
         if admission.shortfall_gpus > 0:
             detailed = [
                 _holding(row)
-                for row in await connection.fetch("SELECT * FROM quota.holdings WHERE job_id <> $1", request.job_id)
+                for row in await connection.fetch(
+                    "SELECT h.*, EXISTS (SELECT 1 FROM quota.open_intervals o WHERE o.job_id = h.job_id"
+                    " AND o.generation = h.generation) AS running FROM quota.holdings h WHERE h.job_id <> $1",
+                    request.job_id,
+                )
             ]
             victims, uncovered = choose_victims(
                 config, detailed, admission.shortfall_gpus, request.queue, request.gpu_model

@@ -26,6 +26,7 @@ class Holding:
     generation: int = 0
     seq: int = 0  # admission order: later admissions lose less work when preempted
     reclaiming: bool = False  # already chosen as a reclaim victim
+    running: bool = True  # bound (an open interval): preempting it frees GPUs now; an unbound one frees none yet
 
 
 @dataclass(frozen=True, slots=True)

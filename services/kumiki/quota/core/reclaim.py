@@ -36,9 +36,14 @@ def choose_victims(
     """Borrowed work to preempt so `need_gpus` GPUs return to `beneficiary_queue`, and what stays uncovered.
 
     `holdings` is every admitted job (so over-quota is measured on real use). One victim at a time: the
-    candidate whose diverging queue is most over its guarantee per unit of weight, then whose own queue is,
-    then the lowest priority tier, the latest admitted and the job id. Queues at or below their guarantee at
-    the diverging level are protected; they are skipped, never a reason to stop.
+    candidate whose diverging queue is most over its guarantee per unit of weight, then a running one before
+    one admitted but not bound yet, then whose own queue is most over, then the lowest priority tier, the
+    latest admitted and the job id. Queues at or below their guarantee at the diverging level are protected;
+    they are skipped, never a reason to stop.
+
+    Running first because only a running victim gives GPUs back now: an unbound one holds quota but no GPU,
+    and its reclaim waits for its bind (the coordinator holds the decision until then, and drops it if the bind
+    never comes), so choosing it leaves the beneficiary waiting on GPUs nobody frees.
     """
     held = dict(usage_view(config, [h for h in holdings if not h.reclaiming]).subtree)
     candidates = [
@@ -62,6 +67,7 @@ def choose_victims(
             eligible,
             key=lambda h: (
                 -_over_quota(config, held, diverging[h.queue]),
+                not h.running,
                 -_over_quota(config, held, h.queue),
                 h.priority_tier,
                 -h.seq,
