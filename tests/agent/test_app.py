@@ -39,6 +39,11 @@ GIB = 1024**3
         (["--node", "n1", "--speed", "-1"], "--speed: -1 is outside"),
         (["--node", "n1", "--log-level", "chatty"], "--log-level: 'chatty'"),
         (["--node", "n1", "--output", "/nonexistent/dir/out.jsonl"], "--output: folder /nonexistent/dir"),
+        (["--node", "n1", "--inventory-interval-s", "-1"], "--inventory-interval-s: -1 is outside"),
+        (
+            ["--node", "n1", "--interval-s", "5", "--inventory-interval-s", "2"],
+            "--inventory-interval-s: 2 is shorter than --interval-s 5",
+        ),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
@@ -370,3 +375,43 @@ async def test_dcgm_ingest_publishes_its_synthetic_inventory_before_any_sample()
     assert calls[0] == ("inventory", "gpu-node-7")
     assert set(calls[1:]) == {("sample", "gpu-node-7")}
     assert [gpu.uuid[-2:] for gpu in sink.inventories[0].gpus] == ["50", "51", "52"]
+
+
+class ReopeningSource(ScriptedSource):
+    """Every re-read returns the next of `inventories`; None raises (the driver refused)."""
+
+    def __init__(self, clock: FakeClock, inventories: Sequence[GpuInventory | None]) -> None:
+        super().__init__(clock, [0.0] * 20)
+        self.inventories = list(inventories)
+
+    async def reopen(self, now: float) -> GpuInventory:
+        inventory = self.inventories.pop(0)
+        if inventory is None:
+            raise RuntimeError("NVML_ERROR_UNKNOWN")
+        return inventory
+
+
+async def test_a_failed_re_read_keeps_the_old_inventory_and_a_failed_publish_is_tried_again() -> None:
+    from dataclasses import replace
+
+    clock = FakeClock()
+    before = GpuInventory("n1", 1.0, "550", None, (GpuDevice(0, "GPU-0", "A100", None, None, False),))
+    changed = replace(before, gpus=(GpuDevice(0, "GPU-0", "A100", None, None, True),))
+    source = ReopeningSource(clock, [None, changed, changed, changed])
+    sink = ListSink()
+    fail_first = [True]
+
+    async def publish_inventory(inventory: GpuInventory) -> None:
+        if fail_first.pop(0) if fail_first else False:
+            raise ConnectionError("broker away")
+        sink.inventories.append(inventory)
+
+    sink.publish_inventory = publish_inventory  # type: ignore[method-assign]
+    stats = await run_sampling(
+        source, sink, TickSchedule(1.0, clock(), 5.0), clock=clock, sleep=clock.sleep,
+        inventory=before, inventory_sink=sink, inventory_every_s=1.0,
+    )  # fmt: skip
+    # re-read 1 raises; re-read 2 finds the change but cannot publish it; re-read 3 publishes it; 4 finds nothing
+    assert (stats.inventory_errors, stats.inventory_changes) == (2, 1)
+    assert sink.inventories == [changed]
+    assert stats.ticks == 5

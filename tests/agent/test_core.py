@@ -325,3 +325,30 @@ def test_next_tick_is_on_the_grid_in_the_future_and_counts_what_it_skipped(
     steps = (tick - previous) / interval
     assert abs(steps - round(steps)) < 1e-6  # on the grid
     assert skipped == round(steps) - 1
+
+
+def test_inventory_changes_name_what_changed_and_ignore_the_time() -> None:
+    from dataclasses import replace
+
+    from kumiki.agent.core import GpuDevice, GpuInventory, MigInstance, inventory_changes
+
+    mig = MigInstance(1, 0, "MIG-a", "3g.40gb", 40 << 30, 4, 3)
+    gpus = (
+        GpuDevice(0, "GPU-0", "A100", 80 << 30, "00:07", True, (mig,), 12),
+        GpuDevice(1, "GPU-1", "A100", 80 << 30, "00:0F", False, (), 12),
+    )
+    before = GpuInventory("n1", 100.0, "550", "12040", gpus)
+    assert inventory_changes(before, replace(before, collected_at=160.0)) == []
+    two = (mig, MigInstance(9, 0, "MIG-b", "1g.10gb", 10 << 30, 0, 1))
+    after = replace(
+        before,
+        collected_at=160.0,
+        gpus=(replace(gpus[0], mig_instances=two), replace(gpus[1], mig_enabled=True, nvlinks_active=11)),
+    )
+    assert inventory_changes(before, after) == [
+        "GPU 0: MIG instances 1 -> 2 (3g.40gb, 1g.10gb)",
+        "GPU 1: MIG on",
+        "GPU 1: active NVLinks 12 -> 11",
+    ]
+    assert inventory_changes(before, replace(before, gpus=gpus[:1])) == ["GPU 1 (GPU-1) gone"]
+    assert inventory_changes(before, replace(before, driver_version="560")) == ["driver, topology or device details"]

@@ -39,6 +39,7 @@ from kumiki.agent.core import (
     SampleSink,
     TickSchedule,
     group_by_timestamp,
+    inventory_changes,
     node_name_error,
 )
 from kumiki.common.bus.admin import BrokerUnavailable
@@ -71,6 +72,7 @@ class AgentConfig:
     log_level: str
     metrics_port: int | None = None  # serve /metrics on this port (KUMIKI_AGENT_METRICS_PORT)
     metrics_host: str = "127.0.0.1"
+    inventory_interval_s: float = 60.0  # read the inventory again this often (MIG layout changes); 0: never
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds between samples, {MIN_INTERVAL_S}..{MAX_INTERVAL_S} (default 1)",
     )
     parser.add_argument("--duration-s", default=None, help="stop after this many seconds (default: run)")
+    parser.add_argument(
+        "--inventory-interval-s",
+        default=os.environ.get("KUMIKI_AGENT_INVENTORY_INTERVAL_S", "60"),
+        help="read the GPUs' inventory again this often and publish it when it changed, as after a MIG"
+        " reconfiguration (default 60; 0: only at start)",
+    )
     parser.add_argument(
         "--output", default=None, help="JSON-lines target: '-' for stdout or a file (default '-' unless --record)"
     )
@@ -164,6 +172,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     if args.duration_s is not None:
         duration = _number("--duration-s", str(args.duration_s), low=0, high=366 * 86400, low_open=True)
     speed = _number("--speed", str(args.speed), low=0, high=1e6)
+    inventory_interval = _number("--inventory-interval-s", str(args.inventory_interval_s), low=0, high=86400)
+    if 0 < inventory_interval < interval:
+        raise ConfigError("--inventory-interval-s", f"{inventory_interval:g} is shorter than --interval-s {interval:g}")
     if source == "dcgm" and replay_dir is None:
         from kumiki.agent.adapters.dcgm import url_error
 
@@ -200,6 +211,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         log_level=args.log_level.upper(),
         metrics_port=metrics_port,
         metrics_host=args.metrics_host,
+        inventory_interval_s=inventory_interval,
     )
 
 
@@ -212,6 +224,10 @@ class Source(Protocol):
     unsupported: set[tuple[int, str]]
 
     async def open(self, now: float) -> GpuInventory: ...
+
+    async def reopen(self, now: float) -> GpuInventory:
+        """Read the inventory again from scratch (and sample from it from now on)."""
+        ...
 
     async def sample(self, timestamp: float) -> Sequence[GpuSample]: ...
 
@@ -231,6 +247,11 @@ class ThreadedNvmlSource:
     async def open(self, now: float) -> GpuInventory:
         return await asyncio.to_thread(self._source.open, now)
 
+    async def reopen(self, now: float) -> GpuInventory:
+        """NVML shut down and initialised again: MIG device handles and event subscriptions are per layout, and a
+        reconfiguration leaves the old ones stale."""
+        return await asyncio.to_thread(self._source.reopen, now)
+
     async def sample(self, timestamp: float) -> Sequence[GpuSample]:
         return await asyncio.to_thread(self._source.sample, timestamp)
 
@@ -249,6 +270,8 @@ class RunStats:
     skipped_ticks: int = 0
     tick_errors: int = 0
     publish_errors: int = 0
+    inventory_changes: int = 0  # inventories that differed from the one before, published
+    inventory_errors: int = 0  # re-reads or their publications that failed (the old inventory stays)
     source_errors: dict[str, int] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
 
@@ -259,6 +282,8 @@ class RunStats:
             "skipped_ticks": self.skipped_ticks,
             "tick_errors": self.tick_errors,
             "publish_errors": self.publish_errors,
+            "inventory_changes": self.inventory_changes,
+            "inventory_errors": self.inventory_errors,
             "source_errors": dict(sorted(self.source_errors.items())),
             "unsupported": sorted(self.unsupported),
         }
@@ -279,13 +304,20 @@ async def run_sampling(
     stop: asyncio.Event | None = None,
     on_tick: Callable[[float], None] | None = None,
     metrics_node: str | None = None,
+    inventory: GpuInventory | None = None,
+    inventory_sink: InventorySink | None = None,
+    inventory_every_s: float = 0.0,
 ) -> RunStats:
     """Sample at every due tick and publish; a failing tick or publish is counted, never fatal.
 
-    `metrics_node`: also count into the agent's Prometheus metrics under this node label."""
+    `metrics_node`: also count into the agent's Prometheus metrics under this node label. `inventory`: what was
+    published at start; every `inventory_every_s` (0: never) the source reads it again, and a changed one (a MIG
+    reconfiguration, a link gone) goes to `inventory_sink` before the next samples, which come from the new
+    layout."""
     stats = RunStats()
     meter = _Meter(metrics_node) if metrics_node is not None else None
     tick = schedule.origin
+    inventory_read_at = clock()
     while schedule.is_due(tick) and not (stop is not None and stop.is_set()):
         delay = tick - clock()
         if delay > 0:
@@ -296,6 +328,10 @@ async def run_sampling(
                     await asyncio.wait_for(stop.wait(), delay)
                 if stop.is_set():
                     break
+        again = inventory_every_s > 0 and clock() - inventory_read_at >= inventory_every_s
+        if again and inventory is not None and inventory_sink is not None:
+            inventory_read_at = clock()
+            inventory = await _inventory_again(source, inventory_sink, inventory, wall(), stats)
         stats.ticks += 1
         if meter is not None:
             meter.tick(stats, source)
@@ -333,6 +369,31 @@ async def run_sampling(
         {f"gpu{index}:{name}" if index >= 0 else f"system:{name}" for index, name in source.unsupported}
     )
     return stats
+
+
+async def _inventory_again(
+    source: Source, sink: InventorySink, before: GpuInventory, now: float, stats: RunStats
+) -> GpuInventory:
+    """The inventory read again, published when it changed; on a failure the one before stays (and a change not
+    published is found again at the next read)."""
+    try:
+        after = await source.reopen(now)
+    except Exception:
+        stats.inventory_errors += 1
+        log.exception("reading the inventory again failed; the one from before stays")
+        return before
+    changes = inventory_changes(before, after)
+    if not changes:
+        return after
+    try:
+        await sink.publish_inventory(after)
+    except Exception:
+        stats.inventory_errors += 1
+        log.exception("publishing the changed inventory failed; tried again at the next read")
+        return before
+    stats.inventory_changes += 1
+    log.info("node %s: inventory changed: %s", after.node, "; ".join(changes))
+    return after
 
 
 class _Meter:
@@ -528,9 +589,18 @@ async def _run_live(config: AgentConfig, sink: Any, recording: Any) -> RunStats 
                     stop=stop,
                     on_tick=lambda elapsed: progress.update(task, completed=elapsed + config.interval_s),
                     metrics_node=metrics_node,
-                )
+                )  # a recording keeps the layout it started with: no re-reads
         else:
-            stats = await run_sampling(source, sink, schedule, stop=stop, metrics_node=metrics_node)
+            stats = await run_sampling(
+                source,
+                sink,
+                schedule,
+                stop=stop,
+                metrics_node=metrics_node,
+                inventory=inventory,
+                inventory_sink=sink,
+                inventory_every_s=config.inventory_interval_s,
+            )
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
 RECORDING_FORMAT = "kumiki.agent.recording/v1"
@@ -97,6 +97,30 @@ class GpuInventory:
             if index in (pair.a, pair.b) and (pair.nvlinks > 0 or pair.nvlink_p2p is True)
         ]
         return tuple(sorted(peers))
+
+
+def inventory_changes(before: GpuInventory, after: GpuInventory) -> list[str]:
+    """What a fresh read of the node says that the one before did not (its time aside), one line per change;
+    empty: nothing new to publish."""
+    if replace(after, collected_at=before.collected_at) == before:
+        return []
+    changes = []
+    old = {gpu.uuid: gpu for gpu in before.gpus}
+    new = {gpu.uuid: gpu for gpu in after.gpus}
+    changes += [f"GPU {new[uuid].index} ({uuid}) added" for uuid in new.keys() - old.keys()]
+    changes += [f"GPU {old[uuid].index} ({uuid}) gone" for uuid in old.keys() - new.keys()]
+    for uuid in sorted(old.keys() & new.keys(), key=lambda key: new[key].index):
+        a, b = old[uuid], new[uuid]
+        if a.mig_enabled != b.mig_enabled:
+            changes.append(f"GPU {b.index}: MIG {'on' if b.mig_enabled else 'off'}")
+        if a.mig_instances != b.mig_instances:
+            profiles = ", ".join(mig.profile or "?" for mig in b.mig_instances) or "none"
+            changes.append(
+                f"GPU {b.index}: MIG instances {len(a.mig_instances)} -> {len(b.mig_instances)} ({profiles})"
+            )
+        if a.nvlinks_active != b.nvlinks_active:
+            changes.append(f"GPU {b.index}: active NVLinks {a.nvlinks_active} -> {b.nvlinks_active}")
+    return sorted(changes) or ["driver, topology or device details"]
 
 
 # --------------------------------------------------------------------------------------------------

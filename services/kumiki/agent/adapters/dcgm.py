@@ -74,6 +74,10 @@ class DcgmExporterSource:
             return []
         return list(reading.samples)
 
+    async def reopen(self, now: float) -> GpuInventory:
+        """The exporter's page again: its inventory is rebuilt from every scrape."""
+        return (await self._read(now)).inventory
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

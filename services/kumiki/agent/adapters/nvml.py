@@ -138,6 +138,11 @@ class NvmlSource:
             self.close()
             raise
 
+    def reopen(self, now: float) -> GpuInventory:
+        """Shut NVML down and open it again: a MIG reconfiguration leaves the old MIG handles stale."""
+        self.close()
+        return self.open(now)
+
     def close(self) -> None:
         if not self._open:
             return
