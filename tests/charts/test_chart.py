@@ -66,6 +66,21 @@ SASL = (
     "kafka.sasl.existingSecret=kumiki-kafka-sasl",
     "kafka.sasl.username=kumiki",
 )
+# preemption reviews jobs' projected ServiceAccount tokens for this audience (KUMIKI_CHECKPOINTS_KUBE_AUDIENCE)
+KUBE_AUDIENCE = "services.preemption.jobTokens.kubeAudience"
+PREEMPTION_RBAC = {(kind, "kumiki-preemption") for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")}
+PREEMPTION_RULES = [  # what kumiki.preemption.adapters.kube_identity calls, nothing more
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+]
+STAND_IN_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: stand-in}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
 
 
 def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
@@ -454,6 +469,137 @@ def test_network_policies_admit_grpc_from_the_release_and_configured_peers(
         assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
         assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-jobs"}}} in grpc_rule["from"]
         assert metrics_rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
+def _key(manifest: Manifest) -> tuple[str, str]:
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
+def _pod_accounts(manifests: list[Manifest]) -> dict[str, tuple[str, bool]]:
+    """workload name -> (ServiceAccount its pods run as, whether they mount its API token)."""
+    accounts = {}
+    for workload in workloads(manifests):
+        pod = workload["spec"]["template"]["spec"]
+        accounts[workload["metadata"]["name"]] = (
+            pod.get("serviceAccountName", "default"),
+            pod.get("automountServiceAccountToken", True),
+        )
+    return accounts
+
+
+def _kube_reviewer_accepts(audience: str, folder: Path) -> str:
+    """The audience the preemption service's own reader takes from KUMIKI_CHECKPOINTS_KUBE_AUDIENCE (a stand-in
+    kubeconfig for the pod's service account: the client is built, nothing is called)."""
+    import asyncio
+
+    from kumiki.preemption.adapters.kube_identity import AUDIENCE_VARIABLE, KubeTokenReviewer
+
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(STAND_IN_KUBECONFIG)
+    reviewer = KubeTokenReviewer.from_env({AUDIENCE_VARIABLE: audience, "KUMIKI_KUBECONFIG": str(kubeconfig)})
+    assert reviewer is not None
+    asyncio.run(reviewer.close())
+    return reviewer.audience
+
+
+def test_job_service_account_tokens_are_off_by_default(default_manifests: list[Manifest]) -> None:
+    """No audience: preemption runs as the shared ServiceAccount without an API token, and nothing of the
+    preemption RBAC is rendered; an explicit empty audience, or one for a disabled preemption, is the same."""
+    pod = named(default_manifests, "Deployment", "kumiki-preemption")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "KUMIKI_CHECKPOINTS_KUBE_AUDIENCE" not in env_of(container)
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("kumiki", False)
+    assert not PREEMPTION_RBAC & {_key(m) for m in default_manifests}
+    assert [m["metadata"]["name"] for m in of_kind(default_manifests, "ClusterRole")] == ["kumiki-binder"]
+    assert {name for name, (_, token) in _pod_accounts(default_manifests).items() if token} == {"kumiki-binder"}
+    plain, empty = helm_template(), helm_template("--set", f"{KUBE_AUDIENCE}=")
+    assert plain.returncode == empty.returncode == 0, plain.stderr + empty.stderr
+    assert empty.stdout == plain.stdout
+    disabled = render(*_sets(f"{KUBE_AUDIENCE}=kumiki-checkpoints", "services.preemption.enabled=false"))
+    assert not PREEMPTION_RBAC & {_key(m) for m in disabled}
+    assert "kumiki-preemption" not in {account for account, _ in _pod_accounts(disabled).values()}
+
+
+def test_a_kube_audience_gives_preemption_its_own_service_account_allowed_to_review_tokens_and_get_pods(
+    all_options_manifests: list[Manifest], tmp_path: Path
+) -> None:
+    options = yaml.safe_load(ALL_OPTIONS.read_text())
+    audience = options["services"]["preemption"]["jobTokens"]["kubeAudience"]
+    deployment = named(all_options_manifests, "Deployment", "kumiki-preemption")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    rendered = env_of(container)["KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"]["value"]
+    assert rendered == audience == _kube_reviewer_accepts(rendered, tmp_path)  # what the service reads
+    # the API token is mounted for preemption's own account and the binder's, in no other pod
+    accounts = _pod_accounts(all_options_manifests)
+    assert accounts["kumiki-preemption"] == ("kumiki-preemption", True)
+    assert {name: account for name, (account, token) in accounts.items() if token} == {
+        "kumiki-preemption": "kumiki-preemption",
+        "kumiki-binder": "kumiki-binder",
+    }
+    account = named(all_options_manifests, "ServiceAccount", "kumiki-preemption")
+    assert account["automountServiceAccountToken"] is False  # only the pod that asks for it gets a token
+    assert component(account) == "preemption"
+    assert named(all_options_manifests, "ClusterRole", "kumiki-preemption")["rules"] == PREEMPTION_RULES
+    binding = named(all_options_manifests, "ClusterRoleBinding", "kumiki-preemption")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "kumiki-preemption",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kumiki-preemption", "namespace": "kumiki"}]
+    # no other binding names the preemption account, and the shared account gains no binding
+    for other in of_kind(all_options_manifests, "ClusterRoleBinding") + of_kind(all_options_manifests, "RoleBinding"):
+        names = {subject["name"] for subject in other["subjects"]}
+        assert "kumiki" not in names
+        if other is not binding:
+            assert "kumiki-preemption" not in names
+
+
+def test_the_kube_audience_changes_only_the_preemption_pod_and_adds_its_rbac(
+    all_options_manifests: list[Manifest],
+) -> None:
+    """ci/all-options without the audience renders the same objects less the three RBAC ones, and the only
+    object that differs is preemption's Deployment, by its account, its token and the one variable."""
+    off = {_key(m): m for m in render("-f", str(ALL_OPTIONS), "--set", f"{KUBE_AUDIENCE}=")}
+    on = {_key(m): m for m in all_options_manifests}
+    assert set(on) - set(off) == PREEMPTION_RBAC and set(off) <= set(on)
+    assert {key for key, manifest in off.items() if on[key] != manifest} == {("Deployment", "kumiki-preemption")}
+    deployment = json.loads(json.dumps(on["Deployment", "kumiki-preemption"]))
+    pod = deployment["spec"]["template"]["spec"]
+    pod["serviceAccountName"], pod["automountServiceAccountToken"] = "kumiki", False
+    pod["containers"][0]["env"] = [
+        e for e in pod["containers"][0]["env"] if e["name"] != "KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"
+    ]
+    assert deployment == off["Deployment", "kumiki-preemption"]
+
+
+@pytest.mark.parametrize(
+    ("value", "named_in_message"),
+    [
+        ("kumiki checkpoints", "'kumiki checkpoints'"),
+        ("kumiki\tcheckpoints", "'kumiki\\tcheckpoints'"),
+        ("kumiki\u00a0checkpoints", "'kumiki\\u00a0checkpoints'"),  # Python's isspace() too
+        ("a" * 254, "maxLength: got 254, want 253"),
+    ],
+    ids=["space", "tab", "no-break-space", "too-long"],
+)
+def test_the_schema_refuses_an_audience_the_service_would_refuse_naming_it(value: str, named_in_message: str) -> None:
+    from kumiki.common.config import ConfigError
+    from kumiki.preemption.adapters.kube_identity import AUDIENCE_VARIABLE, KubeTokenReviewer
+
+    stderr = rejected("--set-json", f"{KUBE_AUDIENCE}={json.dumps(value)}")
+    assert "don't meet the specifications of the schema" in stderr
+    assert "at '/services/preemption/jobTokens/kubeAudience'" in stderr and named_in_message in stderr
+    with pytest.raises(ConfigError, match="one audience name without spaces"):
+        KubeTokenReviewer.from_env({AUDIENCE_VARIABLE: value})
+
+
+@pytest.mark.parametrize("value", ["kumiki-checkpoints", "https://kumiki.example/checkpoints", "a" * 253])
+def test_an_audience_the_service_takes_is_rendered_as_is(value: str, tmp_path: Path) -> None:
+    pod = named(render("--set-json", f"{KUBE_AUDIENCE}={json.dumps(value)}"), "Deployment", "kumiki-preemption")
+    rendered = env_of(pod["spec"]["template"]["spec"]["containers"][0])["KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"]["value"]
+    assert rendered == value == _kube_reviewer_accepts(rendered, tmp_path)
 
 
 @pytest.mark.parametrize(

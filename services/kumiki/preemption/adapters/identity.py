@@ -13,9 +13,9 @@ A job proves who it is with either
   nothing to hand out, no shared key).
 
 Off unless KUMIKI_CHECKPOINTS_JOB_KEY_FILE or KUMIKI_CHECKPOINTS_KUBE_AUDIENCE is set (the development stack runs
-without either; the chart sets them from its values). Refusals are PERMISSION_DENIED (an identity that is not
-the job's) or UNAUTHENTICATED (none presented, or a token Kubernetes does not accept), each logged once at WARNING
-within a budget, so a caller cannot fill the disk.
+without either; the chart sets the audience from services.preemption.jobTokens.kubeAudience). Refusals are
+PERMISSION_DENIED (an identity that is not the job's) or UNAUTHENTICATED (none presented, or a token Kubernetes
+does not accept), each logged once at WARNING within a budget, so a caller cannot fill the disk.
 """
 
 from __future__ import annotations
