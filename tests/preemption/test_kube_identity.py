@@ -28,15 +28,13 @@ from kumiki.binder.adapters.kube import client_from
 from kumiki.binder.core.names import GENERATION_ANNOTATION, JOB_ANNOTATION, POD_GROUP_LABEL
 from kumiki.binder.core.pods import job_id_for
 from kumiki.common.config import DatabaseSettings
-from kumiki.common.contracts.v1 import checkpoints_pb2_grpc
-from kumiki.common.db import apply_migrations, create_pool
-from kumiki.preemption.adapters.grpc import CheckpointsServicer
 from kumiki.preemption.adapters.identity import JobIdentity
 from kumiki.preemption.adapters.kube_identity import AUDIENCE_VARIABLE, KubeTokenReviewer
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 from kumiki.sdk.checkpoint import Job
 from tests.binder.support import pod_object
 from tests.conftest import REPO_ROOT
+from tests.preemption.servers import checkpoints_service
 from tests.preemption.test_identity import _refusals, _report, report
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -125,20 +123,9 @@ async def cluster(kube: AsyncClient, kube_stack: Any, tmp_path: Path) -> Cluster
 async def served(
     cluster: Cluster, database_settings: DatabaseSettings
 ) -> AsyncIterator[tuple[str, CheckpointRegistry]]:
-    pool = await create_pool(database_settings)
-    await apply_migrations(pool, "preemption", "kumiki.preemption.migrations")
-    registry = CheckpointRegistry(pool)
     identity = JobIdentity(kube=KubeTokenReviewer(client_from(cluster.kubeconfig), AUDIENCE))
-    server = grpc.aio.server()
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(registry, identity=identity), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}", registry
-    finally:
-        await server.stop(None)
-        await identity.close()
-        await pool.close()
+    async with checkpoints_service(database_settings, identity) as (address, pool):
+        yield address, CheckpointRegistry(pool)
 
 
 async def _refused(address: str, job: str, token: str) -> grpc.aio.AioRpcError:

@@ -179,8 +179,8 @@ def test_the_agent_user_cannot_forge_lifecycle_or_read_decisions(locked_broker: 
         consumer = AIOKafkaConsumer(
             f"{PREFIX}scheduling.decisions", **agent.client_options(), group_id=None, auto_offset_reset="earliest"
         )
-        await consumer.start()
         try:
+            await consumer.start()
             await consumer.getone()
         finally:
             await consumer.stop()
@@ -189,23 +189,32 @@ def test_the_agent_user_cannot_forge_lifecycle_or_read_decisions(locked_broker: 
         asyncio.run(asyncio.wait_for(peek(), 30))
 
 
-def test_a_service_run_as_another_roles_user_stops_with_one_line(locked_broker: SecureBroker) -> None:
+def _stops_with(service: str, user: str, broker: SecureBroker, **extra: str) -> list[str]:
+    """Start one service as `user`; it must exit 3 without a traceback. Its lines naming itself."""
+    variable = "KUMIKI_" + service.upper()
     env = {
-        **locked_broker.env(USERS["agent"]),
+        **broker.env(user),
         "KUMIKI_TOPIC_PREFIX": PREFIX,
-        "KUMIKI_PLACEMENT_GRPC_PORT": str(free_port()),
-        "KUMIKI_PLACEMENT_HTTP_PORT": str(free_port()),
+        f"{variable}_GRPC_PORT": str(free_port()),
+        f"{variable}_HTTP_PORT": str(free_port()),
+        **extra,
     }
     result = subprocess.run(
-        [sys.executable, "-m", "kumiki.placement"], env=process_env(env), capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-m", f"kumiki.{service}"], env=process_env(env), capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
     assert result.returncode == 3, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("kumiki-placement:")]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    return [line for line in result.stderr.splitlines() if line.startswith(f"kumiki-{service}:")]
+
+
+def test_a_service_run_as_another_roles_user_stops_with_one_line(locked_broker: SecureBroker) -> None:
+    errors = _stops_with("placement", USERS["agent"], locked_broker)
     assert errors == [
         f"kumiki-placement: KUMIKI_KAFKA_SASL_USERNAME: the broker at {locked_broker.bootstrap} does not let user"
         f" 'kumiki-agent' use topic {PREFIX}job.lifecycle (TOPIC_AUTHORIZATION_FAILED): is this the service's own"
         " user? Its ACLs: kumiki kafka acls"
-    ], result.stderr[-2000:]
+    ]
 
 
 def test_a_service_whose_acls_leave_out_its_group_stops_with_one_line(
@@ -219,24 +228,12 @@ def test_a_service_whose_acls_leave_out_its_group_stops_with_one_line(
         rule for rule in bindings_for(ACCESS["forecast"], user, PREFIX) if rule.name != "kumiki-forecast-progress"
     ]
     asyncio.run(create_acls(locked_broker.settings("admin", PREFIX), partial))
-    env = {
-        **locked_broker.env(user),
-        "KUMIKI_TOPIC_PREFIX": PREFIX,
-        "KUMIKI_DATABASE_URL": database_url,
-        "KUMIKI_FORECAST_GRPC_PORT": str(free_port()),
-        "KUMIKI_FORECAST_HTTP_PORT": str(free_port()),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "kumiki.forecast"], env=process_env(env), capture_output=True, text=True, timeout=180
-    )
-    assert result.returncode == 3, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("kumiki-forecast:")]
+    errors = _stops_with("forecast", user, locked_broker, KUMIKI_DATABASE_URL=database_url)
     assert errors == [
         f"kumiki-forecast: KUMIKI_KAFKA_SASL_USERNAME: the broker at {locked_broker.bootstrap} does not let user"
         f" '{user}' use consumer group kumiki-forecast-progress (GROUP_AUTHORIZATION_FAILED): is this the service's"
         " own user? Its ACLs: kumiki kafka acls"
-    ], result.stderr[-2000:]
+    ]
 
 
 def _cli(broker: SecureBroker, user: str, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -7,10 +7,12 @@ import logging
 import pytest
 
 from kumiki.agent.adapters.nvml import NvmlSource, NvmlUnavailable
-from kumiki.agent.core import GpuPair, MigInstance, validate_sample
+from kumiki.agent.app import RunStats, ThreadedNvmlSource, run_sampling
+from kumiki.agent.core import GpuPair, MigInstance, TickSchedule, validate_sample
 
 from ..conftest import FakeNvml
 from ..fake_nvml.build import FakeNvmlConfig
+from ..test_app import FakeClock, ListSink
 
 GIB = 1024**3
 NODE = "gpu-node-1"
@@ -359,32 +361,36 @@ def test_sample_before_open_is_a_programming_error(fake_nvml: FakeNvml) -> None:
         NvmlSource(NODE).sample(timestamp=1.0)
 
 
+async def _run_with_re_reads(
+    fake_nvml: FakeNvml, before: FakeNvmlConfig, after: FakeNvmlConfig, seconds: float, every_s: float
+) -> tuple[RunStats, ListSink]:
+    """The agent's loop on a fake clock over the real NvmlSource: opened on `before`, the fake then reconfigured
+    to `after` (what `nvidia-smi mig -dci/-dgi/-cgi` leaves behind), the inventory read again every `every_s`."""
+    fake_nvml.configure(before)
+    source = ThreadedNvmlSource(NODE)
+    inventory = await source.open(1_700_000_000.0)
+    sink, clock = ListSink(), FakeClock()
+    try:
+        fake_nvml.configure(after)
+        stats = await run_sampling(
+            source, sink, TickSchedule(1.0, clock(), seconds), clock=clock, sleep=clock.sleep,
+            inventory=inventory, inventory_sink=sink, inventory_every_s=every_s,
+        )  # fmt: skip
+    finally:
+        await source.close()
+    return stats, sink
+
+
 async def test_a_mig_reconfiguration_is_published_and_sampled_from_the_new_layout(fake_nvml: FakeNvml) -> None:
     """The agent reads its inventory again while it runs (NVML shut down and initialised again): GPU 2's two
     MIG instances become one 7g.80gb; the new inventory goes out once, before samples of the new instance."""
-    from kumiki.agent.app import ThreadedNvmlSource, run_sampling
-    from kumiki.agent.core import TickSchedule
-    from tests.agent.test_app import FakeClock, ListSink
-
-    config = hgx_node()
-    fake_nvml.configure(config)
-    source = ThreadedNvmlSource(NODE)
-    inventory = await source.open(1_700_000_000.0)
-    sink = ListSink()
-    clock = FakeClock()
-    config.migs = [
+    after = hgx_node()
+    after.migs = [
         {"gpu": 2, "gpu_instance": 0, "compute_instance": 0, "uuid": "MIG-77777777-0000-0000-0000-000000000000",
          "name": "NVIDIA A100-SXM4-80GB MIG 7g.80gb", "memory_total": 80 * GIB, "memory_used": GIB, "slices": 7,
          "placement_start": 0},
     ]  # fmt: skip
-    try:
-        fake_nvml.configure(config)  # what `nvidia-smi mig -dci/-dgi/-cgi` leaves behind
-        stats = await run_sampling(
-            source, sink, TickSchedule(1.0, clock(), 6.0), clock=clock, sleep=clock.sleep,
-            inventory=inventory, inventory_sink=sink, inventory_every_s=3.0,
-        )  # fmt: skip
-    finally:
-        await source.close()
+    stats, sink = await _run_with_re_reads(fake_nvml, hgx_node(), after, 6.0, 3.0)
     assert stats.inventory_changes == 1 and stats.inventory_errors == 0
     [changed] = sink.inventories
     assert [mig.uuid for mig in changed.gpus[2].mig_instances] == ["MIG-77777777-0000-0000-0000-000000000000"]
@@ -395,20 +401,6 @@ async def test_a_mig_reconfiguration_is_published_and_sampled_from_the_new_layou
 
 
 async def test_an_unchanged_inventory_is_not_published_again(fake_nvml: FakeNvml) -> None:
-    from kumiki.agent.app import ThreadedNvmlSource, run_sampling
-    from kumiki.agent.core import TickSchedule
-    from tests.agent.test_app import FakeClock, ListSink
-
-    fake_nvml.configure(hgx_node())
-    source = ThreadedNvmlSource(NODE)
-    inventory = await source.open(1_700_000_000.0)
-    sink, clock = ListSink(), FakeClock()
-    try:
-        stats = await run_sampling(
-            source, sink, TickSchedule(1.0, clock(), 5.0), clock=clock, sleep=clock.sleep,
-            inventory=inventory, inventory_sink=sink, inventory_every_s=1.0,
-        )  # fmt: skip
-    finally:
-        await source.close()
+    stats, sink = await _run_with_re_reads(fake_nvml, hgx_node(), hgx_node(), 5.0, 1.0)
     assert (stats.inventory_changes, stats.inventory_errors, sink.inventories) == (0, 0, [])
     assert stats.ticks == 5 and stats.tick_errors == 0
