@@ -105,10 +105,15 @@ def refused_by_authorizer(settings: KafkaSettings, error: BaseException) -> Brok
     return None
 
 
-async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
+async def _admin_client(settings: KafkaSettings) -> AIOKafkaAdminClient:
     admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
     await start_client(admin, settings)
+    return admin
+
+
+async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec]) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    admin = await _admin_client(settings)
     try:
         existing = set(await admin.list_topics())
         missing = [
@@ -153,12 +158,6 @@ def _named(codes: dict[str, int], code: int) -> str:
     return next((name for name, value in codes.items() if value == code), f"CODE_{code}")
 
 
-async def _acl_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(**settings.client_options(), request_timeout_ms=15000)
-    await start_client(admin, settings)
-    return admin
-
-
 def _acl_failure(settings: KafkaSettings, what: str, code: int, message: str | None) -> BrokerUnavailable:
     if code == 31:  # CLUSTER_AUTHORIZATION_FAILED: not a super user, no ALTER/DESCRIBE on the cluster
         message = f"user {settings.sasl_username!r} may not manage ACLs (run it as the broker's admin)"
@@ -170,7 +169,7 @@ def _acl_failure(settings: KafkaSettings, what: str, code: int, message: str | N
 async def describe_acls(settings: KafkaSettings) -> list[AclBinding]:
     """Every ALLOW rule on topics and groups the broker holds (DescribeAcls v1+, what kafka-acls --list asks).
     aiokafka's admin client has no ACL calls; it does carry the protocol's requests, sent here as they are."""
-    admin = await _acl_admin(settings)
+    admin = await _admin_client(settings)
     try:
         rules = []
         for resource, resource_code in _RESOURCE_CODES.items():
@@ -197,7 +196,7 @@ async def describe_acls(settings: KafkaSettings) -> list[AclBinding]:
 async def create_acls(settings: KafkaSettings, bindings: Iterable[AclBinding]) -> int:
     """Add ALLOW rules (any host); a rule the broker holds already is added again as a no-op. Returns how many
     were sent; the first refusal raises BrokerUnavailable naming the rule."""
-    admin = await _acl_admin(settings)
+    admin = await _admin_client(settings)
     sent = 0
     try:
         for rule in bindings:
