@@ -68,6 +68,9 @@ SASL = (
 )
 # preemption reviews jobs' projected ServiceAccount tokens for this audience (KUMIKI_CHECKPOINTS_KUBE_AUDIENCE)
 KUBE_AUDIENCE = "services.preemption.jobTokens.kubeAudience"
+# preemption checks HMAC job tokens with the key in this Secret (KUMIKI_CHECKPOINTS_JOB_KEY_FILE)
+JOB_KEY_SECRET = "services.preemption.jobTokens.keySecret"
+JOB_KEY = hashlib.sha256(b"checkpoints job key").hexdigest()  # 64 bytes, as `openssl rand -hex 32` makes
 PREEMPTION_RBAC = {(kind, "kumiki-preemption") for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")}
 PREEMPTION_RULES = [  # what kumiki.preemption.adapters.kube_identity calls, nothing more
     {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
@@ -600,6 +603,129 @@ def test_an_audience_the_service_takes_is_rendered_as_is(value: str, tmp_path: P
     pod = named(render("--set-json", f"{KUBE_AUDIENCE}={json.dumps(value)}"), "Deployment", "kumiki-preemption")
     rendered = env_of(pod["spec"]["template"]["spec"]["containers"][0])["KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"]["value"]
     assert rendered == value == _kube_reviewer_accepts(rendered, tmp_path)
+
+
+def _job_identity(env: dict[str, str], folder: Path) -> Any:
+    """The preemption service's own JobIdentity.from_env over a materialised environment (a stand-in kubeconfig
+    for the pod's service account when the audience is on too: the client is built, nothing is called)."""
+    import asyncio
+
+    from kumiki.preemption.adapters.identity import JobIdentity
+
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(STAND_IN_KUBECONFIG)
+    identity = JobIdentity.from_env({**env, "KUMIKI_KUBECONFIG": str(kubeconfig)})
+    if identity is not None:
+        asyncio.run(identity.close())
+    return identity
+
+
+def test_the_job_key_is_off_by_default(default_manifests: list[Manifest]) -> None:
+    """No keySecret: no pod has KUMIKI_CHECKPOINTS_JOB_KEY_FILE or a job-key mount, and an explicit empty one
+    renders byte for byte the same; a keySecret for a disabled preemption reaches no pod."""
+    for workload in workloads(default_manifests):
+        pod = workload["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            assert "KUMIKI_CHECKPOINTS_JOB_KEY_FILE" not in env_of(container)
+            assert not any("job-key" in mount["mountPath"] for mount in container.get("volumeMounts", []))
+        assert not any("job-key" in volume["name"] for volume in pod.get("volumes", []))
+    plain, empty = helm_template(), helm_template("--set", f"{JOB_KEY_SECRET}=")
+    assert plain.returncode == empty.returncode == 0, plain.stderr + empty.stderr
+    assert empty.stdout == plain.stdout
+    disabled = helm_template(*_sets(f"{JOB_KEY_SECRET}=kumiki-job-key", "services.preemption.enabled=false"))
+    assert disabled.returncode == 0, disabled.stderr
+    assert "kumiki-job-key" not in disabled.stdout and "JOB_KEY" not in disabled.stdout
+
+
+def test_a_job_key_secret_is_mounted_read_only_as_the_file_the_preemption_service_reads(
+    all_options_manifests: list[Manifest], tmp_path: Path
+) -> None:
+    """ci/all-options: KUMIKI_CHECKPOINTS_JOB_KEY_FILE is a path into a read-only mount of keySecret's key, in
+    preemption only, and the service's JobIdentity takes the key from that file beside the kube audience."""
+    from kumiki.common.config import ConfigError
+    from kumiki.preemption.adapters.identity import KEY_FILE, MIN_KEY_BYTES, job_token
+
+    tokens = yaml.safe_load(ALL_OPTIONS.read_text())["services"]["preemption"]["jobTokens"]
+    secret, key = tokens["keySecret"], tokens["keySecretKey"]
+    pod = named(all_options_manifests, "Deployment", "kumiki-preemption")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    variable = env_of(container)[KEY_FILE]
+    assert set(variable) == {"name", "value"}  # a plain path, never the key itself
+    path = variable["value"]
+    assert file_source(pod, container, path) == ("Secret", secret, key)
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["defaultMode"] == 0o440  # as every other Secret file
+    for workload in workloads(all_options_manifests):  # no other pod gets the key
+        if workload["metadata"]["name"] != "kumiki-preemption":
+            other = workload["spec"]["template"]["spec"]
+            assert secret not in {v.get("secret", {}).get("secretName") for v in other.get("volumes", [])}
+            assert all(KEY_FILE not in env_of(c) for c in other["containers"])
+    secret_files = {**_secret_files(all_options_manifests), (secret, key): JOB_KEY + "\n"}
+    env = _materialise(pod, container, tmp_path / "key", secret_files)
+    identity = _job_identity(env, tmp_path)
+    assert identity is not None and identity.kube is not None  # both ways on together
+    assert identity.key == JOB_KEY.encode()  # what a launcher outside Kubernetes mints tokens with
+    assert job_token(identity.key, "job-7") == job_token(JOB_KEY.encode(), "job-7")
+    short = {**secret_files, (secret, key): "k" * (MIN_KEY_BYTES - 1)}
+    with pytest.raises(ConfigError, match=f"{KEY_FILE}: .* has {MIN_KEY_BYTES - 1} bytes"):
+        _job_identity(_materialise(pod, container, tmp_path / "short", short), tmp_path)
+
+
+def test_a_job_key_alone_mounts_its_default_key_and_leaves_preemption_without_an_api_token(tmp_path: Path) -> None:
+    """keySecret without the audience: the Secret's default key `key` is the file, preemption keeps the shared
+    ServiceAccount without a token, no preemption RBAC is rendered, and the service takes HMAC tokens only."""
+    manifests = render("--set", f"{JOB_KEY_SECRET}=kumiki-job-key")
+    pod = named(manifests, "Deployment", "kumiki-preemption")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    assert "KUMIKI_CHECKPOINTS_KUBE_AUDIENCE" not in env
+    source = file_source(pod, container, env["KUMIKI_CHECKPOINTS_JOB_KEY_FILE"]["value"])
+    assert source == ("Secret", "kumiki-job-key", "key")
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("kumiki", False)
+    assert not PREEMPTION_RBAC & {_key(m) for m in manifests}
+    secret_files = {**_secret_files(manifests), ("kumiki-job-key", "key"): JOB_KEY}
+    identity = _job_identity(_materialise(pod, container, tmp_path / "key", secret_files), tmp_path)
+    assert identity is not None and identity.kube is None and identity.key == JOB_KEY.encode()
+
+
+def test_the_job_key_changes_only_the_preemption_pod_by_its_variable_mount_and_volume(
+    all_options_manifests: list[Manifest],
+) -> None:
+    off = {_key(m): m for m in render("-f", str(ALL_OPTIONS), "--set", f"{JOB_KEY_SECRET}=")}
+    on = {_key(m): m for m in all_options_manifests}
+    assert set(on) == set(off)
+    assert {key for key, manifest in off.items() if on[key] != manifest} == {("Deployment", "kumiki-preemption")}
+    deployment = json.loads(json.dumps(on["Deployment", "kumiki-preemption"]))
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    path = env_of(container)["KUMIKI_CHECKPOINTS_JOB_KEY_FILE"]["value"]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    container["env"] = [e for e in container["env"] if e["name"] != "KUMIKI_CHECKPOINTS_JOB_KEY_FILE"]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m is not mount]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != mount["name"]]
+    assert deployment == off["Deployment", "kumiki-preemption"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "named_in_message"),
+    [
+        (f"{JOB_KEY_SECRET}=Kumiki-Job-Key", "'Kumiki-Job-Key' does not match pattern"),
+        (f"{JOB_KEY_SECRET}=kumiki_job_key", "'kumiki_job_key' does not match pattern"),
+        (f"{JOB_KEY_SECRET}=-kumiki", "'-kumiki' does not match pattern"),
+        (f"{JOB_KEY_SECRET}={'a' * 254}", "maxLength: got 254, want 253"),
+        ("services.preemption.jobTokens.keySecretKey=a/b", "'a/b' does not match pattern"),
+    ],
+    ids=["upper-case", "underscore", "leading-dash", "too-long", "bad-key"],
+)
+def test_the_schema_refuses_a_job_key_secret_that_is_no_secret_name_naming_it(
+    setting: str, named_in_message: str
+) -> None:
+    stderr = rejected("--set", setting)
+    assert "don't meet the specifications of the schema" in stderr
+    field = "/" + setting.split("=")[0].replace(".", "/")
+    assert f"at '{field}'" in stderr and named_in_message in stderr
 
 
 @pytest.mark.parametrize(
