@@ -30,6 +30,7 @@ from kumiki.common.bus.access import (
     missing_and_extra,
 )
 from kumiki.common.bus.admin import create_acls, describe_acls
+from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.devstack.broker import add_scram_user
 from kumiki.devstack.cluster import publish_nodes
@@ -263,4 +264,17 @@ def test_the_cli_checks_then_adds_a_new_agents_rules(locked_broker: SecureBroker
     assert not_admin.stderr.strip().splitlines() == [
         "kumiki kafka acls: listing ACLs: error 31: user 'kumiki-quota' may not manage ACLs (run it as the broker's"
         " admin)"
+    ]
+
+
+def test_checking_a_broker_without_an_authorizer_says_so(kafka: KafkaSettings) -> None:
+    """The plain test broker runs no authorizer: `--check` cannot compare anything, and says why in one line."""
+    env = process_env({"KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap, "KUMIKI_TOPIC_PREFIX": PREFIX})
+    result = subprocess.run(
+        [sys.executable, "-m", "kumiki.cli", "kafka", "acls", "--check"], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "kumiki kafka acls: listing ACLs: error 54: the broker runs no authorizer (authorizer.class.name is not set)"
     ]

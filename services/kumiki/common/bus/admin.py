@@ -161,7 +161,7 @@ def _named(codes: dict[str, int], code: int) -> str:
 def _acl_failure(settings: KafkaSettings, what: str, code: int, message: str | None) -> BrokerUnavailable:
     if code == 31:  # CLUSTER_AUTHORIZATION_FAILED: not a super user, no ALTER/DESCRIBE on the cluster
         message = f"user {settings.sasl_username!r} may not manage ACLs (run it as the broker's admin)"
-    elif code == 55:  # SECURITY_DISABLED
+    elif code == 54:  # SECURITY_DISABLED
         message = "the broker runs no authorizer (authorizer.class.name is not set)"
     return BrokerUnavailable(f"{what}: error {code}: {message or 'no message'}")
 
