@@ -252,3 +252,20 @@ async def test_the_documented_pod_is_accepted_and_reports_as_its_job(
         await asyncio.to_thread(job.close)
     latest = await registry.latest(f"{ns}/{group}")
     assert latest is not None and latest.step == 7
+
+
+async def test_an_answer_is_kept_for_its_minute_and_not_without_a_cache(cluster: Cluster) -> None:
+    """What docs/preemption.md promises about a deleted pod: its token is honoured until the kept answer
+    expires (a minute), and at once with no cache."""
+    token = await cluster.token("gang-a-0")
+    cached = KubeTokenReviewer(client_from(cluster.kubeconfig), AUDIENCE)
+    uncached = KubeTokenReviewer(client_from(cluster.kubeconfig), AUDIENCE, cache_s=0.0)
+    try:
+        assert (await cached.review(token)).job == f"{cluster.namespace}/gang-a"
+        assert (await uncached.review(token)).job == f"{cluster.namespace}/gang-a"
+        await cluster.client.delete(Pod, "gang-a-0", namespace=cluster.namespace, grace_period=0)
+        assert (await cached.review(token)).job == f"{cluster.namespace}/gang-a"  # the kept answer
+        assert (await uncached.review(token)).code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await cached.close()
+        await uncached.close()

@@ -58,10 +58,18 @@ class Verdict:
 class KubeTokenReviewer:
     """Reviews projected ServiceAccount tokens with the API server (needs `create tokenreviews` and `get pods`)."""
 
-    def __init__(self, client: AsyncClient, audience: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        audience: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cache_s: float = CACHE_S,
+    ) -> None:
         self.client = client
         self.audience = audience
         self.clock = clock
+        self.cache_s = cache_s  # 0: every call asks the API server (benchmarks/checkpoint_identity.py)
         self._cache: OrderedDict[bytes, tuple[float, Verdict]] = OrderedDict()
         self._lock = asyncio.Lock()
 
@@ -99,7 +107,7 @@ class KubeTokenReviewer:
         verdict = await self._review(token)
         if verdict.code is not grpc.StatusCode.UNAVAILABLE:  # an API outage is asked again next time
             async with self._lock:
-                self._cache[digest] = (now + CACHE_S, verdict)
+                self._cache[digest] = (now + self.cache_s, verdict)
                 self._cache.move_to_end(digest)
                 while len(self._cache) > CACHE_ENTRIES:
                     self._cache.popitem(last=False)
