@@ -28,6 +28,8 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Checkpoints server
+
 import grpc
 from _support import percentile
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
@@ -41,12 +43,10 @@ from kumiki.binder.adapters.kube import client_from
 from kumiki.binder.core.names import JOB_ANNOTATION
 from kumiki.common.config import DatabaseSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2
-from kumiki.common.db import apply_migrations, create_pool
 from kumiki.devstack.kube import KubeBinaries, start_kube, stop_kube
-from kumiki.preemption.adapters.grpc import CheckpointsServicer
 from kumiki.preemption.adapters.identity import JobIdentity, job_token
 from kumiki.preemption.adapters.kube_identity import KubeTokenReviewer
-from kumiki.preemption.adapters.registry import CheckpointRegistry
+from tests.preemption.servers import checkpoints_service  # the tests' own server on loopback
 
 AUDIENCE = "kumiki-checkpoints"
 KEY = os.urandom(32)
@@ -80,32 +80,22 @@ async def _pod_token(client: object, namespace: str) -> tuple[str, str]:
 async def _latencies(
     database: DatabaseSettings, identity: JobIdentity | None, job: str, token: str | None, reports: int
 ) -> list[float]:
-    pool = await create_pool(database)
-    await apply_migrations(pool, "preemption", "kumiki.preemption.migrations")
-    server = grpc.aio.server()
-    servicer = CheckpointsServicer(CheckpointRegistry(pool), identity=identity)
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     seconds = []
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
-            for step in range(WARMUP + reports):
-                report = checkpoints_pb2.CheckpointReport(
-                    job=common_pb2.JobRef(job_id=job, generation=1), uri=f"s3://ckpt/{step}", step=step + 1
-                )
-                report.completed_at.seconds = 1_700_000_000 + step
-                started = time.perf_counter()
-                await stub.Report(report, timeout=30, metadata=metadata)
-                if step >= WARMUP:
-                    seconds.append(time.perf_counter() - started)
-    finally:
-        await server.stop(None)
-        if identity is not None:
-            await identity.close()
-        await pool.close()
+    async with (
+        checkpoints_service(database, identity) as (address, _),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
+        for step in range(WARMUP + reports):
+            report = checkpoints_pb2.CheckpointReport(
+                job=common_pb2.JobRef(job_id=job, generation=1), uri=f"s3://ckpt/{step}", step=step + 1
+            )
+            report.completed_at.seconds = 1_700_000_000 + step
+            started = time.perf_counter()
+            await stub.Report(report, timeout=30, metadata=metadata)
+            if step >= WARMUP:
+                seconds.append(time.perf_counter() - started)
     return seconds
 
 
