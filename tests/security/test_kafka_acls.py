@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 from kumiki.common.bus.access import (
     ACCESS,
     SERVICE_ROLES,
+    AclBinding,
     acl_bindings,
     bindings_for,
     default_user,
@@ -278,3 +279,22 @@ def test_checking_a_broker_without_an_authorizer_says_so(kafka: KafkaSettings) -
     assert result.stderr.strip().splitlines() == [
         "kumiki kafka acls: listing ACLs: error 54: the broker runs no authorizer (authorizer.class.name is not set)"
     ]
+
+
+def test_prune_removes_what_a_user_holds_beyond_the_policy_and_nothing_else(locked_broker: SecureBroker) -> None:
+    """An agent's user that once got WRITE on lifecycle (a hand-made rule, or a role that used to need it): `--check`
+    lists it as beyond the policy, `--prune` removes exactly it, and the agent's own four rules stay."""
+    user = "kumiki-agent-stray"
+    roles = ["--roles", "agent", "--user", f"agent={user}"]
+    admin = locked_broker.settings("admin", PREFIX)
+    stray = AclBinding(f"User:{user}", "TOPIC", f"{PREFIX}job.lifecycle", "LITERAL", "WRITE")
+    asyncio.run(create_acls(admin, [*bindings_for(ACCESS["agent"], user, PREFIX), stray]))
+    checked = _cli(locked_broker, "admin", "--check", *roles)
+    assert checked.returncode == 0, checked.stderr  # nothing missing
+    assert "granted beyond the policy" in checked.stderr and "job.lifecycle" in checked.stderr
+    pruned = _cli(locked_broker, "admin", "--prune", *roles)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "removed 1 rules beyond the policy" in pruned.stderr
+    held = [rule for rule in asyncio.run(describe_acls(admin)) if rule.user == user]
+    assert sorted(held) == bindings_for(ACCESS["agent"], user, PREFIX)
+    assert "all 4 rules present" in _cli(locked_broker, "admin", "--check", *roles).stderr

@@ -2,8 +2,8 @@
 
 The rules come from one table (`kumiki.common.bus.access`): what each service reads, writes and joins. Print
 them as a table, as Apache Kafka's `kafka-acls.sh` commands, as Strimzi KafkaUser resources, or as JSON; add
-them to a broker (`--apply`, as its admin, with the usual KUMIKI_KAFKA_* settings); or compare the broker's
-ACLs with them (`--check`: exit 1 when a rule is missing).
+them to a broker (`--apply`, as its admin, with the usual KUMIKI_KAFKA_* settings); compare the broker's ACLs
+with them (`--check`: exit 1 when a rule is missing); or remove what these users hold beyond them (`--prune`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     action.add_argument(
         "--check", action="store_true", help="compare with the broker's ACLs; exit 1 if a rule is missing"
     )
+    action.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove the rules these users hold beyond the policy (a topic a role no longer uses); run as admin",
+    )
     acls.set_defaults(handler=_acls)
 
 
@@ -130,10 +135,10 @@ def _acls(args: argparse.Namespace) -> int:
         rules = acl_bindings(settings.topic_prefix, users)
     except AccessError as error:
         raise UsageError(f"--user: {error}") from None
-    if not (args.apply or args.check):
+    if not (args.apply or args.check or args.prune):
         _print(rules, args)
         return 0
-    from kumiki.common.bus.admin import BrokerUnavailable, create_acls, describe_acls
+    from kumiki.common.bus.admin import BrokerUnavailable, create_acls, delete_acls, describe_acls
 
     try:
         if args.apply:
@@ -141,6 +146,12 @@ def _acls(args: argparse.Namespace) -> int:
             console.print(f"added {added} rules for {len(set(users.values()))} users on {settings.bootstrap}")
             return 0
         missing, extra = missing_and_extra(rules, asyncio.run(describe_acls(settings)))
+        if args.prune:
+            removed = asyncio.run(delete_acls(settings, extra))
+            if extra:
+                console.print(_table(extra, "removed: granted beyond the policy"))
+            console.print(f"removed {removed} rules beyond the policy on {settings.bootstrap}")
+            return 0
     except BrokerUnavailable as error:
         console.print(f"kumiki kafka acls: {error}", markup=False, highlight=False)
         return EXIT_BROKER

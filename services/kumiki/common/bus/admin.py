@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -15,7 +15,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
 )
-from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
+from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 
 from kumiki.common.bus.access import AclBinding
 from kumiki.common.bus.pacing import pace_empty_fetches
@@ -196,23 +196,56 @@ async def describe_acls(settings: KafkaSettings) -> list[AclBinding]:
 async def create_acls(settings: KafkaSettings, bindings: Iterable[AclBinding]) -> int:
     """Add ALLOW rules (any host); a rule the broker holds already is added again as a no-op. Returns how many
     were sent; the first refusal raises BrokerUnavailable naming the rule."""
+
+    def request(rule: AclBinding) -> Any:
+        return CreateAclsRequest(*_rule_codes(rule, host="*"))
+
+    def errors(response: Any) -> Iterable[tuple[int, str | None]]:
+        return [(code, message) for code, message in response.creation_responses]
+
+    return await _each_rule(settings, bindings, "adding", request, errors)
+
+
+async def delete_acls(settings: KafkaSettings, bindings: Iterable[AclBinding]) -> int:
+    """Remove ALLOW rules (on any host); a rule the broker does not hold is no error. Returns how many were sent."""
+
+    def request(rule: AclBinding) -> Any:
+        return DeleteAclsRequest(*_rule_codes(rule, host=None))
+
+    def errors(response: Any) -> Iterable[tuple[int, str | None]]:
+        return [(code, message) for code, message, _matching in response.filter_responses]
+
+    return await _each_rule(settings, bindings, "removing", request, errors)
+
+
+def _rule_codes(rule: AclBinding, host: str | None) -> tuple[int, str, int, str, str | None, int, int]:
+    return (
+        _RESOURCE_CODES[rule.resource],
+        rule.name,
+        _PATTERN_CODES[rule.pattern],
+        rule.principal,
+        host,
+        _OPERATION_CODES[rule.operation],
+        _ALLOW,
+    )
+
+
+async def _each_rule(
+    settings: KafkaSettings,
+    bindings: Iterable[AclBinding],
+    verb: str,
+    request: Callable[[AclBinding], Any],
+    errors: Callable[[Any], Iterable[tuple[int, str | None]]],
+) -> int:
+    """One request per rule (aiokafka's request objects carry one each); the first refusal raises, naming it."""
     admin = await _admin_client(settings)
     sent = 0
     try:
         for rule in bindings:
-            request = CreateAclsRequest(
-                _RESOURCE_CODES[rule.resource],
-                rule.name,
-                _PATTERN_CODES[rule.pattern],
-                rule.principal,
-                "*",
-                _OPERATION_CODES[rule.operation],
-                _ALLOW,
-            )
-            response = await admin._send_request(request)
-            for code, message in response.creation_responses:
+            response = await admin._send_request(request(rule))
+            for code, message in errors(response):
                 if code:
-                    what = f"adding {rule.operation} on {rule.resource.lower()} {rule.name} for {rule.principal}"
+                    what = f"{verb} {rule.operation} on {rule.resource.lower()} {rule.name} for {rule.principal}"
                     raise _acl_failure(settings, what, code, message)
             sent += 1
         return sent
