@@ -4,6 +4,7 @@ test_kafka_acls."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -19,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from kumiki.agent.adapters.jsonl import INVENTORY_FILE, SAMPLES_FILE
+from kumiki.agent.core import inventory_to_dict, sample_to_dict
+from kumiki.agent.dcgm_core import read_exporter_page
 from kumiki.common.config import KafkaSettings
 from kumiki.devstack.broker import SecureListener, kafka_cache_dir, start_kafka_secure
 from kumiki.devstack.processes import StackError, free_port, terminate
@@ -151,3 +155,23 @@ def services_running(env_of: Mapping[str, Mapping[str, str]], folder: Path) -> I
                 service.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 service.process.kill()
+
+
+def record_dcgm_page(folder: Path) -> tuple[Path, int]:
+    """An agent recording (inventory and samples) of a real DCGM exporter page for node gpu-node-7; returns the
+    folder and the number of samples."""
+    page = (REPO_ROOT / "tests" / "agent" / "fixtures" / "dcgm_exporter_a100_mig.prom").read_text()
+    reading = read_exporter_page(page, None, time.time())
+    recording = folder / "recording"
+    recording.mkdir()
+    (recording / INVENTORY_FILE).write_text(json.dumps(inventory_to_dict(reading.inventory)))
+    (recording / SAMPLES_FILE).write_text("".join(json.dumps(sample_to_dict(s)) + "\n" for s in reading.samples))
+    return recording, len(reading.samples)
+
+
+def run_agent(recording: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kumiki.agent", "--node", "gpu-node-7", "--replay", str(recording), "--speed", "0",
+         "--output", "kafka"],
+        env=process_env(env), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip

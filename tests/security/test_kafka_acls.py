@@ -38,8 +38,15 @@ from kumiki.devstack.cluster import publish_nodes
 from kumiki.devstack.processes import free_port
 from tests.conftest import read_records, wait_until
 from tests.placement.support import bind_request, default_nodes, whole
-from tests.security.support import SecureBroker, process_env, secret_file, secure_kafka, services_running
-from tests.security.test_kafka_sasl import record_dcgm_page, run_agent
+from tests.security.support import (
+    SecureBroker,
+    process_env,
+    record_dcgm_page,
+    run_agent,
+    secret_file,
+    secure_kafka,
+    services_running,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 PREFIX = "acl."

@@ -12,21 +12,26 @@ import re
 import secrets
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kumiki.agent.adapters.jsonl import INVENTORY_FILE, SAMPLES_FILE
-from kumiki.agent.core import inventory_to_dict, sample_to_dict
-from kumiki.agent.dcgm_core import read_exporter_page
 from kumiki.devstack.broker import add_scram_user
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.tls import DevelopmentCA
-from tests.conftest import REPO_ROOT, read_records
-from tests.security.support import SERVICES, SecureBroker, process_env, secret_file, secure_kafka, services_running
+from tests.conftest import read_records
+from tests.security.support import (
+    SERVICES,
+    SecureBroker,
+    process_env,
+    record_dcgm_page,
+    run_agent,
+    secret_file,
+    secure_kafka,
+    services_running,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
@@ -39,26 +44,6 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
         add_scram_user(broker.bootstrap, secure, "kumiki-agent", agent_password, folder)  # kafka-configs
         broker.passwords["kumiki-agent"] = secret_file(folder, "kumiki-agent", agent_password)
         yield broker
-
-
-def record_dcgm_page(folder: Path) -> tuple[Path, int]:
-    """An agent recording (inventory and samples) of a real DCGM exporter page for node gpu-node-7; returns the
-    folder and the number of samples."""
-    page = (REPO_ROOT / "tests" / "agent" / "fixtures" / "dcgm_exporter_a100_mig.prom").read_text()
-    reading = read_exporter_page(page, None, time.time())
-    recording = folder / "recording"
-    recording.mkdir()
-    (recording / INVENTORY_FILE).write_text(json.dumps(inventory_to_dict(reading.inventory)))
-    (recording / SAMPLES_FILE).write_text("".join(json.dumps(sample_to_dict(s)) + "\n" for s in reading.samples))
-    return recording, len(reading.samples)
-
-
-def run_agent(recording: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kumiki.agent", "--node", "gpu-node-7", "--replay", str(recording), "--speed", "0",
-         "--output", "kafka"],
-        env=process_env(env), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
 
 
 def test_every_service_and_the_agent_connect_with_credentials_from_files(

@@ -95,14 +95,15 @@ def refused(settings: KafkaSettings, what: str, code: str) -> BrokerUnavailable:
     )
 
 
-def refused_by_authorizer(settings: KafkaSettings, error: BaseException) -> BrokerUnavailable | None:
+def refused_by_authorizer(
+    settings: KafkaSettings, error: GroupAuthorizationFailedError | TopicAuthorizationFailedError
+) -> BrokerUnavailable:
     """The same line for aiokafka's authorization errors met while running (joining a group, fetching a topic
-    the service declares but the broker's ACLs leave out); None for any other error."""
+    the service declares but the broker's ACLs leave out)."""
+    named = ", ".join(map(str, error.args))
     if isinstance(error, GroupAuthorizationFailedError):
-        return refused(settings, f"consumer group {', '.join(map(str, error.args))}", "GROUP_AUTHORIZATION_FAILED")
-    if isinstance(error, TopicAuthorizationFailedError):
-        return refused(settings, f"topic {', '.join(map(str, error.args))}", "TOPIC_AUTHORIZATION_FAILED")
-    return None
+        return refused(settings, f"consumer group {named}", "GROUP_AUTHORIZATION_FAILED")
+    return refused(settings, f"topic {named}", "TOPIC_AUTHORIZATION_FAILED")
 
 
 async def _admin_client(settings: KafkaSettings) -> AIOKafkaAdminClient:

@@ -71,7 +71,6 @@ class KubeTokenReviewer:
         self.clock = clock
         self.cache_s = cache_s  # 0: every call asks the API server (benchmarks/checkpoint_identity.py)
         self._cache: OrderedDict[bytes, tuple[float, Verdict]] = OrderedDict()
-        self._lock = asyncio.Lock()
 
     @classmethod
     def from_env(cls, env: Environ) -> KubeTokenReviewer | None:
@@ -106,11 +105,10 @@ class KubeTokenReviewer:
             return cached[1]
         verdict = await self._review(token)
         if verdict.code is not grpc.StatusCode.UNAVAILABLE:  # an API outage is asked again next time
-            async with self._lock:
-                self._cache[digest] = (now + self.cache_s, verdict)
-                self._cache.move_to_end(digest)
-                while len(self._cache) > CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
+            self._cache[digest] = (now + self.cache_s, verdict)  # no await in between: no lock needed
+            self._cache.move_to_end(digest)
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
         return verdict
 
     async def _review(self, token: str) -> Verdict:
