@@ -5,6 +5,7 @@ PodGroups made through lightkube."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,10 @@ import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.codecs import load_all_yaml
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from kumiki.binder import core
 from kumiki.common.config import KafkaSettings
@@ -293,3 +297,51 @@ def over_commits(pods: Iterable[dict[str, Any]]) -> list[str]:
         for (node, resource), total in held.items()
         if total > 1.0 + 1e-9
     ]
+
+
+REVIEWER_RULES = [  # what kumiki.common.kube_tokens calls, nothing more: the chart grants the same two
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+]
+
+
+async def reviewer_kubeconfig(client: AsyncClient, stack: KubeStack, folder: Path, run: str, account: str) -> Path:
+    """A kubeconfig for service account `account` (in namespace kumiki-<run>) bound to a ClusterRole with only
+    what reviewing pods' tokens needs."""
+    system = f"kumiki-{run}"
+    with contextlib.suppress(ApiError):  # a second reviewer of the same run shares the namespace
+        await client.create(Namespace.from_dict({"metadata": {"name": system}}))
+    await client.create(ServiceAccount.from_dict({"metadata": {"name": account, "namespace": system}}))
+    role = f"{account}-{run}"
+    await client.create(ClusterRole.from_dict({"metadata": {"name": role}, "rules": REVIEWER_RULES}))
+    await client.create(
+        ClusterRoleBinding.from_dict(
+            {
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": system}],
+            }
+        )
+    )
+    token = await pod_token(client, system, None, audience=None, account=account)
+    config = json.loads(stack.kubeconfig.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token}}]
+    path = folder / f"{account}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+async def pod_token(client: AsyncClient, namespace: str, pod: Any, *, audience: str | None, account: str) -> str:
+    """What the kubelet writes into `pod`'s projected serviceAccountToken volume for `audience` (pod None: a
+    token bound to no pod; audience None: the API server's own)."""
+    bound = None
+    if pod is not None:
+        bound = BoundObjectReference(kind="Pod", apiVersion="v1", name=pod.metadata.name, uid=pod.metadata.uid)
+    request = ServiceAccount.Token(
+        metadata=ObjectMeta(),
+        spec=TokenRequestSpec(audiences=[] if audience is None else [audience], expirationSeconds=3600,
+                              boundObjectRef=bound),
+    )  # fmt: skip
+    answer = await client.create(request, name=account, namespace=namespace)
+    assert answer.status is not None
+    return str(answer.status.token)

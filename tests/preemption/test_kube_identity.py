@@ -8,7 +8,6 @@ Postgres registry."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,10 +18,7 @@ import grpc
 import pytest
 import yaml
 from lightkube import AsyncClient
-from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from kumiki.binder.adapters.kube import client_from
 from kumiki.binder.core.names import GENERATION_ANNOTATION, JOB_ANNOTATION, POD_GROUP_LABEL
@@ -32,7 +28,7 @@ from kumiki.preemption.adapters.identity import JobIdentity
 from kumiki.preemption.adapters.kube_identity import AUDIENCE_VARIABLE, KubeTokenReviewer
 from kumiki.preemption.adapters.registry import CheckpointRegistry
 from kumiki.sdk.checkpoint import Job
-from tests.binder.support import pod_object
+from tests.binder.support import pod_object, pod_token, reviewer_kubeconfig
 from tests.conftest import REPO_ROOT
 from tests.preemption.servers import checkpoints_service
 from tests.preemption.test_identity import _refusals, _report, report
@@ -50,57 +46,8 @@ class Cluster:
 
     async def token(self, pod: str | None, audience: str = AUDIENCE, account: str = "trainer") -> str:
         """What the kubelet writes into a pod's projected serviceAccountToken volume."""
-        bound = None
-        if pod is not None:
-            metadata = self.pods[pod].metadata
-            bound = BoundObjectReference(kind="Pod", apiVersion="v1", name=metadata.name, uid=metadata.uid)
-        request = ServiceAccount.Token(
-            metadata=ObjectMeta(),
-            spec=TokenRequestSpec(audiences=[audience], expirationSeconds=3600, boundObjectRef=bound),
-        )
-        answer = await self.client.create(request, name=account, namespace=self.namespace)
-        assert answer.status is not None
-        return str(answer.status.token)
-
-
-async def _minimal_kubeconfig(client: AsyncClient, kube_stack: Any, folder: Path, run: str) -> Path:
-    """A kubeconfig for a `kumiki-preemption` service account bound to a ClusterRole with only what reviewing
-    needs: the same two rules the chart grants."""
-    system = f"kumiki-{run}"
-    await client.create(Namespace.from_dict({"metadata": {"name": system}}))
-    await client.create(ServiceAccount.from_dict({"metadata": {"name": "kumiki-preemption", "namespace": system}}))
-    role = f"kumiki-preemption-{run}"
-    await client.create(
-        ClusterRole.from_dict(
-            {
-                "metadata": {"name": role},
-                "rules": [
-                    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-                ],
-            }
-        )
-    )
-    await client.create(
-        ClusterRoleBinding.from_dict(
-            {
-                "metadata": {"name": role},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                "subjects": [{"kind": "ServiceAccount", "name": "kumiki-preemption", "namespace": system}],
-            }
-        )
-    )
-    answer = await client.create(
-        ServiceAccount.Token(metadata=ObjectMeta(), spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
-        name="kumiki-preemption",
-        namespace=system,
-    )
-    assert answer.status is not None
-    config = json.loads(kube_stack.kubeconfig.read_text())
-    config["users"] = [{"name": "admin", "user": {"token": answer.status.token}}]
-    path = folder / "preemption.kubeconfig"
-    path.write_text(json.dumps(config))
-    return path
+        bound = self.pods[pod] if pod is not None else None
+        return await pod_token(self.client, self.namespace, bound, audience=audience, account=account)
 
 
 @pytest.fixture
@@ -116,7 +63,8 @@ async def cluster(kube: AsyncClient, kube_stack: Any, tmp_path: Path) -> Cluster
         if job:
             manifest["metadata"]["annotations"]["kumiki.io/job"] = job
         pods[name] = await kube.create(Pod.from_dict(manifest))
-    return Cluster(kube, namespace, pods, await _minimal_kubeconfig(kube, kube_stack, tmp_path, run))
+    kubeconfig = await reviewer_kubeconfig(kube, kube_stack, tmp_path, run, "kumiki-preemption")
+    return Cluster(kube, namespace, pods, kubeconfig)
 
 
 @pytest.fixture

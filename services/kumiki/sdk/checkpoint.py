@@ -42,6 +42,7 @@ import grpc
 from opentelemetry import propagate, trace
 
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2, events_pb2
+from kumiki.common.token_file import TokenFile
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.sdk")
@@ -74,41 +75,12 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-class _TokenFile:
-    """A token in a file that its owner replaces while the job runs (the kubelet rotates a projected
-    ServiceAccount token before it expires): read again whenever the file changes, the last good one kept while
-    a replacement is half written."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._seen: tuple[int, int] | None = None
-        self.token = ""
-        self.refresh(required=True)
-
-    def refresh(self, *, required: bool = False) -> str:
-        try:
-            stat = self.path.stat()
-            seen = (stat.st_mtime_ns, stat.st_ino)
-            if seen != self._seen:
-                token = self.path.read_text().strip()
-                if token:
-                    self.token, self._seen = token, seen
-                elif required:
-                    raise SdkConfigError(f"KUMIKI_JOB_TOKEN_FILE: {str(self.path)!r} is empty")
-        except OSError as error:
-            if required:
-                raise SdkConfigError(
-                    f"KUMIKI_JOB_TOKEN_FILE: cannot read {str(self.path)!r}: {error.strerror}"
-                ) from None
-        return self.token
-
-
-def _token(env: Mapping[str, str]) -> str | _TokenFile:
+def _token(env: Mapping[str, str]) -> str | TokenFile:
     token = env.get("KUMIKI_JOB_TOKEN", "").strip()
     path = env.get("KUMIKI_JOB_TOKEN_FILE", "")
     if token and path:
         raise SdkConfigError("KUMIKI_JOB_TOKEN_FILE: set KUMIKI_JOB_TOKEN or KUMIKI_JOB_TOKEN_FILE, not both")
-    return _TokenFile(Path(path)) if path else token
+    return TokenFile(Path(path), "KUMIKI_JOB_TOKEN_FILE", SdkConfigError) if path else token
 
 
 class Job:
@@ -125,7 +97,7 @@ class Job:
         resume_uri: str = "",
         resume_step: int = 0,
         clock: Callable[[], float] = time.time,
-        token: str | _TokenFile = "",
+        token: str | TokenFile = "",
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         if not job_id:
@@ -198,7 +170,7 @@ class Job:
 
     @property
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        token = self._token.refresh() if isinstance(self._token, _TokenFile) else self._token
+        token = self._token.refresh() if isinstance(self._token, TokenFile) else self._token
         return (("authorization", f"Bearer {token}"),) if token else ()
 
     # ---- the three calls ---------------------------------------------------------------------------------
