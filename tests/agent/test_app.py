@@ -44,6 +44,11 @@ GIB = 1024**3
             ["--node", "n1", "--interval-s", "5", "--inventory-interval-s", "2"],
             "--inventory-interval-s: 2 is shorter than --interval-s 5",
         ),
+        (["--node", "n1", "--token-file", "/nonexistent/token"], "--token-file: only with --output kafka"),
+        (
+            ["--node", "n1", "--output", "kafka", "--token-file", "/nonexistent/token"],
+            "--token-file: cannot read '/nonexistent/token': No such file or directory",
+        ),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
@@ -68,6 +73,17 @@ def test_record_and_replay_together_and_reused_record_folders_are_refused(
     with pytest.raises(SystemExit):
         main(["--node", "n1", "--record", str(tmp_path)])
     assert "already holds a recording" in capsys.readouterr().err
+
+
+def test_an_empty_token_file_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["--node", "n1", "--output", "kafka", "--token-file", str(token)])
+    assert exited.value.code == 2
+    assert f"--token-file: {str(token)!r} is empty" in capsys.readouterr().err
 
 
 # -- loops on a fake clock ------------------------------------------------------------------------

@@ -12,17 +12,22 @@ from tests.conftest import REPO_ROOT
 
 
 @pytest.mark.parametrize(
-    ("variable", "value"),
+    ("variable", "value", "beside"),
     [
-        ("KUMIKI_TELEMETRY_IDLE", "research=abc:5"),
-        ("KUMIKI_TELEMETRY_NODE_TIMEOUT_S", "soon"),
-        ("KUMIKI_TELEMETRY_USAGE_STEP_S", "900"),
+        ("KUMIKI_TELEMETRY_IDLE", "research=abc:5", {}),
+        ("KUMIKI_TELEMETRY_NODE_TIMEOUT_S", "soon", {}),
+        ("KUMIKI_TELEMETRY_USAGE_STEP_S", "900", {}),
+        ("KUMIKI_TELEMETRY_AGENT_AUDIENCE", "kumiki telemetry", {}),
+        ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "kumiki/kumiki-agent", {}),  # without an audience to review for
+        ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "kumiki-agent", {"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki-telemetry"}),
+        ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "", {"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki-telemetry"}),
     ],
 )
-def test_bad_setting_exits_2_with_one_line(variable: str, value: str) -> None:
+def test_bad_setting_exits_2_with_one_line(variable: str, value: str, beside: dict[str, str]) -> None:
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT / "services"),
+        **beside,
         variable: value,
         "KUMIKI_KAFKA_BOOTSTRAP": "127.0.0.1:1",
     }

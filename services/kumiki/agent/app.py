@@ -43,6 +43,7 @@ from kumiki.agent.core import (
     node_name_error,
 )
 from kumiki.common.bus.admin import BrokerUnavailable
+from kumiki.common.token_file import TokenFile
 
 log = logging.getLogger("kumiki.agent")
 
@@ -73,6 +74,7 @@ class AgentConfig:
     metrics_port: int | None = None  # serve /metrics on this port (KUMIKI_AGENT_METRICS_PORT)
     metrics_host: str = "127.0.0.1"
     inventory_interval_s: float = 60.0  # read the inventory again this often (MIG layout changes); 0: never
+    token_file: Path | None = None  # the pod's projected token, sent with every record (telemetry's proof of node)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-host",
         default=os.environ.get("KUMIKI_BIND_HOST", "127.0.0.1"),
         help="address of the /metrics server (default: $KUMIKI_BIND_HOST or 127.0.0.1; 0.0.0.0 in a pod)",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("KUMIKI_AGENT_TOKEN_FILE") or None,
+        metavar="FILE",
+        help="this pod's projected ServiceAccount token, sent with every record so that telemetry ingest can check"
+        " the node it names (default: $KUMIKI_AGENT_TOKEN_FILE; read again when the kubelet rotates it)",
     )
     parser.add_argument(
         "--log-level",
@@ -193,6 +202,14 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         if str(metrics_port) != str(args.metrics_port).strip():
             raise ConfigError("--metrics-port", f"{args.metrics_port!r} is not a whole number")
     output = args.output
+    token_file = Path(args.token_file) if args.token_file else None
+    if token_file is not None:
+        if output != "kafka":
+            raise ConfigError("--token-file", "only with --output kafka (the token proves the node to telemetry)")
+        try:
+            TokenFile(token_file, "--token-file")
+        except ValueError as error:
+            raise ConfigError("--token-file", str(error).removeprefix("--token-file: ")) from None
     if output not in (None, "-") and not Path(output).parent.is_dir():
         raise ConfigError("--output", f"folder {Path(output).parent} does not exist")
     if output is None and record_dir is None:
@@ -212,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         metrics_port=metrics_port,
         metrics_host=args.metrics_host,
         inventory_interval_s=inventory_interval,
+        token_file=token_file,
     )
 
 
@@ -499,7 +517,7 @@ async def _open_sinks(config: AgentConfig) -> tuple[Any, Any]:
     if config.output == "kafka":  # kumiki.gpu.samples on KUMIKI_KAFKA_BOOTSTRAP (see docs/telemetry.md)
         from kumiki.agent.adapters.kafka import KafkaSink
 
-        sinks.append(await KafkaSink.open())
+        sinks.append(await KafkaSink.open(token_file=config.token_file))
     elif config.output is not None:
         sinks.append(JsonLinesSink.open(config.output))
     return FanOutSink(sinks), recording

@@ -18,11 +18,13 @@ from kumiki.common.bus import ensure_topics
 from kumiki.common.bus.topics import NODE_INVENTORY
 from kumiki.common.config import env_float
 from kumiki.common.service import Runtime, ServiceSpec
+from kumiki.telemetry.adapters.agent_tokens import AgentTokens
 from kumiki.telemetry.adapters.gc_policy import TimedCollection
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
 
 RECOVERY_TIMEOUT_S = 120.0
+log = logging.getLogger(__name__)
 COMMIT_STALL_S = 60.0  # records behind an unmoving committed offset this long: exit, a restart reads them again
 
 
@@ -49,8 +51,14 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     if runtime.settings.log_level != "DEBUG":  # faust and mode narrate every start step at INFO
         for name in ("faust", "mode"):
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    agent_tokens = AgentTokens.from_env(os.environ)  # None: agents' tokens not required
+    if agent_tokens is not None:
+        log.info("agents' tokens required", extra={"audience": agent_tokens.reviewer.audience,
+                                                   "accounts": sorted(agent_tokens.accounts)})  # fmt: skip
     await ensure_topics(runtime.settings.kafka, [NODE_INVENTORY])
-    streams = TelemetryStreams(runtime.settings.kafka, config, runtime.producer, commit_stall_s=stall_s)
+    streams = TelemetryStreams(
+        runtime.settings.kafka, config, runtime.producer, commit_stall_s=stall_s, agent_tokens=agent_tokens
+    )
     await streams.start()
     runtime.background.append(asyncio.create_task(_watch(streams), name="faust-telemetry"))
     # Ready means the tables are rebuilt from their changelogs: before that, state would be published from

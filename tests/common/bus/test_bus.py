@@ -218,3 +218,21 @@ def test_a_dead_letter_keeps_the_original_headers_then_names_reason_and_origin_f
         ("kumiki_dlq_offset", b"17"),
         ("kumiki_dlq_group", b"p.telemetry"),
     ]
+
+
+async def test_a_producers_own_headers_are_asked_anew_for_every_publish(kafka_settings: KafkaSettings) -> None:
+    """The node agent's token rides on every record, and a rotated token is on the next publish."""
+    await ensure_topics(kafka_settings, [JOB_LIFECYCLE])
+    token = [b"first"]
+    async with EventProducer(kafka_settings, "//kumiki/test", headers=lambda: [("kumiki-agent-token", token[0])]) as p:
+        await p.publish_many(JOB_LIFECYCLE, [("job-1", lifecycle("job-1")), ("job-2", lifecycle("job-2"))])
+        token[0] = b"second"
+        await p.publish(JOB_LIFECYCLE, "job-3", lifecycle("job-3"))
+    records = await read_records(kafka_settings, JOB_LIFECYCLE.full_name(kafka_settings.topic_prefix), 3)
+    carried = {record.key: dict(record.headers) for record in records}
+    assert {key: headers["kumiki-agent-token"] for key, headers in carried.items()} == {
+        b"job-1": b"first",
+        b"job-2": b"first",
+        b"job-3": b"second",
+    }
+    assert all(headers["ce_type"] == b"dev.kumiki.v1.JobLifecycle" for headers in carried.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from kumiki.agent.core import GpuInventory, GpuSample
 from kumiki.common.bus import EventProducer, ensure_topics
@@ -17,6 +18,8 @@ from kumiki.common.bus.access import ACCESS
 from kumiki.common.bus.topics import GPU_SAMPLES, NODE_INVENTORY
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
+from kumiki.common.token_file import TokenFile
+from kumiki.telemetry.core.agents import AGENT_TOKEN_HEADER  # the header telemetry ingest reads
 
 MIB = 1024 * 1024
 
@@ -115,11 +118,24 @@ class KafkaSink:
         self.producer = producer
 
     @classmethod
-    async def open(cls, settings: KafkaSettings | None = None, *, source: str | None = None) -> KafkaSink:
+    async def open(
+        cls, settings: KafkaSettings | None = None, *, source: str | None = None, token_file: Path | None = None
+    ) -> KafkaSink:
+        """`token_file`: the pod's projected ServiceAccount token, sent in every record's `kumiki-agent-token`
+        header (read again when the kubelet rotates it), so that telemetry ingest can check the node named."""
         settings = settings or KafkaSettings.from_env(os.environ)
         access = ACCESS["agent"]  # on a broker with ACLs: samples and inventory, nothing else
         await ensure_topics(settings, access.topics)
-        producer = EventProducer(settings, source or f"//kumiki/agent/{os.uname().nodename}", writes=access.writes)
+        headers = None
+        if token_file is not None:
+            token = TokenFile(token_file, "--token-file")
+
+            def headers() -> list[tuple[str, bytes]]:
+                return [(AGENT_TOKEN_HEADER, token.refresh().encode())]
+
+        producer = EventProducer(
+            settings, source or f"//kumiki/agent/{os.uname().nodename}", writes=access.writes, headers=headers
+        )
         await producer.start()
         return cls(producer)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -110,9 +110,18 @@ class EventProducer:
     its CPU on the requests rather than on the client's bookkeeping, and waits at most one extra round trip.
     """
 
-    def __init__(self, settings: KafkaSettings, source: str, writes: Collection[TopicSpec] | None = None) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        source: str,
+        writes: Collection[TopicSpec] | None = None,
+        *,
+        headers: Callable[[], list[tuple[str, bytes]]] | None = None,
+    ) -> None:
         self.settings = settings
         self.source = source
+        # more headers on every record, asked anew per publish (the node agent's token, which the kubelet rotates)
+        self._headers = headers
         # the topics its process declares writing (kumiki.common.bus.access); None: any. A publish elsewhere is
         # refused here, before a secured broker would refuse it, so an undeclared write fails every test.
         self._writes = None if writes is None else frozenset(spec.full_name(settings.topic_prefix) for spec in writes)
@@ -198,7 +207,9 @@ class EventProducer:
     async def _send_all(self, records: Sequence[OutgoingEvent], time: datetime | None) -> list[CloudEventAttributes]:
         moment = time or datetime.now(UTC)
         stamp = format_time(moment)
-        trace_headers = inject_headers()
+        trace_headers = inject_headers()  # a new list per call
+        if self._headers is not None:
+            trace_headers += self._headers()
         encoded = []
         sent = []
         for record in records:

@@ -51,6 +51,7 @@ from kumiki.common.contracts.v1 import events_pb2
 from kumiki.common.metrics import labelled
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
+from kumiki.telemetry.adapters.agent_tokens import AgentTokens
 from kumiki.telemetry.adapters.changelog import ChangelogWriter, apply_node_window
 from kumiki.telemetry.adapters.codecs import NodeRecordJson
 from kumiki.telemetry.adapters.commits import CommitWatch
@@ -97,6 +98,7 @@ class TelemetryStreams:
         front_end: str = "aiokafka",
         name: str = "telemetry-ingest",
         commit_stall_s: float = 0.0,
+        agent_tokens: AgentTokens | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -117,6 +119,7 @@ class TelemetryStreams:
         self._partition_of: dict[str, int] = {}
         self.flow = FlowControl(self.batch_window_s)  # stage 2 reports what it folded, the front end waits on it
         self.commit_stall_s = commit_stall_s  # 0: no watch on the group's commits
+        self.agent_tokens = agent_tokens  # None: any agent may name any node (no agents' tokens required)
         self.commits: CommitWatch | None = None
         self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
         self.app: Any = telemetry_app(self.app_id, settings, config, batch_size)
@@ -249,6 +252,8 @@ class TelemetryStreams:
             await self.front.stop()
         await self.app.stop()
         await self.known_nodes.stop()
+        if self.agent_tokens is not None:
+            await self.agent_tokens.close()
 
     def _committed_partitions(self) -> list[TopicPartition]:
         """The partitions this worker holds of the topics its faust group commits on."""
@@ -295,9 +300,9 @@ class TelemetryStreams:
     # -- stage 1 ----------------------------------------------------------------------------------
 
     async def dead_letter(self, record: Consumed, reason: str) -> None:
-        headers = dead_letter_headers(
-            list(record.headers or ()), reason, record.topic, record.partition, record.offset, self.app_id
-        )
+        kept = [(name, value) for name, value in record.headers or () if name != core.AGENT_TOKEN_HEADER]
+        # an agent's token is a credential: it never leaves for the dead-letter topic, which more users read
+        headers = dead_letter_headers(kept, reason, record.topic, record.partition, record.offset, self.app_id)
         await self.producer.send_raw(
             DEAD_LETTER.full_name(self.settings.topic_prefix), record.key, record.value, headers
         )
@@ -310,6 +315,7 @@ class TelemetryStreams:
         caller commits the batch's offsets only once they are all acknowledged."""
         sampled: list[Consumed] = []  # the records of `readings`, index for index
         readings: list[core.Reading] = []
+        inventories: list[tuple[Consumed, core.Inventory]] = []
         items: list[tuple[str, Json]] = []
         fast = self._fast_samples.reading
         samples_topic = self._samples_topic_name
@@ -330,9 +336,12 @@ class TelemetryStreams:
                 readings.append(convert.reading_from_sample(payload))
             else:
                 assert isinstance(payload, events_pb2.NodeState)
-                inventory = convert.inventory_from_state(payload)
-                self.known_nodes.add(NODE_INVENTORY, inventory.node)
-                items.append((inventory.node, inventory.to_json()))
+                inventories.append((record, convert.inventory_from_state(payload)))
+        if self.agent_tokens is not None:
+            sampled, readings, inventories = await self._from_their_agents(sampled, readings, inventories)
+        for _, inventory in inventories:
+            self.known_nodes.add(NODE_INVENTORY, inventory.node)
+            items.append((inventory.node, inventory.to_json()))
         # Registration is checked per chunk (one per node), not per sample.
         chunks = core.summarise(readings, self.config.bucket_s)
         unknown = {chunk.node for chunk in chunks if chunk.node not in self.known_nodes}
@@ -350,6 +359,32 @@ class TelemetryStreams:
             self.samples_seen += count
             items += [(chunk.node, chunk.to_json()) for chunk in chunks]
         return await self._send_items(self.node_input, items)
+
+    async def _from_their_agents(
+        self,
+        sampled: list[Consumed],
+        readings: list[core.Reading],
+        inventories: list[tuple[Consumed, core.Inventory]],
+    ) -> tuple[list[Consumed], list[core.Reading], list[tuple[Consumed, core.Inventory]]]:
+        """The records whose agent's token proves the node they name; the others go to the dead-letter topic,
+        original bytes intact, with the reason."""
+        assert self.agent_tokens is not None
+        claims = [(reading.node, record.headers) for record, reading in zip(sampled, readings, strict=True)]
+        claims += [(inventory.node, record.headers) for record, inventory in inventories]
+        reasons = await self.agent_tokens.refusals(claims)
+        if not any(reasons):
+            return sampled, readings, inventories
+        records = [*sampled, *(record for record, _ in inventories)]
+        await asyncio.gather(
+            *(self.dead_letter(record, reason) for record, reason in zip(records, reasons, strict=True) if reason)
+        )
+        sample_reasons, inventory_reasons = reasons[: len(sampled)], reasons[len(sampled) :]
+        kept = [i for i, reason in enumerate(sample_reasons) if reason is None]
+        return (
+            [sampled[i] for i in kept],
+            [readings[i] for i in kept],
+            [item for item, reason in zip(inventories, inventory_reasons, strict=True) if reason is None],
+        )
 
     async def _dead_letter_unknown(
         self, missing: set[str], sampled: Sequence[Consumed], readings: Sequence[core.Reading]

@@ -10,12 +10,21 @@ Everything a table stores has `to_json`/`from_json`, so faust's changelog can re
 
 One module per concept: `config`, `chunks` (readings grouped per node and bucket), `windows` (window
 aggregates), `allocations` (job.lifecycle), `records` (the node record and its inventory), `idle` (folding
-a chunk: idle findings and usage), `views` (cluster.state and when to publish it), `registry` (known nodes).
+a chunk: idle findings and usage), `views` (cluster.state and when to publish it), `registry` (known nodes),
+`agents` (which node an agent may speak for).
 This package re-exports all of their public names, so `core.Name` works whichever module holds it.
 """
 
 from __future__ import annotations
 
+from kumiki.telemetry.core.agents import (
+    ACCOUNTS_VARIABLE,
+    AGENT_TOKEN_HEADER,
+    AUDIENCE_VARIABLE,
+    AgentProof,
+    agent_refusal,
+    parse_accounts,
+)
 from kumiki.telemetry.core.allocations import (
     ENDING_STATES,
     HOLDING_STATES,
@@ -67,6 +76,9 @@ from kumiki.telemetry.core.windows import (
 )
 
 __all__ = [
+    "ACCOUNTS_VARIABLE",
+    "AGENT_TOKEN_HEADER",
+    "AUDIENCE_VARIABLE",
     "ENDING_STATES",
     "FATAL_XIDS",
     "FREE_GPUS_LABEL",
@@ -77,6 +89,7 @@ __all__ = [
     "STATE_PREEMPTED",
     "STATE_RELEASED",
     "STATE_RUNNING",
+    "AgentProof",
     "AllocationChange",
     "Assignment",
     "GpuChunk",
@@ -99,6 +112,7 @@ __all__ = [
     "Transition",
     "Usage",
     "WindowAggregate",
+    "agent_refusal",
     "allocated_vs_used",
     "allocation_changes",
     "apply_allocation",
@@ -114,6 +128,7 @@ __all__ = [
     "node_aggregate",
     "node_view",
     "node_window",
+    "parse_accounts",
     "parse_idle_rules",
     "publish_decision",
     "summarise",

@@ -1,0 +1,95 @@
+"""Stage 1's check that a sample or inventory comes from the agent of the node it names.
+
+Off unless `KUMIKI_TELEMETRY_AGENT_AUDIENCE` is set (the chart sets it from
+`services.telemetry.agentTokens.audience`); then `KUMIKI_TELEMETRY_AGENT_ACCOUNTS` names the agents' service
+accounts. Each distinct token in a batch is reviewed once (`kumiki.common.kube_tokens`, kept `CACHE_S`, and kept
+through an API outage once proven), so the per-record cost is a header lookup; `core.agent_refusal` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from kumiki.common.config import ConfigError, Environ
+from kumiki.common.kube_tokens import (
+    Answer,
+    PodToken,
+    PodTokenReviewer,
+    api_client_from_env,
+    audience_from_env,
+)
+from kumiki.telemetry import core
+
+CACHE_S = 300.0  # agents present the same token on every record; the kubelet rotates it about hourly
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+def token_of(headers: Headers) -> bytes | None:
+    """The record's agent token (the last one, as parse_headers keeps the last of a repeated header)."""
+    found = None
+    for name, value in headers:
+        if name == core.AGENT_TOKEN_HEADER:
+            found = value
+    return found
+
+
+def proof_of(token: PodToken) -> core.AgentProof:
+    if token.answer is not Answer.BOUND_POD:
+        return core.AgentProof(pod=token.pod, refusal=token.reason)
+    return core.AgentProof(pod=token.pod, account=token.account, node=token.node)
+
+
+class AgentTokens:
+    """Reviews the agents' tokens of a batch; `refusals` says which records to dead-letter and why."""
+
+    def __init__(self, reviewer: PodTokenReviewer, accounts: frozenset[str]) -> None:
+        self.reviewer = reviewer
+        self.accounts = accounts
+        self.refused = 0
+
+    @staticmethod
+    def settings_from_env(env: Environ) -> tuple[str, frozenset[str]] | None:
+        """(audience, agents' accounts), None when tokens are not required; ConfigError names the variable."""
+        audience = audience_from_env(env, core.AUDIENCE_VARIABLE)
+        if not audience:
+            if env.get(core.ACCOUNTS_VARIABLE, "").strip():
+                raise ConfigError(f"{core.ACCOUNTS_VARIABLE}: set with {core.AUDIENCE_VARIABLE}, not alone")
+            return None
+        try:
+            return audience, core.parse_accounts(env.get(core.ACCOUNTS_VARIABLE, ""))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+    @classmethod
+    def from_env(cls, env: Environ) -> AgentTokens | None:
+        settings = cls.settings_from_env(env)
+        if settings is None:
+            return None
+        audience, accounts = settings
+        client = api_client_from_env(env, core.AUDIENCE_VARIABLE)
+        return cls(PodTokenReviewer(client, audience, cache_s=CACHE_S, keep_through_outage=True), accounts)
+
+    async def close(self) -> None:
+        await self.reviewer.close()
+
+    async def refusals(self, claims: Sequence[tuple[str, Headers]]) -> list[str | None]:
+        """For each (node named, record headers): the dead-letter reason, or None to take the record."""
+        tokens = [token_of(headers) for _, headers in claims]
+        distinct = list({token for token in tokens if token is not None})
+        answers = await asyncio.gather(*(self._proof(token) for token in distinct))
+        proofs = dict(zip(distinct, answers, strict=True))
+        reasons = [
+            core.agent_refusal(node, None if token is None else proofs[token], self.accounts)
+            for (node, _), token in zip(claims, tokens, strict=True)
+        ]
+        self.refused += sum(reason is not None for reason in reasons)
+        return reasons
+
+    async def _proof(self, token: bytes) -> core.AgentProof:
+        try:
+            text = token.decode("ascii")
+        except UnicodeDecodeError:
+            return core.AgentProof(refusal="not a Kubernetes token (not ASCII)")
+        return proof_of(await self.reviewer.review(text))

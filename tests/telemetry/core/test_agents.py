@@ -1,0 +1,50 @@
+"""Which node an agent's token lets a record name: its own pod's node, under an agent's service account."""
+
+from __future__ import annotations
+
+import pytest
+
+from kumiki.telemetry.core import AGENT_TOKEN_HEADER, AgentProof, agent_refusal, parse_accounts
+
+AGENTS = frozenset({"kumiki/kumiki-agent"})
+AGENT_A = AgentProof(pod="kumiki/agent-x7", account="kumiki/kumiki-agent", node="node-a")
+
+
+def test_an_agent_speaks_for_its_own_node() -> None:
+    assert agent_refusal("node-a", AGENT_A, AGENTS) is None
+
+
+def test_an_agent_naming_another_node_is_refused_naming_both() -> None:
+    assert agent_refusal("node-b", AGENT_A, AGENTS) == (
+        "node: 'node-b' is not the node of the agent that sent it (pod kumiki/agent-x7 runs on node 'node-a')"
+    )
+
+
+def test_a_pod_not_yet_scheduled_speaks_for_no_node() -> None:
+    unscheduled = AgentProof(pod="kumiki/agent-x7", account="kumiki/kumiki-agent", node="")
+    reason = agent_refusal("node-a", unscheduled, AGENTS)
+    assert reason is not None and "runs on no node yet" in reason
+
+
+def test_another_service_account_on_the_right_node_is_refused() -> None:
+    trainer = AgentProof(pod="ml/train-0", account="ml/trainer", node="node-a")
+    assert agent_refusal("node-a", trainer, AGENTS) == (
+        f"{AGENT_TOKEN_HEADER}: pod ml/train-0 runs as service account ml/trainer, which is not an agent's"
+        " (KUMIKI_TELEMETRY_AGENT_ACCOUNTS: kumiki/kumiki-agent)"
+    )
+
+
+def test_no_token_and_a_refused_token_name_the_header() -> None:
+    missing = agent_refusal("node-a", None, AGENTS)
+    assert missing is not None and missing.startswith(f"{AGENT_TOKEN_HEADER}: missing: node 'node-a'")
+    refused = AgentProof(refusal="pod kumiki/agent-x7 no longer exists")
+    assert agent_refusal("node-a", refused, AGENTS) == f"{AGENT_TOKEN_HEADER}: pod kumiki/agent-x7 no longer exists"
+
+
+def test_accounts_parse_and_name_a_bad_entry() -> None:
+    assert parse_accounts(" kumiki/kumiki-agent, gpu-ops/dcgm-agent ,") == {"kumiki/kumiki-agent", "gpu-ops/dcgm-agent"}
+    for bad in ("kumiki-agent", "kumiki/", "/agent", "a/b/c", "kumiki/kumiki agent"):
+        with pytest.raises(ValueError, match=r"KUMIKI_TELEMETRY_AGENT_ACCOUNTS: .* is not namespace/name"):
+            parse_accounts(f"kumiki/ok,{bad}")
+    with pytest.raises(ValueError, match="name the agents' service accounts"):
+        parse_accounts(" , ")
