@@ -72,7 +72,11 @@ KUBE_AUDIENCE = "services.preemption.jobTokens.kubeAudience"
 JOB_KEY_SECRET = "services.preemption.jobTokens.keySecret"
 JOB_KEY = hashlib.sha256(b"checkpoints job key").hexdigest()  # 64 bytes, as `openssl rand -hex 32` makes
 PREEMPTION_RBAC = {(kind, "kumiki-preemption") for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")}
-PREEMPTION_RULES = [  # what kumiki.preemption.adapters.kube_identity calls, nothing more
+# telemetry reviews the node agents' projected tokens for this audience (KUMIKI_TELEMETRY_AGENT_AUDIENCE)
+AGENT_AUDIENCE = "services.telemetryIngest.agentTokens.audience"
+TELEMETRY_RBAC = {(kind, "kumiki-telemetry-ingest") for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")}
+TELEMETRY_RBAC.add(("ServiceAccount", "kumiki-agent"))
+PREEMPTION_RULES = [  # what kumiki.common.kube_tokens calls, nothing more (telemetry's reviewer the same)
     {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
 ]
@@ -142,7 +146,8 @@ def sasl_source(values: Manifest, role: str) -> tuple[str, str]:
 
 
 def file_source(pod_spec: Manifest, container: Manifest, path: str) -> tuple[str, str, str]:
-    """(kind, object name, key) of the Secret or ConfigMap that a file path in the container comes from."""
+    """(kind, object name, key) of the Secret or ConfigMap that a file path in the container comes from, or
+    ("ServiceAccountToken", audience, path) for the pod's own projected token."""
     mounts = [m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
     assert len(mounts) == 1, f"{path}: mounted by {len(mounts)} volumes"
     mount = mounts[0]
@@ -152,6 +157,11 @@ def file_source(pod_spec: Manifest, container: Manifest, path: str) -> tuple[str
         kind, name, source = "Secret", volume["secret"]["secretName"], volume["secret"]
     elif "configMap" in volume:
         kind, name, source = "ConfigMap", volume["configMap"]["name"], volume["configMap"]
+    elif "projected" in volume:
+        tokens = [item["serviceAccountToken"] for item in volume["projected"]["sources"]]
+        matching = [token["audience"] for token in tokens if token["path"] == relative]
+        assert matching, f"{path}: no projected token of volume {volume['name']} has path {relative}"
+        return "ServiceAccountToken", matching[0], relative
     else:
         raise AssertionError(f"{path}: volume {volume['name']} is neither a Secret nor a ConfigMap")
     items = source.get("items")
@@ -264,9 +274,9 @@ def test_no_secret_value_is_rendered_in_plain_env(manifests: list[Manifest]) -> 
         for container in pod["containers"]:
             for name, item in env_of(container).items():
                 if any(part in name for part in SECRET_NAME_PARTS):
-                    if name.endswith("_FILE"):
+                    if name.endswith("_FILE"):  # a Secret's, or the pod's own projected token (never a file)
                         kind, _, _ = file_source(pod, container, item["value"])
-                        assert kind == "Secret", f"{name} points to a {kind}"
+                        assert kind in ("Secret", "ServiceAccountToken"), f"{name} points to a {kind}"
                     else:
                         assert "value" not in item, f"{name} has a plain value in {workload['metadata']['name']}"
                         assert "secretKeyRef" in item["valueFrom"], name
@@ -533,11 +543,13 @@ def test_a_kube_audience_gives_preemption_its_own_service_account_allowed_to_rev
     (container,) = pod["containers"]
     rendered = env_of(container)["KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"]["value"]
     assert rendered == audience == _kube_reviewer_accepts(rendered, tmp_path)  # what the service reads
-    # the API token is mounted for preemption's own account and the binder's, in no other pod
+    # the API token is mounted for preemption's own account, telemetry's (agentTokens) and the binder's, in no
+    # other pod
     accounts = _pod_accounts(all_options_manifests)
     assert accounts["kumiki-preemption"] == ("kumiki-preemption", True)
     assert {name: account for name, (account, token) in accounts.items() if token} == {
         "kumiki-preemption": "kumiki-preemption",
+        "kumiki-telemetry-ingest": "kumiki-telemetry-ingest",
         "kumiki-binder": "kumiki-binder",
     }
     account = named(all_options_manifests, "ServiceAccount", "kumiki-preemption")
@@ -575,6 +587,78 @@ def test_the_kube_audience_changes_only_the_preemption_pod_and_adds_its_rbac(
         e for e in pod["containers"][0]["env"] if e["name"] != "KUMIKI_CHECKPOINTS_KUBE_AUDIENCE"
     ]
     assert deployment == off["Deployment", "kumiki-preemption"]
+
+
+def test_agents_tokens_are_off_by_default(default_manifests: list[Manifest]) -> None:
+    """No audience: telemetry runs as the shared account without an API token, the agents as the shared account
+    with no token volume; an explicit empty audience renders the same, and one with telemetry disabled adds
+    nothing."""
+    assert not TELEMETRY_RBAC & {_key(m) for m in default_manifests}
+    pod = named(default_manifests, "Deployment", "kumiki-telemetry-ingest")["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("kumiki", False)
+    variables = set(env_of(pod["containers"][0]))
+    assert not {"KUMIKI_TELEMETRY_AGENT_AUDIENCE", "KUMIKI_TELEMETRY_AGENT_ACCOUNTS"} & variables
+    agent = named(default_manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    assert agent["serviceAccountName"] == "kumiki" and "KUMIKI_AGENT_TOKEN_FILE" not in env_of(agent["containers"][0])
+    assert not any("projected" in volume for volume in agent["volumes"])
+    plain, empty = helm_template(), helm_template("--set", f"{AGENT_AUDIENCE}=")
+    assert plain.returncode == empty.returncode == 0, plain.stderr + empty.stderr
+    assert empty.stdout == plain.stdout
+    disabled = render(*_sets(f"{AGENT_AUDIENCE}=kumiki-telemetry", "services.telemetryIngest.enabled=false"))
+    assert not TELEMETRY_RBAC & {_key(m) for m in disabled}
+    agent = named(disabled, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    assert "KUMIKI_AGENT_TOKEN_FILE" not in env_of(agent["containers"][0])
+
+
+def test_an_agent_audience_gives_the_agents_their_own_account_and_token_and_telemetry_the_review(
+    all_options_manifests: list[Manifest],
+) -> None:
+    from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+
+    options = yaml.safe_load(ALL_OPTIONS.read_text())
+    audience = options["services"]["telemetryIngest"]["agentTokens"]["audience"]
+    pod = named(all_options_manifests, "Deployment", "kumiki-telemetry-ingest")["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("kumiki-telemetry-ingest", True)
+    env = {name: item["value"] for name, item in env_of(pod["containers"][0]).items() if "value" in item}
+    assert AgentTokens.settings_from_env(env) == (audience, {"kumiki/kumiki-agent"})  # what the service reads
+    assert named(all_options_manifests, "ClusterRole", "kumiki-telemetry-ingest")["rules"] == PREEMPTION_RULES
+    binding = named(all_options_manifests, "ClusterRoleBinding", "kumiki-telemetry-ingest")
+    assert binding["roleRef"]["name"] == "kumiki-telemetry-ingest"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kumiki-telemetry-ingest", "namespace": "kumiki"}]
+    # the agents' account: no API token mounted, no binding at all; only the projected token for the audience
+    agent_account = named(all_options_manifests, "ServiceAccount", "kumiki-agent")
+    assert agent_account["automountServiceAccountToken"] is False and component(agent_account) == "agent"
+    for other in of_kind(all_options_manifests, "ClusterRoleBinding") + of_kind(all_options_manifests, "RoleBinding"):
+        assert "kumiki-agent" not in {subject["name"] for subject in other["subjects"]}
+    agent = named(all_options_manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+    assert (agent["serviceAccountName"], agent["automountServiceAccountToken"]) == ("kumiki-agent", False)
+    (container,) = agent["containers"]
+    token_path = env_of(container)["KUMIKI_AGENT_TOKEN_FILE"]["value"]
+    assert file_source(agent, container, token_path) == ("ServiceAccountToken", audience, "token")
+    (volume,) = [volume for volume in agent["volumes"] if "projected" in volume]
+    assert volume["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] == 3600
+
+
+def test_the_agent_audience_changes_only_telemetry_and_the_agents_and_adds_their_accounts(
+    all_options_manifests: list[Manifest],
+) -> None:
+    off = {_key(m): m for m in render("-f", str(ALL_OPTIONS), "--set", f"{AGENT_AUDIENCE}=")}
+    on = {_key(m): m for m in all_options_manifests}
+    assert set(on) - set(off) == TELEMETRY_RBAC and set(off) <= set(on)
+    assert {key for key, manifest in off.items() if on[key] != manifest} == {
+        ("Deployment", "kumiki-telemetry-ingest"),
+        ("DaemonSet", "kumiki-agent"),
+    }
+
+
+def test_the_schema_refuses_an_agent_audience_the_service_would_refuse() -> None:
+    from kumiki.common.config import ConfigError
+    from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+
+    stderr = rejected("--set-json", f"{AGENT_AUDIENCE}={json.dumps('kumiki telemetry')}")
+    assert "at '/services/telemetryIngest/agentTokens/audience'" in stderr and "'kumiki telemetry'" in stderr
+    with pytest.raises(ConfigError, match="KUMIKI_TELEMETRY_AGENT_AUDIENCE: one audience name without spaces"):
+        AgentTokens.settings_from_env({"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki telemetry"})
 
 
 @pytest.mark.parametrize(
@@ -1084,7 +1168,7 @@ def _materialise(
                     source["fieldRef"]["fieldPath"]
                 ]
         value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)  # kubelet expansion
-        if value.startswith("/etc/kumiki/"):
+        if value.startswith(("/etc/kumiki/", "/var/run/secrets/kumiki/")):  # Secrets', ConfigMaps', tokens' files
             _, object_name, key = file_source(pod, container, value)
             local = folder / value.lstrip("/")
             local.parent.mkdir(parents=True, exist_ok=True)
@@ -1145,9 +1229,11 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
     from kumiki.placement.core import LIVE_POLICIES
     from kumiki.quota.adapters.auth import QuotaSettings
     from kumiki.sched.placement import STRATEGIES
+    from kumiki.telemetry.adapters.agent_tokens import AgentTokens
     from kumiki.telemetry.core import TelemetryConfig
 
     secret_files = _secret_files(manifests)
+    agent_tokens = None
     for key, (name, _, _) in SERVICES.items():
         deployment = named(manifests, "Deployment", f"kumiki-{name}")
         pod = deployment["spec"]["template"]["spec"]
@@ -1175,6 +1261,10 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
                 assert host and port.isdigit()
         if key == "telemetryIngest":
             TelemetryConfig.from_env(env)
+            agent_tokens = AgentTokens.settings_from_env(env)
+            if agent_tokens is not None:  # the agents' own account, the one the DaemonSet runs as
+                agent_account = named(manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
+                assert agent_tokens[1] == {f"kumiki/{agent_account['serviceAccountName']}"}
     agent_pod = named(manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
     (agent,) = agent_pod["containers"]
     agent_env = _materialise(agent_pod, agent, tmp_path / "agent", secret_files)
@@ -1189,6 +1279,12 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
     if config.source == "dcgm":
         assert config.dcgm_url == "http://10.0.0.7:9400/metrics"
     KafkaSettings.from_env(agent_env)
+    if agent_tokens is not None:  # the agent sends its projected token for the audience telemetry reviews for
+        assert config.token_file is not None
+        token_path = env_of(agent)["KUMIKI_AGENT_TOKEN_FILE"]["value"]
+        assert file_source(agent_pod, agent, token_path) == ("ServiceAccountToken", agent_tokens[0], "token")
+    else:
+        assert config.token_file is None
 
 
 def _notes(tmp_path: Path, *args: str) -> str:
