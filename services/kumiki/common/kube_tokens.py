@@ -9,8 +9,9 @@ tokenreviews, get pods.
 
 Answers are kept for `cache_s` per token digest, so a caller presenting its token on every call costs the API
 server one review per token per `cache_s`; a deleted pod's token is therefore honoured for at most that long. An
-API outage is never cached; with `keep_through_outage` the last answer for the same token stands in for one
-(telemetry: an agent proven a minute ago is not dropped because the API server restarts).
+API outage is never kept as an answer. With `revalidate_in_background` (telemetry: every record carries a token,
+and a stage-1 batch must not wait on the API server), an expired answer still stands while one review per token
+runs in the background to replace it, and through an outage, retried every `OUTAGE_RETRY_S`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.models.authentication_v1 import TokenReviewSpec
@@ -39,6 +41,7 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 CACHE_S = 60.0
 CACHE_ENTRIES = 10_000
 REVIEW_TIMEOUT_S = 10.0
+OUTAGE_RETRY_S = 10.0
 
 
 def looks_like_service_account_token(token: str) -> bool:
@@ -99,36 +102,65 @@ class PodTokenReviewer:
         *,
         clock: Callable[[], float] = time.monotonic,
         cache_s: float = CACHE_S,
-        keep_through_outage: bool = False,
+        revalidate_in_background: bool = False,
     ) -> None:
         self.client = client
         self.audience = audience
         self.clock = clock
         self.cache_s = cache_s  # 0: every call asks the API server (benchmarks/checkpoint_identity.py)
-        self.keep_through_outage = keep_through_outage
+        self.revalidate_in_background = revalidate_in_background
         self.reviews = 0  # answers asked of the API server (what the cache saves)
         self._cache: OrderedDict[bytes, tuple[float, PodToken]] = OrderedDict()
+        self._revalidating: dict[bytes, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
+        for task in self._revalidating.values():
+            task.cancel()
+        await asyncio.gather(*self._revalidating.values(), return_exceptions=True)
         await self.client.close()
 
     async def review(self, token: str) -> PodToken:
-        digest = hashlib.sha256(token.encode()).digest()
+        kept = self.kept(token)
+        if kept is not None:
+            return kept
         now = self.clock()
-        cached = self._cache.get(digest)
-        if cached is not None and cached[0] > now:
-            self._cache.move_to_end(digest)
-            return cached[1]
         answer = await self._review(token)
-        if answer.answer is Answer.UNAVAILABLE:  # never kept: asked again next time
-            if self.keep_through_outage and cached is not None:
-                return cached[1]
-            return answer
-        self._cache[digest] = (now + self.cache_s, answer)  # no await in between: no lock needed
+        if answer.answer is not Answer.UNAVAILABLE:  # never kept: asked again next time
+            self._keep(hashlib.sha256(token.encode()).digest(), now + self.cache_s, answer)
+        return answer
+
+    def kept(self, token: str) -> PodToken | None:
+        """The answer `review` would give without asking the API server, else None (a caller reviewing many
+        tokens at once skips a coroutine per known one)."""
+        digest = hashlib.sha256(token.encode()).digest()
+        cached = self._cache.get(digest)
+        if cached is None:
+            return None
+        self._cache.move_to_end(digest)
+        if cached[0] > self.clock():
+            return cached[1]
+        if not self.revalidate_in_background:
+            return None
+        if digest not in self._revalidating:
+            self._revalidating[digest] = asyncio.create_task(self._revalidate(digest, token))
+        return cached[1]
+
+    def _keep(self, digest: bytes, until: float, answer: PodToken) -> None:
+        self._cache[digest] = (until, answer)  # no await between the read and this write: no lock needed
         self._cache.move_to_end(digest)
         while len(self._cache) > CACHE_ENTRIES:
             self._cache.popitem(last=False)
-        return answer
+
+    async def _revalidate(self, digest: bytes, token: str) -> None:
+        try:
+            answer = await self._review(token)
+            cached = self._cache.get(digest)
+            if answer.answer is not Answer.UNAVAILABLE:
+                self._keep(digest, self.clock() + self.cache_s, answer)
+            elif cached is not None:  # the API server is away: the last answer stands a while longer
+                self._keep(digest, self.clock() + OUTAGE_RETRY_S, cached[1])
+        finally:
+            self._revalidating.pop(digest, None)
 
     async def _review(self, token: str) -> PodToken:
         self.reviews += 1
@@ -137,8 +169,9 @@ class PodTokenReviewer:
                 self.client.create(TokenReview(spec=TokenReviewSpec(token=token, audiences=[self.audience]))),
                 REVIEW_TIMEOUT_S,
             )
-        except (ApiError, OSError, TimeoutError) as error:
-            return PodToken(Answer.UNAVAILABLE, f"cannot review the token with the API: {error}")
+        except (ApiError, OSError, TimeoutError, httpx2.TransportError) as error:  # refused, reset, timed out
+            why = str(error) or type(error).__name__
+            return PodToken(Answer.UNAVAILABLE, f"cannot review the token with the API: {why}")
         status = review.status
         if status is None or not status.authenticated or status.user is None:
             why = (status.error if status is not None else None) or "not authenticated"
@@ -163,8 +196,8 @@ class PodTokenReviewer:
             if error.status.code == 404:
                 return PodToken(Answer.UNAUTHENTICATED, f"pod {pod} no longer exists", pod=pod)
             return PodToken(Answer.UNAVAILABLE, f"cannot read pod {pod}: {error}", pod=pod)
-        except (OSError, TimeoutError) as error:
-            return PodToken(Answer.UNAVAILABLE, f"cannot read pod {pod}: {error}", pod=pod)
+        except (OSError, TimeoutError, httpx2.TransportError) as error:
+            return PodToken(Answer.UNAVAILABLE, f"cannot read pod {pod}: {error or type(error).__name__}", pod=pod)
         metadata = found.metadata
         if metadata is None or (uids and metadata.uid != uids[0]):
             return PodToken(Answer.UNAUTHENTICATED, f"the token's pod {pod} was replaced", pod=pod)

@@ -1,9 +1,11 @@
 """Stage 1's check that a sample or inventory comes from the agent of the node it names.
 
 Off unless `KUMIKI_TELEMETRY_AGENT_AUDIENCE` is set (the chart sets it from
-`services.telemetry.agentTokens.audience`); then `KUMIKI_TELEMETRY_AGENT_ACCOUNTS` names the agents' service
-accounts. Each distinct token in a batch is reviewed once (`kumiki.common.kube_tokens`, kept `CACHE_S`, and kept
-through an API outage once proven), so the per-record cost is a header lookup; `core.agent_refusal` decides.
+`services.telemetryIngest.agentTokens.audience`); then `KUMIKI_TELEMETRY_AGENT_ACCOUNTS` names the agents'
+service accounts. Each distinct token in a batch is looked up once (`kumiki.common.kube_tokens`): a token not seen
+before is reviewed while its batch waits; afterwards its answer is renewed every `CACHE_S` in the background and
+stands through an API outage, so a batch never waits on the API server for an agent it knows. What decides is
+`core.agent_refusal`, once per (token, node) in the batch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ Headers = Sequence[tuple[str, bytes]]
 
 def token_of(headers: Headers) -> bytes | None:
     """The record's agent token (the last one, as parse_headers keeps the last of a repeated header)."""
+    if headers and headers[-1][0] == core.AGENT_TOKEN_HEADER:  # where the agent puts it
+        return headers[-1][1]
     found = None
     for name, value in headers:
         if name == core.AGENT_TOKEN_HEADER:
@@ -69,27 +73,38 @@ class AgentTokens:
             return None
         audience, accounts = settings
         client = api_client_from_env(env, core.AUDIENCE_VARIABLE)
-        return cls(PodTokenReviewer(client, audience, cache_s=CACHE_S, keep_through_outage=True), accounts)
+        return cls(PodTokenReviewer(client, audience, cache_s=CACHE_S, revalidate_in_background=True), accounts)
 
     async def close(self) -> None:
         await self.reviewer.close()
 
     async def refusals(self, claims: Sequence[tuple[str, Headers]]) -> list[str | None]:
         """For each (node named, record headers): the dead-letter reason, or None to take the record."""
-        tokens = [token_of(headers) for _, headers in claims]
-        distinct = list({token for token in tokens if token is not None})
-        answers = await asyncio.gather(*(self._proof(token) for token in distinct))
-        proofs = dict(zip(distinct, answers, strict=True))
-        reasons = [
-            core.agent_refusal(node, None if token is None else proofs[token], self.accounts)
-            for (node, _), token in zip(claims, tokens, strict=True)
-        ]
+        pairs = [(token_of(headers), node) for node, headers in claims]
+        proofs: dict[bytes, core.AgentProof] = {}
+        unknown = []
+        for token in {token for token, _ in pairs if token is not None}:
+            text = _text(token)
+            kept = None if text is None else self.reviewer.kept(text)
+            if text is None:
+                proofs[token] = core.AgentProof(refusal="not a Kubernetes token (not ASCII)")
+            elif kept is not None:
+                proofs[token] = proof_of(kept)
+            else:
+                unknown.append((token, text))
+        answers = await asyncio.gather(*(self.reviewer.review(text) for _, text in unknown))
+        proofs.update((token, proof_of(answer)) for (token, _), answer in zip(unknown, answers, strict=True))
+        decided = {
+            (token, node): core.agent_refusal(node, None if token is None else proofs[token], self.accounts)
+            for token, node in set(pairs)
+        }
+        reasons = [decided[pair] for pair in pairs]
         self.refused += sum(reason is not None for reason in reasons)
         return reasons
 
-    async def _proof(self, token: bytes) -> core.AgentProof:
-        try:
-            text = token.decode("ascii")
-        except UnicodeDecodeError:
-            return core.AgentProof(refusal="not a Kubernetes token (not ASCII)")
-        return proof_of(await self.reviewer.review(text))
+
+def _text(token: bytes) -> str | None:
+    try:
+        return token.decode("ascii")
+    except UnicodeDecodeError:
+        return None
