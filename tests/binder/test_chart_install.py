@@ -23,10 +23,10 @@ pytestmark = [
 ]
 
 
-def rendered(namespace: str) -> str:
+def rendered(namespace: str, *options: str) -> str:
     assert HELM is not None
     result = subprocess.run(
-        [HELM, "template", "kumiki", str(CHART), "--namespace", namespace, "--include-crds"],
+        [HELM, "template", "kumiki", str(CHART), "--namespace", namespace, "--include-crds", *options],
         capture_output=True,
         text=True,
         timeout=60,
@@ -94,3 +94,32 @@ async def test_the_chart_installs_into_the_real_api_server_and_the_binder_rbac_i
     assert not await allowed(
         kube, user, "update", "leases", "kube-system", group="coordination.k8s.io", name="kumiki-binder"
     )
+
+
+async def test_with_pods_tokens_on_the_reviewers_may_review_and_the_agents_may_do_nothing(kube: AsyncClient) -> None:
+    """Both token checks on: the DaemonSet's projected token volume and the reviewers' accounts are accepted by the
+    API server, telemetry and preemption may create tokenreviews and get pods (nothing more), and the agents'
+    own account may do nothing at all."""
+    namespace = "kumiki-tokens"
+    with contextlib.suppress(ApiError):
+        await kube.create(Namespace.from_dict({"metadata": {"name": namespace}}))
+    text = rendered(
+        namespace,
+        "--set", "services.telemetryIngest.agentTokens.audience=kumiki-telemetry",
+        "--set", "services.preemption.jobTokens.kubeAudience=kumiki-checkpoints",
+    )  # fmt: skip
+    for obj in load_all_yaml(text):
+        if obj.kind != "CustomResourceDefinition":
+            await kube.apply(obj, field_manager="kumiki-chart-test", force=True)
+    daemonset = next(doc for doc in yaml.safe_load_all(text) if doc and doc["kind"] == "DaemonSet")
+    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "kumiki-agent"
+    for account in ("kumiki-telemetry-ingest", "kumiki-preemption"):
+        user = f"system:serviceaccount:{namespace}:{account}"
+        assert await allowed(kube, user, "create", "tokenreviews", group="authentication.k8s.io"), account
+        assert await allowed(kube, user, "get", "pods", "team-a"), account
+        for verb, resource in (("list", "pods"), ("get", "secrets"), ("create", "pods"), ("update", "nodes")):
+            assert not await allowed(kube, user, verb, resource, "team-a"), f"{account}: {verb} {resource}"
+    agent = f"system:serviceaccount:{namespace}:kumiki-agent"
+    for verb, resource in (("create", "tokenreviews"), ("get", "pods"), ("get", "nodes"), ("get", "secrets")):
+        group = "authentication.k8s.io" if resource == "tokenreviews" else ""
+        assert not await allowed(kube, agent, verb, resource, "team-a", group=group), f"agent: {verb} {resource}"
