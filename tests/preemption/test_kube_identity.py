@@ -209,11 +209,11 @@ async def test_an_answer_is_kept_for_its_minute_and_not_without_a_cache(cluster:
     cached = KubeTokenReviewer(client_from(cluster.kubeconfig), AUDIENCE)
     uncached = KubeTokenReviewer(client_from(cluster.kubeconfig), AUDIENCE, cache_s=0.0)
     try:
-        assert (await cached.review(token)).job == f"{cluster.namespace}/gang-a"
-        assert (await uncached.review(token)).job == f"{cluster.namespace}/gang-a"
+        assert (await cached.job(token)).job == f"{cluster.namespace}/gang-a"
+        assert (await uncached.job(token)).job == f"{cluster.namespace}/gang-a"
         await cluster.client.delete(Pod, "gang-a-0", namespace=cluster.namespace, grace_period=0)
-        assert (await cached.review(token)).job == f"{cluster.namespace}/gang-a"  # the kept answer
-        assert (await uncached.review(token)).code == grpc.StatusCode.UNAUTHENTICATED
+        assert (await cached.job(token)).job == f"{cluster.namespace}/gang-a"  # the kept answer
+        assert (await uncached.job(token)).code == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await cached.close()
         await uncached.close()

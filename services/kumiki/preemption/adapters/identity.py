@@ -105,7 +105,7 @@ class JobIdentity:
             self._refuse(method, job_id, value, grpc.StatusCode.PERMISSION_DENIED,
                          f"job {job_id}: certificate {value!r} is not {CERT_PREFIX}{job_id}")  # fmt: skip
         if self.kube is not None and looks_like_service_account_token(value):
-            verdict = await self.kube.review(value)
+            verdict = await self.kube.job(value)
             if verdict.code is grpc.StatusCode.OK and verdict.job == job_id:
                 return
             if verdict.code is grpc.StatusCode.OK:

@@ -12,17 +12,13 @@ seconds costs the API server one review a minute; a deleted pod's token is honou
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from lightkube import AsyncClient
 
 from kumiki.binder.core.names import JOB_ANNOTATION  # written by the binder at bind time
 from kumiki.common.config import Environ
 from kumiki.common.kube_tokens import (
-    CACHE_S,
     Answer,
     PodTokenReviewer,
     api_client_from_env,
@@ -50,22 +46,8 @@ class Verdict:
     reason: str = ""
 
 
-class KubeTokenReviewer:
-    """A job's pod's token → the job (`kumiki.common.kube_tokens` does the reviewing and the caching)."""
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        audience: str,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        cache_s: float = CACHE_S,
-    ) -> None:
-        self.pods = PodTokenReviewer(client, audience, clock=clock, cache_s=cache_s)
-
-    @property
-    def audience(self) -> str:
-        return self.pods.audience
+class KubeTokenReviewer(PodTokenReviewer):
+    """A job's pod's token → the job (`PodTokenReviewer` does the reviewing and the caching)."""
 
     @classmethod
     def from_env(cls, env: Environ) -> KubeTokenReviewer | None:
@@ -74,11 +56,8 @@ class KubeTokenReviewer:
             return None
         return cls(api_client_from_env(env, AUDIENCE_VARIABLE), audience)
 
-    async def close(self) -> None:
-        await self.pods.close()
-
-    async def review(self, token: str) -> Verdict:
-        found = await self.pods.review(token)
+    async def job(self, token: str) -> Verdict:
+        found = await self.review(token)
         if found.answer is not Answer.BOUND_POD:
             return Verdict(pod=found.pod, code=_CODES[found.answer], reason=found.reason)
         job = found.annotations.get(JOB_ANNOTATION, "")
