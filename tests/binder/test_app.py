@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from kumiki.binder import app
 from kumiki.binder.adapters.lane import ApiStatusError
+from kumiki.common.config import KafkaSettings
+from tests.conftest import REPO_ROOT
 
 
 class Answers:
@@ -46,3 +52,21 @@ async def test_past_its_deadline_the_busy_answer_stands() -> None:
     with pytest.raises(ApiStatusError, match="storage is"):
         await app._until_answered("list pods", call, deadline_s=1.0)
     assert 2 <= call.calls < 10  # backoff from 0.2 s: a few tries, not a busy loop
+
+
+@pytest.mark.kafka
+def test_a_bad_reason_refresh_interval_stops_the_binder_with_one_line(kafka: KafkaSettings) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")},
+        "PYTHONPATH": str(REPO_ROOT / "services"),
+        "KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
+        "KUMIKI_BINDER_GRPC_PORT": "0",
+        "KUMIKI_BINDER_HTTP_PORT": "0",
+        "KUMIKI_BINDER_REASON_REFRESH_S": "often",
+        "KUMIKI_LOG_LEVEL": "WARNING",
+    }
+    done = subprocess.run([sys.executable, "-m", "kumiki.binder"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("kumiki-binder: configuration error: KUMIKI_BINDER_REASON_REFRESH_S: ")

@@ -230,6 +230,49 @@ async def test_gangs_that_do_not_fit_wait_whole_with_the_reason_and_volcano_3373
     await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the waiting gang bound once the other left")
 
 
+async def test_a_waiting_gangs_pods_say_what_blocks_it_now_though_they_do_not_change(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    """A gang queued in Placement: what blocks it changes when another job ends, though its own pods do not. The
+    binder asks Placement again (Explain, every KUMIKI_BINDER_REASON_REFRESH_S) and the pods say the new reason."""
+    nodes = [node_object(f"gpu-{index}", 8) for index in range(2)]
+    await create_all(kube, nodes)
+
+    async def nodes_ready() -> bool:
+        listed = [node.to_dict() async for node in kube.list(Node)]
+        return len(listed) == 2 and all(core.parse_node(node).schedulable for node in listed)
+
+    await until(nodes_ready, timeout_s=60, what="KWOK to make both nodes Ready")
+    await processes.start_placement()
+    await processes.start_binder(KUMIKI_BINDER_REASON_REFRESH_S="1")
+    ns = await namespace(kube)
+    await create_all(kube, [pod_object(ns, "first", gpus=8), pod_object(ns, "second", gpus=8)])
+    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="two whole-node pods bound")
+    await create_all(kube, [podgroup_object(ns, "pair", 2), *(pod_object(ns, f"pair-{i}", gpus=8, group="pair")
+                                                              for i in range(2))])  # fmt: skip
+
+    async def messages() -> set[str]:
+        pods = [pod for pod in await pods_in(kube, ns) if pod["metadata"]["name"].startswith("pair-")]
+        return {(condition(pod) or {}).get("message", "") for pod in pods if not pod["spec"].get("nodeName")}
+
+    async def told(text: str) -> bool:
+        now = await messages()
+        return len(now) == 1 and text in now.pop()
+
+    await until(lambda: told("(most free on one node: 0)"), timeout_s=60, what="the pair told no node is free")
+    await kube.delete(Pod, "first", namespace=ns, grace_period=0)  # gpu-0 frees; the pair still needs both
+    await until(lambda: told("only 1 of 2 pods fit at once"), timeout_s=60, what="the pair told 1 of 2 fit now")
+    assert not bound([pod for pod in await pods_in(kube, ns) if pod["metadata"]["name"].startswith("pair-")])
+
+    async def told_in_an_event() -> bool:
+        events = [event async for event in kube.list(Event, namespace=ns)]
+        return any(
+            event.reason == "FailedScheduling" and "only 1 of 2 pods fit" in (event.message or "") for event in events
+        )
+
+    await until(told_in_an_event, timeout_s=30, what="a FailedScheduling Event with the new reason")
+
+
 async def test_a_node_cordoned_mid_stream_gets_no_new_pod(kube: AsyncClient, processes: Processes) -> None:
     await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(4)])
     ns = await namespace(kube)

@@ -26,7 +26,7 @@ from kumiki.binder.adapters.placement import PlacementClient
 from kumiki.common.bus import EventConsumer
 from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, PREEMPTION_COMMANDS
-from kumiki.common.config import ConfigError, env_bool, env_int, env_str
+from kumiki.common.config import ConfigError, env_bool, env_float, env_int, env_str
 from kumiki.common.grpcutil import channel_credentials
 from kumiki.common.service import Runtime, ServiceSpec
 
@@ -104,6 +104,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     lease_s = env_int(env, "KUMIKI_BINDER_LEASE_SECONDS", 15, minimum=3, maximum=600)
     concurrency = env_int(env, "KUMIKI_BINDER_CONCURRENCY", 256, minimum=1, maximum=4096)
     scheduled_events = env_bool(env, "KUMIKI_BINDER_SCHEDULED_EVENTS", True)
+    reason_refresh_s = env_float(env, "KUMIKI_BINDER_REASON_REFRESH_S", 30.0, minimum=0, maximum=3600)
     kubeconfig = kubeconfig_from_env(env)
     if kubeconfig is not None and not kubeconfig.is_file():
         raise ConfigError(f"KUMIKI_KUBECONFIG: no such file {kubeconfig}")
@@ -116,7 +117,14 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     runtime.closers.append(kube.close)
     placement = PlacementClient(address, placement_credentials(env))
     runtime.closers.append(placement.close)
-    binder = Binder(kube, placement, runtime.producer, concurrency=concurrency, scheduled_events=scheduled_events)
+    binder = Binder(
+        kube,
+        placement,
+        runtime.producer,
+        concurrency=concurrency,
+        scheduled_events=scheduled_events,
+        reason_refresh_s=reason_refresh_s,
+    )
     runtime.components.update(binder=binder)
     lease = (lease_namespace, lease_name, lease_s)
     # a standby replica is alive and ready, and waits for the Lease in the background touching nothing

@@ -23,3 +23,7 @@ EVICTIONS_CONFIRMED = Counter(
 REPAIRS = Counter("kumiki_binder_repaired_binds_total", "Binds Placement made that the API had not got, repaired")
 PENDING = Gauge("kumiki_binder_pending_pods", "Pods with schedulerName kumiki and no node")
 EVENTS_DROPPED = Counter("kumiki_binder_events_dropped_total", "Kubernetes Events not sent (queue full)")
+REASONS_REFRESHED = Counter(
+    "kumiki_binder_pending_reasons_refreshed_total",
+    "Waiting gangs told a new reason by a refresh (Placement's Explain, every KUMIKI_BINDER_REASON_REFRESH_S)",
+)

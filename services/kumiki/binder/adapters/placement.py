@@ -136,6 +136,16 @@ class PlacementClient:
                 )
         return placement_pb2.BindStreamResponse(job=request.job, response=response)
 
+    async def explain(self, job_id: str, timeout_s: float = 10.0) -> placement_pb2.ExplainResponse:
+        """What Placement says of a job now (pending with its reasons, bound, unknown); reads, changes nothing."""
+        try:
+            answer: placement_pb2.ExplainResponse = await self.stub.Explain(
+                placement_pb2.ExplainRequest(job_id=job_id), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as error:
+            raise PlacementUnavailable(f"Explain to {self.address}: {error.code().name}") from None
+        return answer
+
     async def release(self, job_id: str, generation: int, reason: str, final_state: int = 0) -> bool:
         request = placement_pb2.ReleaseRequest(
             job=common_pb2.JobRef(job_id=job_id, generation=generation),

@@ -67,6 +67,7 @@ class BinderState:
         scheduled_events: bool = True,
         settle_s: float = 0.5,
         busy_event_interval_s: float = 0.02,
+        reason_refresh_s: float = 30.0,
     ) -> None:
         self.kube = kube
         self.placement = placement
@@ -95,6 +96,8 @@ class BinderState:
         self.told_late: set[str] = set()
         self.never_fit: set[str] = set()
         self.settle_s = settle_s
+        # a gang queued in Placement shows Placement's reason as of now, asked again this often (0: never)
+        self.reason_refresh_s = reason_refresh_s
         self._known_pods: dict[str, Pod] = {}  # by uid: a pod's spec is immutable, its request read once
         self.capacity: core.ClusterCapacity | None = None  # the largest node shapes (never_fits), None: stale
         self.binding = 0  # gangs whose Bindings are being created now (Events wait behind them)

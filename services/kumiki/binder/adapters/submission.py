@@ -11,7 +11,7 @@ import time
 from kumiki.binder import core
 from kumiki.binder.adapters import convert
 from kumiki.binder.adapters.binding import Binding
-from kumiki.binder.adapters.metrics import BIND_SECONDS, GANGS, PENDING
+from kumiki.binder.adapters.metrics import BIND_SECONDS, GANGS, PENDING, REASONS_REFRESHED
 from kumiki.binder.adapters.placement import PlacementUnavailable
 from kumiki.binder.adapters.state import gang_attributes, tracer
 from kumiki.binder.core import Gang, Pod
@@ -76,6 +76,9 @@ class Submissions(Binding):
                         # bound by the cycle while our submission was in flight (its event found us busy)
                         self.busy.add(job_id)
                         self._spawn(self._apply(gang, gang.generation, list(logged.assignments), "cycle"))
+                    elif self._reason_due(gang, now):
+                        self.busy.add(job_id)
+                        self._spawn(self._refresh_reason(gang))
                     continue  # queued in Placement as it is: its bind arrives on job.lifecycle
                 if gang.group and not gang.min_member and now - gang.last_join < self.settle_s:
                     continue  # a group without a PodGroup: wait until its pods stop arriving
@@ -214,10 +217,11 @@ class Submissions(Binding):
             span.set_attribute("kumiki.outcome", "pending")
             reason, message = core.reason_text(convert.pending_reason(reason) for reason in response.reasons)
             ruled = [choice for choice in choices if choice.nodes or choice.avoid]
+            gang.rules_note = ""
             if ruled:  # Placement looked only at the nodes the rules admit: say so, the cluster may have room
                 admitted = len(ruled[0].nodes) or len(candidates) - len(ruled[0].avoid)
-                message += f" (on the {admitted} of {len(candidates)} nodes its node rules admit)"
-            await self._tell_pending(gang, pods, reason, message)
+                gang.rules_note = f" (on the {admitted} of {len(candidates)} nodes its node rules admit)"
+            await self._tell_pending(gang, pods, reason, message + gang.rules_note)
 
     def _generation_for(self, gang: Gang, pods: list[Pod]) -> int | None:
         """The generation to submit: the logged one again while it waits with the same pods (Placement answers
@@ -258,13 +262,45 @@ class Submissions(Binding):
         self.retry_at[gang.job_id] = time.monotonic() + 0.5
         self.touch(gang.job_id)
 
+    def _reason_due(self, gang: Gang, now: float) -> bool:
+        """A gang waiting in Placement's queue whose shown reason is older than `reason_refresh_s`."""
+        return bool(
+            self.reason_refresh_s
+            and gang.reason
+            and not gang.timed_out
+            and now - gang.reason_checked >= self.reason_refresh_s
+        )
+
+    async def _refresh_reason(self, gang: Gang) -> None:
+        """Placement's reason as of now for a gang it still queues: what blocks a waiting gang changes while its
+        pods do not (the jobs ahead of it end, nodes fill or drain), and its pods should say what blocks it now.
+        Placement's Explain reads its book and changes nothing; an unanswered call waits for the next refresh."""
+        try:
+            try:
+                async with self.slots:  # shared with submissions: at most KUMIKI_BINDER_CONCURRENCY calls at once
+                    answer = await self.placement.explain(gang.job_id)
+            except PlacementUnavailable as error:
+                log.debug("reason refresh: placement unavailable", extra={"job": gang.job_id, "reason": str(error)})
+                return
+            pods = gang.waiting()
+            if answer.status != "pending" or not pods or gang.bound or tuple(p.key for p in pods) != gang.submitted:
+                return  # bound meanwhile (its event is on its way), or its pods changed (it goes again)
+            reason, message = core.reason_text(convert.pending_reason(reason) for reason in answer.reasons)
+            if await self._tell_pending(gang, pods, reason, message + gang.rules_note):
+                REASONS_REFRESHED.inc()
+        finally:
+            gang.reason_checked = time.monotonic()
+            self.busy.discard(gang.job_id)
+
     async def _tell_pending(
         self, gang: Gang, pods: list[Pod], reason: str, message: str, phase: str = "Pending"
-    ) -> None:
-        """PodScheduled=False with the reason, an Event on each pod and on the PodGroup (when it changed)."""
+    ) -> bool:
+        """PodScheduled=False with the reason, an Event on each pod and on the PodGroup (when it changed);
+        False when the pods already say so."""
+        gang.reason_checked = time.monotonic()
         text = f"{reason}: {message}"
         if gang.reason == text:
-            return
+            return False
         gang.reason = text
         await asyncio.gather(
             *(self.kube.set_unschedulable(pod.key.namespace, pod.key.name, reason, message) for pod in pods)
@@ -278,6 +314,7 @@ class Submissions(Binding):
                     "PodGroup", "scheduling.x-k8s.io/v1alpha1", gang.namespace, gang.group, uid, "Unschedulable", text
                 )
                 await self.kube.set_podgroup_phase(gang.namespace, gang.group, phase, 0, 0)
+        return True
 
     async def _time_out(self, gang: Gang, waited_s: float) -> None:
         """PodGroup scheduleTimeoutSeconds passed with the gang unplaced: it leaves Placement's queue (it holds

@@ -28,6 +28,8 @@ class Gang:
     running_published: int = 0  # generation whose RUNNING was published
     released: int = 0  # generation released in placement
     reason: str = ""  # the last pending reason shown on the pods
+    reason_checked: float = 0.0  # monotonic time Placement's reason was last shown or asked for (refresh)
+    rules_note: str = ""  # what its node rules add to Placement's reason ("on the 2 of 3 nodes ...")
     last_join: float = 0.0  # monotonic time the last pod joined (a group without a PodGroup settles first)
     timeout_s: int = 0  # the PodGroup's scheduleTimeoutSeconds (0: none)
     waiting_since: float = 0.0  # monotonic time of the first submission of the unbound gang (0: none)
