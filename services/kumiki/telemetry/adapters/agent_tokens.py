@@ -51,7 +51,6 @@ class AgentTokens:
     def __init__(self, reviewer: PodTokenReviewer, accounts: frozenset[str]) -> None:
         self.reviewer = reviewer
         self.accounts = accounts
-        self.refused = 0
 
     @staticmethod
     def settings_from_env(env: Environ) -> tuple[str, frozenset[str]] | None:
@@ -98,9 +97,7 @@ class AgentTokens:
             (token, node): core.agent_refusal(node, None if token is None else proofs[token], self.accounts)
             for token, node in set(pairs)
         }
-        reasons = [decided[pair] for pair in pairs]
-        self.refused += sum(reason is not None for reason in reasons)
-        return reasons
+        return [decided[pair] for pair in pairs]
 
 
 def _text(token: bytes) -> str | None:
