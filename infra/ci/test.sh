@@ -83,7 +83,7 @@ echo "== lint and types"
 # The tests that need a Go-built tool (helm, kubeconform, Jaeger, kube-apiserver/etcd/KWOK) run last; the rest
 # runs first, while the builds finish (the builds take the CPU, the tests mostly wait on brokers and sockets).
 GO_BUILT_TESTS=(tests/binder tests/charts tests/observability tests/tilt tests/cli/test_trace.py tests/replay/test_kube.py
-  tests/preemption/test_kube_identity.py tests/telemetry/adapters/test_agent_tokens.py tests/common/test_kube_tokens.py)
+  tests/preemption/test_kube_identity.py tests/telemetry/adapters/test_agent_identity.py tests/common/test_kube_tokens.py)
 wait_for_builds() {
   if [ -n "$go_tools" ]; then
     if wait "$go_tools"; then echo "   helm and kubeconform built"

@@ -49,6 +49,15 @@ GIB = 1024**3
             ["--node", "n1", "--output", "kafka", "--token-file", "/nonexistent/token"],
             "--token-file: cannot read '/nonexistent/token': No such file or directory",
         ),
+        (["--node", "n1", "--node-key-file", "/nonexistent/key"], "--node-key-file: only with --output kafka"),
+        (
+            ["--node", "n1", "--output", "kafka", "--node-key-file", "/nonexistent/key"],
+            "--node-key-file: cannot read '/nonexistent/key': No such file or directory",
+        ),
+        (
+            ["--node", "n1", "--output", "kafka", "--token-file", "/t", "--node-key-file", "/k"],
+            "--node-key-file: give --token-file (on Kubernetes) or --node-key-file, not both",
+        ),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(
@@ -84,6 +93,17 @@ def test_an_empty_token_file_is_refused_before_anything_starts(
         main(["--node", "n1", "--output", "kafka", "--token-file", str(token)])
     assert exited.value.code == 2
     assert f"--token-file: {str(token)!r} is empty" in capsys.readouterr().err
+
+
+def test_a_node_key_file_must_hold_what_kumiki_telemetry_node_key_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tmp_path / "node.key"
+    key.write_text("not-a-key\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["--node", "n1", "--output", "kafka", "--node-key-file", str(key)])
+    assert exited.value.code == 2
+    assert "does not hold a node key (64 hex characters, from kumiki telemetry node-key)" in capsys.readouterr().err
 
 
 # -- loops on a fake clock ------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from tests.conftest import REPO_ROOT
         ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "kumiki/kumiki-agent", {}),  # without an audience to review for
         ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "kumiki-agent", {"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki-telemetry"}),
         ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "", {"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki-telemetry"}),
+        ("KUMIKI_TELEMETRY_AGENT_KEY_FILE", "/nonexistent/telemetry.key", {}),
+        ("KUMIKI_TELEMETRY_AGENT_KEY_FILE", str(REPO_ROOT / "README.md") + "/no", {}),
     ],
 )
 def test_bad_setting_exits_2_with_one_line(variable: str, value: str, beside: dict[str, str]) -> None:

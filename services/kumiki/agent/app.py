@@ -75,6 +75,7 @@ class AgentConfig:
     metrics_host: str = "127.0.0.1"
     inventory_interval_s: float = 60.0  # read the inventory again this often (MIG layout changes); 0: never
     token_file: Path | None = None  # the pod's projected token, sent with every record (telemetry's proof of node)
+    node_key_file: Path | None = None  # this node's key, which signs every record (the same, outside Kubernetes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         " the node it names (default: $KUMIKI_AGENT_TOKEN_FILE; read again when the kubelet rotates it)",
     )
     parser.add_argument(
+        "--node-key-file",
+        default=os.environ.get("KUMIKI_AGENT_NODE_KEY_FILE") or None,
+        metavar="FILE",
+        help="this node's key (kumiki telemetry node-key), which signs every record so that telemetry ingest can"
+        " check the node it names, for agents outside Kubernetes (default: $KUMIKI_AGENT_NODE_KEY_FILE)",
+    )
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("KUMIKI_LOG_LEVEL", "INFO"),
         help="DEBUG, INFO, WARNING or ERROR (default: $KUMIKI_LOG_LEVEL or INFO)",
@@ -203,6 +211,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             raise ConfigError("--metrics-port", f"{args.metrics_port!r} is not a whole number")
     output = args.output
     token_file = Path(args.token_file) if args.token_file else None
+    node_key_file = Path(args.node_key_file) if args.node_key_file else None
+    if token_file is not None and node_key_file is not None:
+        raise ConfigError("--node-key-file", "give --token-file (on Kubernetes) or --node-key-file, not both")
     if token_file is not None:
         if output != "kafka":
             raise ConfigError("--token-file", "only with --output kafka (the token proves the node to telemetry)")
@@ -210,6 +221,15 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             TokenFile(token_file, "--token-file")
         except ValueError as error:
             raise ConfigError("--token-file", str(error).removeprefix("--token-file: ")) from None
+    if node_key_file is not None:
+        if output != "kafka":
+            raise ConfigError("--node-key-file", "only with --output kafka (the key proves the node to telemetry)")
+        from kumiki.agent.adapters.kafka import read_node_key
+
+        try:
+            read_node_key(node_key_file)
+        except ValueError as error:
+            raise ConfigError("--node-key-file", str(error)) from None
     if output not in (None, "-") and not Path(output).parent.is_dir():
         raise ConfigError("--output", f"folder {Path(output).parent} does not exist")
     if output is None and record_dir is None:
@@ -230,6 +250,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         metrics_host=args.metrics_host,
         inventory_interval_s=inventory_interval,
         token_file=token_file,
+        node_key_file=node_key_file,
     )
 
 
@@ -517,7 +538,7 @@ async def _open_sinks(config: AgentConfig) -> tuple[Any, Any]:
     if config.output == "kafka":  # kumiki.gpu.samples on KUMIKI_KAFKA_BOOTSTRAP (see docs/telemetry.md)
         from kumiki.agent.adapters.kafka import KafkaSink
 
-        sinks.append(await KafkaSink.open(token_file=config.token_file))
+        sinks.append(await KafkaSink.open(token_file=config.token_file, node_key_file=config.node_key_file))
     elif config.output is not None:
         sinks.append(JsonLinesSink.open(config.output))
     return FanOutSink(sinks), recording

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "kumiki.cli.replay",
     "kumiki.cli.trace",
     "kumiki.cli.kafka",
+    "kumiki.cli.telemetry",
 )
 
 

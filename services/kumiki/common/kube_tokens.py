@@ -3,7 +3,7 @@
 A pod mounts a token for an audience a Kumiki service names; the service asks the API server (TokenReview)
 whether the token is valid for that audience and which pod it is bound to, then reads that pod (GET) for what
 the caller may claim: its job annotation (Checkpoints, `kumiki.preemption.adapters.kube_identity`), the node it
-runs on and its service account (telemetry's agents, `kumiki.telemetry.adapters.agent_tokens`). Nothing hands
+runs on and its service account (telemetry's agents, `kumiki.telemetry.adapters.agent_identity`). Nothing hands
 out tokens, there is no shared key, and a token dies with its pod. The service needs two rules: create
 tokenreviews, get pods.
 

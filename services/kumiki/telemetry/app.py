@@ -18,7 +18,7 @@ from kumiki.common.bus import ensure_topics
 from kumiki.common.bus.topics import NODE_INVENTORY
 from kumiki.common.config import env_float
 from kumiki.common.service import Runtime, ServiceSpec
-from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+from kumiki.telemetry.adapters.agent_identity import AgentIdentity
 from kumiki.telemetry.adapters.gc_policy import TimedCollection
 from kumiki.telemetry.adapters.streams import TelemetryStreams
 from kumiki.telemetry.core import TelemetryConfig
@@ -51,13 +51,12 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     if runtime.settings.log_level != "DEBUG":  # faust and mode narrate every start step at INFO
         for name in ("faust", "mode"):
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
-    agent_tokens = AgentTokens.from_env(os.environ)  # None: agents' tokens not required
-    if agent_tokens is not None:
-        log.info("agents' tokens required", extra={"audience": agent_tokens.reviewer.audience,
-                                                   "accounts": sorted(agent_tokens.accounts)})  # fmt: skip
+    agent_identity = AgentIdentity.from_env(os.environ)  # None: no agent's proof required
+    if agent_identity is not None:
+        log.info("agents must prove their node", extra=agent_identity.describe())
     await ensure_topics(runtime.settings.kafka, [NODE_INVENTORY])
     streams = TelemetryStreams(
-        runtime.settings.kafka, config, runtime.producer, commit_stall_s=stall_s, agent_tokens=agent_tokens
+        runtime.settings.kafka, config, runtime.producer, commit_stall_s=stall_s, agent_identity=agent_identity
     )
     await streams.start()
     runtime.background.append(asyncio.create_task(_watch(streams), name="faust-telemetry"))

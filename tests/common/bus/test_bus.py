@@ -4,6 +4,7 @@ and trace context, and dead-lettering that never stops the consumer."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -220,11 +221,16 @@ def test_a_dead_letter_keeps_the_original_headers_then_names_reason_and_origin_f
     ]
 
 
-async def test_a_producers_own_headers_are_asked_anew_for_every_publish(kafka_settings: KafkaSettings) -> None:
-    """The node agent's token rides on every record, and a rotated token is on the next publish."""
+async def test_a_producers_own_headers_are_asked_for_every_record_with_its_bytes(kafka_settings: KafkaSettings) -> None:
+    """The node agent's proof rides on every record: its token (a rotated one on the next publish) or its
+    signature of the record's own bytes."""
     await ensure_topics(kafka_settings, [JOB_LIFECYCLE])
     token = [b"first"]
-    async with EventProducer(kafka_settings, "//kumiki/test", headers=lambda: [("kumiki-agent-token", token[0])]) as p:
+
+    def headers(value: bytes) -> list[tuple[str, bytes]]:
+        return [("kumiki-agent-token", token[0]), ("digest", hashlib.sha256(value).hexdigest().encode())]
+
+    async with EventProducer(kafka_settings, "//kumiki/test", headers=headers) as p:
         await p.publish_many(JOB_LIFECYCLE, [("job-1", lifecycle("job-1")), ("job-2", lifecycle("job-2"))])
         token[0] = b"second"
         await p.publish(JOB_LIFECYCLE, "job-3", lifecycle("job-3"))
@@ -235,4 +241,6 @@ async def test_a_producers_own_headers_are_asked_anew_for_every_publish(kafka_se
         b"job-2": b"first",
         b"job-3": b"second",
     }
-    assert all(headers["ce_type"] == b"dev.kumiki.v1.JobLifecycle" for headers in carried.values())
+    for record in records:
+        assert dict(record.headers)["digest"] == hashlib.sha256(record.value).hexdigest().encode()
+        assert dict(record.headers)["ce_type"] == b"dev.kumiki.v1.JobLifecycle"

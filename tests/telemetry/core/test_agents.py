@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from kumiki.telemetry.core import AGENT_TOKEN_HEADER, AgentProof, agent_refusal, parse_accounts
+from kumiki.telemetry.core import (
+    AGENT_SIGNATURE_HEADER,
+    AGENT_TOKEN_HEADER,
+    AgentProof,
+    agent_refusal,
+    missing_proof,
+    node_key,
+    parse_accounts,
+    parse_master_key,
+    signature,
+    signature_refusal,
+)
 
 AGENTS = frozenset({"kumiki/kumiki-agent"})
 AGENT_A = AgentProof(pod="kumiki/agent-x7", account="kumiki/kumiki-agent", node="node-a")
@@ -48,3 +59,34 @@ def test_accounts_parse_and_name_a_bad_entry() -> None:
             parse_accounts(f"kumiki/ok,{bad}")
     with pytest.raises(ValueError, match="name the agents' service accounts"):
         parse_accounts(" , ")
+
+
+MASTER = b"0123456789abcdef0123456789abcdef-telemetry"
+
+
+def test_a_nodes_key_signs_for_that_node_only() -> None:
+    value = b"\x0a\x06node-a\x12\x05GPU-0"
+    key_a = node_key(MASTER, "node-a")
+    assert len(key_a) == 64 and key_a != node_key(MASTER, "node-b") != node_key(b"another key" * 4, "node-a")
+    signed = signature(key_a, value)
+    assert signature_refusal("node-a", value, signed, key_a) is None
+    assert signature_refusal("node-b", value, signed, node_key(MASTER, "node-b")) == (
+        f"{AGENT_SIGNATURE_HEADER}: does not match node 'node-b''s key: signed by another node's agent, or the"
+        " record was changed"
+    )
+    assert signature_refusal("node-a", value + b"\x18\x01", signed, key_a) is not None  # a changed record
+    assert signature_refusal("node-a", value, b"", key_a) is not None
+
+
+def test_the_key_is_stripped_and_at_least_32_bytes() -> None:
+    assert parse_master_key(b"  " + b"k" * 32 + b"\n") == b"k" * 32
+    with pytest.raises(ValueError, match=r"KUMIKI_TELEMETRY_AGENT_KEY_FILE: the key is 31 bytes; at least 32"):
+        parse_master_key(b"k" * 31 + b"   ")
+
+
+def test_a_record_with_no_proof_names_what_telemetry_takes() -> None:
+    assert missing_proof("node-a", tokens=True, keys=True) == (
+        f"{AGENT_TOKEN_HEADER}: missing: node 'node-a''s records must carry its agent's token (the agent's"
+        " --token-file) or its agent's signature (the agent's --node-key-file)"
+    )
+    assert missing_proof("node-a", tokens=False, keys=True).startswith(f"{AGENT_SIGNATURE_HEADER}: missing: ")

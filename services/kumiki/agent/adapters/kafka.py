@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kumiki.agent.core import GpuInventory, GpuSample
@@ -19,7 +19,7 @@ from kumiki.common.bus.topics import GPU_SAMPLES, NODE_INVENTORY
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.common.token_file import TokenFile
-from kumiki.telemetry.core.agents import AGENT_TOKEN_HEADER  # the header telemetry ingest reads
+from kumiki.telemetry.core.agents import AGENT_SIGNATURE_HEADER, AGENT_TOKEN_HEADER, signature  # telemetry's
 
 MIB = 1024 * 1024
 
@@ -111,6 +111,30 @@ def inventory_message(inventory: GpuInventory) -> events_pb2.NodeState:
     )
 
 
+def read_node_key(path: Path) -> bytes:
+    """This node's key as `kumiki telemetry node-key` prints it (64 hex characters); ValueError says what is wrong."""
+    try:
+        key = path.read_bytes().strip()
+    except OSError as error:
+        raise ValueError(f"cannot read {str(path)!r}: {error.strerror}") from None
+    if len(key) != 64 or any(c not in b"0123456789abcdef" for c in key):
+        raise ValueError(f"{str(path)!r} does not hold a node key (64 hex characters, from kumiki telemetry node-key)")
+    return key
+
+
+def proof_headers(
+    token_file: Path | None, node_key_file: Path | None
+) -> Callable[[bytes], list[tuple[str, bytes]]] | None:
+    """The producer's per-record headers that prove this node to telemetry ingest (None: no proof)."""
+    if token_file is not None:
+        token = TokenFile(token_file, "--token-file")
+        return lambda value: [(AGENT_TOKEN_HEADER, token.refresh().encode())]
+    if node_key_file is not None:
+        key = read_node_key(node_key_file)
+        return lambda value: [(AGENT_SIGNATURE_HEADER, signature(key, value))]
+    return None
+
+
 class KafkaSink:
     """SampleSink and InventorySink: one publish_many per tick, acknowledged before the next tick."""
 
@@ -119,22 +143,24 @@ class KafkaSink:
 
     @classmethod
     async def open(
-        cls, settings: KafkaSettings | None = None, *, source: str | None = None, token_file: Path | None = None
+        cls,
+        settings: KafkaSettings | None = None,
+        *,
+        source: str | None = None,
+        token_file: Path | None = None,
+        node_key_file: Path | None = None,
     ) -> KafkaSink:
-        """`token_file`: the pod's projected ServiceAccount token, sent in every record's `kumiki-agent-token`
-        header (read again when the kubelet rotates it), so that telemetry ingest can check the node named."""
+        """How the agent proves its node to telemetry ingest, on every record: `token_file`, the pod's projected
+        ServiceAccount token (`kumiki-agent-token`, read again when the kubelet rotates it), or `node_key_file`,
+        this node's key, which signs each record's bytes (`kumiki-agent-signature`)."""
         settings = settings or KafkaSettings.from_env(os.environ)
         access = ACCESS["agent"]  # on a broker with ACLs: samples and inventory, nothing else
         await ensure_topics(settings, access.topics)
-        headers = None
-        if token_file is not None:
-            token = TokenFile(token_file, "--token-file")
-
-            def headers() -> list[tuple[str, bytes]]:
-                return [(AGENT_TOKEN_HEADER, token.refresh().encode())]
-
         producer = EventProducer(
-            settings, source or f"//kumiki/agent/{os.uname().nodename}", writes=access.writes, headers=headers
+            settings,
+            source or f"//kumiki/agent/{os.uname().nodename}",
+            writes=access.writes,
+            headers=proof_headers(token_file, node_key_file),
         )
         await producer.start()
         return cls(producer)

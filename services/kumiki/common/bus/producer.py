@@ -116,11 +116,12 @@ class EventProducer:
         source: str,
         writes: Collection[TopicSpec] | None = None,
         *,
-        headers: Callable[[], list[tuple[str, bytes]]] | None = None,
+        headers: Callable[[bytes], list[tuple[str, bytes]]] | None = None,
     ) -> None:
         self.settings = settings
         self.source = source
-        # more headers on every record, asked anew per publish (the node agent's token, which the kubelet rotates)
+        # more headers on every record, asked for each record with its bytes: the node agent's token (which the
+        # kubelet rotates) or its signature of the record
         self._headers = headers
         # the topics its process declares writing (kumiki.common.bus.access); None: any. A publish elsewhere is
         # refused here, before a secured broker would refuse it, so an undeclared write fails every test.
@@ -161,7 +162,11 @@ class EventProducer:
         if spec.payload is not None and not isinstance(payload, spec.payload):
             raise TypeError(f"topic {spec.name} carries {spec.payload.__name__}, not {type(payload).__name__}")
         attributes = CloudEventAttributes.new(spec.ce_type, self.source, record.event_id, time)
-        return payload.SerializeToString(), attributes.headers(stamp) + trace_headers, attributes
+        value = payload.SerializeToString()
+        headers = attributes.headers(stamp) + trace_headers
+        if self._headers is not None:
+            headers += self._headers(value)
+        return value, headers, attributes
 
     async def publish(
         self,
@@ -207,9 +212,7 @@ class EventProducer:
     async def _send_all(self, records: Sequence[OutgoingEvent], time: datetime | None) -> list[CloudEventAttributes]:
         moment = time or datetime.now(UTC)
         stamp = format_time(moment)
-        trace_headers = inject_headers()  # a new list per call
-        if self._headers is not None:
-            trace_headers += self._headers()
+        trace_headers = inject_headers()
         encoded = []
         sent = []
         for record in records:

@@ -51,7 +51,7 @@ from kumiki.common.contracts.v1 import events_pb2
 from kumiki.common.metrics import labelled
 from kumiki.telemetry import core
 from kumiki.telemetry.adapters import convert, metrics
-from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+from kumiki.telemetry.adapters.agent_identity import AgentIdentity
 from kumiki.telemetry.adapters.changelog import ChangelogWriter, apply_node_window
 from kumiki.telemetry.adapters.codecs import NodeRecordJson
 from kumiki.telemetry.adapters.commits import CommitWatch
@@ -98,7 +98,7 @@ class TelemetryStreams:
         front_end: str = "aiokafka",
         name: str = "telemetry-ingest",
         commit_stall_s: float = 0.0,
-        agent_tokens: AgentTokens | None = None,
+        agent_identity: AgentIdentity | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -119,7 +119,7 @@ class TelemetryStreams:
         self._partition_of: dict[str, int] = {}
         self.flow = FlowControl(self.batch_window_s)  # stage 2 reports what it folded, the front end waits on it
         self.commit_stall_s = commit_stall_s  # 0: no watch on the group's commits
-        self.agent_tokens = agent_tokens  # None: any agent may name any node (no agents' tokens required)
+        self.agent_identity = agent_identity  # None: any agent may name any node (no agent's proof required)
         self.commits: CommitWatch | None = None
         self.known_nodes = KnownNodes(settings, (NODE_INVENTORY, CLUSTER_STATE))
         self.app: Any = telemetry_app(self.app_id, settings, config, batch_size)
@@ -252,8 +252,8 @@ class TelemetryStreams:
             await self.front.stop()
         await self.app.stop()
         await self.known_nodes.stop()
-        if self.agent_tokens is not None:
-            await self.agent_tokens.close()
+        if self.agent_identity is not None:
+            await self.agent_identity.close()
 
     def _committed_partitions(self) -> list[TopicPartition]:
         """The partitions this worker holds of the topics its faust group commits on."""
@@ -337,7 +337,7 @@ class TelemetryStreams:
             else:
                 assert isinstance(payload, events_pb2.NodeState)
                 inventories.append((record, convert.inventory_from_state(payload)))
-        if self.agent_tokens is not None:
+        if self.agent_identity is not None:
             sampled, readings, inventories = await self._from_their_agents(sampled, readings, inventories)
         for _, inventory in inventories:
             self.known_nodes.add(NODE_INVENTORY, inventory.node)
@@ -366,12 +366,15 @@ class TelemetryStreams:
         readings: list[core.Reading],
         inventories: list[tuple[Consumed, core.Inventory]],
     ) -> tuple[list[Consumed], list[core.Reading], list[tuple[Consumed, core.Inventory]]]:
-        """The records whose agent's token proves the node they name; the others go to the dead-letter topic,
-        original bytes intact, with the reason."""
-        assert self.agent_tokens is not None
-        claims = [(reading.node, record.headers) for record, reading in zip(sampled, readings, strict=True)]
-        claims += [(inventory.node, record.headers) for record, inventory in inventories]
-        reasons = await self.agent_tokens.refusals(claims)
+        """The records whose agent's proof (token or signature) holds for the node they name; the others go to
+        the dead-letter topic, original bytes intact, with the reason."""
+        assert self.agent_identity is not None
+        claims = [
+            (reading.node, record.headers, record.value or b"")
+            for record, reading in zip(sampled, readings, strict=True)
+        ]
+        claims += [(inventory.node, record.headers, record.value or b"") for record, inventory in inventories]
+        reasons = await self.agent_identity.refusals(claims)
         if not any(reasons):
             return sampled, readings, inventories
         records = [*sampled, *(record for record, _ in inventories)]

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 from kumiki.telemetry.core.agents import (
     ACCOUNTS_VARIABLE,
+    AGENT_SIGNATURE_HEADER,
     AGENT_TOKEN_HEADER,
     AUDIENCE_VARIABLE,
+    KEY_VARIABLE,
     AgentProof,
     agent_refusal,
+    missing_proof,
+    node_key,
     parse_accounts,
+    parse_master_key,
+    signature,
+    signature_refusal,
 )
 from kumiki.telemetry.core.allocations import (
     ENDING_STATES,
@@ -77,12 +84,14 @@ from kumiki.telemetry.core.windows import (
 
 __all__ = [
     "ACCOUNTS_VARIABLE",
+    "AGENT_SIGNATURE_HEADER",
     "AGENT_TOKEN_HEADER",
     "AUDIENCE_VARIABLE",
     "ENDING_STATES",
     "FATAL_XIDS",
     "FREE_GPUS_LABEL",
     "HOLDING_STATES",
+    "KEY_VARIABLE",
     "STATE_BOUND",
     "STATE_COMPLETED",
     "STATE_FAILED",
@@ -125,12 +134,17 @@ __all__ = [
     "mean",
     "merge_json",
     "merge_node_window",
+    "missing_proof",
     "node_aggregate",
+    "node_key",
     "node_view",
     "node_window",
     "parse_accounts",
     "parse_idle_rules",
+    "parse_master_key",
     "publish_decision",
+    "signature",
+    "signature_refusal",
     "summarise",
     "unknown_node_reason",
 ]

@@ -1,21 +1,31 @@
-"""Which node an agent may speak for: the node its own pod runs on, as the Kubernetes API says.
+"""Which node an agent may speak for: its own, proven one of two ways.
 
-With agents' tokens required (`KUMIKI_TELEMETRY_AGENT_AUDIENCE`), every sample and inventory carries its agent's
-projected ServiceAccount token in the `kumiki-agent-token` header. The adapter asks the API server whose token
-it is (`kumiki.common.kube_tokens`); here that answer is held against what the record claims. A record is
-taken only when the token is bound to a pod of an agent service account running on the node the record names,
-so an agent's Kafka credentials alone (which every node holds) no longer let one node speak for another.
+- On Kubernetes (`KUMIKI_TELEMETRY_AGENT_AUDIENCE`), every sample and inventory carries its agent pod's
+  projected ServiceAccount token in the `kumiki-agent-token` header. The adapter asks the API server whose
+  token it is (`kumiki.common.kube_tokens`); `agent_refusal` holds that answer against what the record claims:
+  a pod of an agent service account running on the node the record names.
+- Outside Kubernetes (`KUMIKI_TELEMETRY_AGENT_KEY_FILE`), each node's agent holds its own key, derived from
+  telemetry's key and the node's name (`node_key`), and signs every record's bytes (`kumiki-agent-signature`,
+  HMAC-SHA256). `signature_refusal` derives the key of the node the record names and checks the signature, so
+  one node's key signs for that node only.
+
+Either way an agent's Kafka credentials alone (which every node holds) no longer let one node speak for another.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Collection
 from dataclasses import dataclass
 
 AGENT_TOKEN_HEADER = "kumiki-agent-token"  # the agent's side: kumiki.agent.adapters.kafka
-
+AGENT_SIGNATURE_HEADER = "kumiki-agent-signature"
 AUDIENCE_VARIABLE = "KUMIKI_TELEMETRY_AGENT_AUDIENCE"
 ACCOUNTS_VARIABLE = "KUMIKI_TELEMETRY_AGENT_ACCOUNTS"
+KEY_VARIABLE = "KUMIKI_TELEMETRY_AGENT_KEY_FILE"
+MIN_KEY_BYTES = 32
+_NODE_KEY_CONTEXT = b"kumiki-agent-node\x00"  # keys for other purposes never equal a node's
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +38,18 @@ class AgentProof:
     refusal: str = ""  # set when the API server did not vouch for a pod
 
 
+def missing_proof(node: str, tokens: bool, keys: bool) -> str:
+    """The dead-letter reason for a record that carries neither proof telemetry takes."""
+    ways = [*(["its agent's token (the agent's --token-file)"] if tokens else []),
+            *(["its agent's signature (the agent's --node-key-file)"] if keys else [])]  # fmt: skip
+    header = AGENT_TOKEN_HEADER if tokens else AGENT_SIGNATURE_HEADER
+    return f"{header}: missing: node {node!r}'s records must carry {' or '.join(ways)}"
+
+
 def agent_refusal(node: str, proof: AgentProof | None, accounts: Collection[str]) -> str | None:
     """The dead-letter reason for a record naming `node` that carries `proof` (None: no token), else None."""
     if proof is None:
-        return (
-            f"{AGENT_TOKEN_HEADER}: missing: node {node!r}'s records must carry its agent's token"
-            f" (the agent's --token-file)"
-        )
+        return missing_proof(node, tokens=True, keys=False)
     if proof.refusal:
         return f"{AGENT_TOKEN_HEADER}: {proof.refusal}"
     if proof.account not in accounts:
@@ -61,3 +76,35 @@ def parse_accounts(text: str) -> frozenset[str]:
     if not accounts:
         raise ValueError(f"{ACCOUNTS_VARIABLE}: name the agents' service accounts (namespace/name, comma separated)")
     return frozenset(accounts)
+
+
+def node_key(master: bytes, node: str) -> bytes:
+    """The key of one node's agent (hex, ASCII): HMAC-SHA256 of the node's name under telemetry's key. Whoever
+    holds it can sign for that node and no other; `kumiki telemetry node-key` prints it for an operator."""
+    return hmac.new(master, _NODE_KEY_CONTEXT + node.encode(), hashlib.sha256).hexdigest().encode()
+
+
+def signature(key: bytes, value: bytes) -> bytes:
+    """What an agent puts in `kumiki-agent-signature`: HMAC-SHA256 of the record's bytes, in hex."""
+    return hmac.new(key, value, hashlib.sha256).hexdigest().encode()
+
+
+def signature_refusal(node: str, value: bytes, signed: bytes, key: bytes) -> str | None:
+    """The dead-letter reason for a record naming `node` whose bytes `value` carry `signed`, else None; `key`:
+    that node's key (`node_key`)."""
+    if hmac.compare_digest(signed, signature(key, value)):
+        return None
+    return (
+        f"{AGENT_SIGNATURE_HEADER}: does not match node {node!r}'s key: signed by another node's agent, or the"
+        " record was changed"
+    )
+
+
+def parse_master_key(text: bytes) -> bytes:
+    """Telemetry's key, surrounding whitespace stripped; ValueError names the variable when it is too short."""
+    key = text.strip()
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(
+            f"{KEY_VARIABLE}: the key is {len(key)} bytes; at least {MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)"
+        )
+    return key

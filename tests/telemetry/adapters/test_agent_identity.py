@@ -1,14 +1,18 @@
-"""With agents' tokens required, telemetry takes a node's samples and inventory only from that node's own agent.
+"""With agents' proofs required, telemetry takes a node's samples and inventory only from that node's own agent.
 
-Real parts throughout: a kube-apiserver (v1.37.2) holds the agents' pods on their nodes and reviews their tokens
-(TokenReview), minted the way the kubelet mints a projected volume's (TokenRequest bound to the pod); telemetry
-runs as a process on Apache Kafka and reviews as a service account holding only the chart's two rules; each
-agent is a `python -m kumiki.agent` process on the fake libnvidia-ml.so.1 sending its `--token-file`.
+Real parts throughout. Tokens: a kube-apiserver (v1.37.2) holds the agents' pods on their nodes and reviews their
+tokens (TokenReview), minted the way the kubelet mints a projected volume's (TokenRequest bound to the pod), and
+telemetry reviews as a service account holding only the chart's two rules. Keys: each node's key printed by
+`kumiki telemetry node-key`. Telemetry runs as a process on Apache Kafka; each agent is a `python -m
+kumiki.agent` process on the fake libnvidia-ml.so.1 sending its `--token-file` or `--node-key-file`.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ from kumiki.common.bus import ensure_topics
 from kumiki.common.bus.topics import ALL_TOPICS
 from kumiki.common.config import KafkaSettings
 from kumiki.devstack.processes import free_port
-from kumiki.telemetry.core import AGENT_TOKEN_HEADER
+from kumiki.telemetry.core import AGENT_SIGNATURE_HEADER, AGENT_TOKEN_HEADER, missing_proof
 from tests.agent.fake_nvml.build import FakeNvmlConfig
 from tests.binder.support import node_object, pod_object, pod_token, reviewer_kubeconfig
 from tests.conftest import wait_until
@@ -70,12 +74,18 @@ def _write_token(path: Path, token: str) -> Path:
 
 
 def _start_agent(
-    processes: Processes, name: str, node: str, config: FakeNvmlConfig, env: dict[str, str], token: Path | None
+    processes: Processes,
+    name: str,
+    node: str,
+    config: FakeNvmlConfig,
+    env: dict[str, str],
+    token: Path | None,
+    option: str = "--token-file",
 ) -> None:
     folder = Path(env["FAKE_NVML_FOLDER"])
     agent_env = {**env, "LD_LIBRARY_PATH": str(folder), "FAKE_NVML_CONFIG": str(config.write(folder / f"{name}.ini"))}
     argv = ["-m", "kumiki.agent", "--node", node, "--interval-s", "0.2", "--output", "kafka"]
-    processes.start(name, argv + (["--token-file", str(token)] if token is not None else []), agent_env)
+    processes.start(name, argv + ([option, str(token)] if token is not None else []), agent_env)
 
 
 async def test_each_agent_speaks_only_for_the_node_its_pod_runs_on(
@@ -109,8 +119,7 @@ async def test_each_agent_speaks_only_for_the_node_its_pod_runs_on(
             "trainer": f"{AGENT_TOKEN_HEADER}: pod {fleet.namespace}/trainer-b runs as service account"
             f" {fleet.namespace}/trainer, which is not an agent's (KUMIKI_TELEMETRY_AGENT_ACCOUNTS:"
             f" {fleet.namespace}/kumiki-agent)",
-            "untokened": f"{AGENT_TOKEN_HEADER}: missing: node 'node-b''s records must carry its agent's token (the"
-            " agent's --token-file)",
+            "untokened": missing_proof("node-b", tokens=True, keys=False),
         }
 
         def reasons() -> set[str]:
@@ -152,5 +161,67 @@ async def test_each_agent_speaks_only_for_the_node_its_pod_runs_on(
 
         await wait_until(node_a_refused, timeout_s=60, what=f"agent-a refused after its token changed\n{reasons()}")
         assert processes.running["telemetry"].poll() is None  # refusals are records' fate, not the service's
+    finally:
+        await topics._consumer.stop()
+
+
+async def test_outside_kubernetes_each_agent_signs_for_its_own_node_with_its_key(
+    kafka: KafkaSettings, processes: Processes, fake_nvml_library: Path, tmp_path: Path
+) -> None:
+    await ensure_topics(kafka, ALL_TOPICS)
+    topics = Topics(kafka)
+    await topics._consumer.start()
+    try:
+        telemetry_key = tmp_path / "telemetry.key"
+        telemetry_key.write_text(secrets.token_hex(32))
+        keys = {}
+        for node in ("node-a", "node-b"):  # what an operator installs on each node
+            printed = subprocess.run(
+                [sys.executable, "-m", "kumiki.cli", "telemetry", "node-key", "--key-file", str(telemetry_key),
+                 "--node", node], capture_output=True, text=True, check=True, timeout=60,
+            )  # fmt: skip
+            keys[node] = tmp_path / f"{node}.key"
+            keys[node].write_text(printed.stdout)
+        http_port = free_port()
+        env = service_env(kafka, http_port) | {
+            "KUMIKI_TELEMETRY_AGENT_KEY_FILE": str(telemetry_key),
+            "FAKE_NVML_FOLDER": str(fake_nvml_library),
+        }
+        processes.start("telemetry", ["-m", "kumiki.telemetry"], env)
+        await wait_until(lambda: ready(http_port), timeout_s=60, what=f"telemetry ready\n{processes.log('telemetry')}")
+        _start_agent(processes, "agent-a", "node-a", node_a(), env, keys["node-a"], "--node-key-file")
+        _start_agent(processes, "forger", "node-b", node_b(), env, keys["node-a"], "--node-key-file")
+        _start_agent(processes, "unsigned", "node-b", node_b(), env, None)
+        expected = {
+            f"{AGENT_SIGNATURE_HEADER}: does not match node 'node-b''s key: signed by another node's agent, or the"
+            " record was changed",
+            missing_proof("node-b", tokens=False, keys=True),
+        }
+
+        def reasons() -> set[str]:
+            return {dead["kumiki_dlq_reason"].decode() for dead in topics.dead}
+
+        async def node_a_taken_and_node_b_refused() -> bool:
+            await topics.poll()
+            state = topics.latest("node-a")
+            return state is not None and {gpu.uuid for gpu in state.gpus} >= {IDLE_GPU} and reasons() >= expected
+
+        await wait_until(
+            node_a_taken_and_node_b_refused,
+            timeout_s=180,
+            what=f"node-a's state and two refusals\n{reasons()}\n{processes.log('telemetry')}",
+        )
+        assert reasons() == expected
+        assert topics.latest("node-b") is None
+        # node-b's own agent, with its own key, is taken from then on
+        _start_agent(processes, "agent-b", "node-b", node_b(), env, keys["node-b"], "--node-key-file")
+
+        async def node_b_taken() -> bool:
+            await topics.poll()
+            state = topics.latest("node-b")
+            return state is not None and [gpu.uuid for gpu in state.gpus] == [OTHER_GPU]
+
+        await wait_until(node_b_taken, timeout_s=120, what=f"node-b's state\n{processes.log('agent-b')}")
+        assert processes.running["telemetry"].poll() is None
     finally:
         await topics._consumer.stop()

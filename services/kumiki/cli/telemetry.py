@@ -1,0 +1,57 @@
+"""`kumiki telemetry node-key`: the key of one node's agent, for agents outside Kubernetes.
+
+Telemetry ingest, given its own key (`KUMIKI_TELEMETRY_AGENT_KEY_FILE`, at least 32 bytes), takes a node's
+samples and inventory only when they are signed with that node's key, which is derived from its key and the
+node's name. This prints a node's key: install it on that node only (a file readable by the agent alone) and
+start the agent with `--node-key-file`. A node's key signs for that node and no other; changing telemetry's key
+changes every node's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from kumiki.agent.core import node_name_error
+from kumiki.cli.main import UsageError
+from kumiki.telemetry.core import KEY_VARIABLE, node_key, parse_master_key
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    telemetry = subparsers.add_parser("telemetry", help="telemetry ingest: node agents' keys")
+    commands = telemetry.add_subparsers(dest="telemetry_command", required=True, metavar="SUBCOMMAND")
+    keys = commands.add_parser(
+        "node-key",
+        help="print the key of a node's agent (agents outside Kubernetes sign their records with it)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    keys.add_argument("--node", action="append", required=True, help="the node's name; repeat for several")
+    keys.add_argument(
+        "--key-file",
+        default=os.environ.get(KEY_VARIABLE) or None,
+        help=f"telemetry's key (default: ${KEY_VARIABLE})",
+    )
+    keys.set_defaults(handler=_node_key)
+
+
+def _node_key(args: argparse.Namespace) -> int:
+    if not args.key_file:
+        raise UsageError(f"--key-file: required (or set {KEY_VARIABLE})")
+    try:
+        master = parse_master_key(Path(args.key_file).read_bytes())
+    except OSError as error:
+        raise UsageError(f"--key-file: cannot read {args.key_file!r}: {error.strerror}") from None
+    except ValueError as error:
+        raise UsageError(f"--key-file: {str(error).split(': ', 1)[1]}") from None
+    for node in args.node:
+        problem = node_name_error(node)
+        if problem:
+            raise UsageError(f"--node: {problem}")
+    if len(args.node) == 1:  # the key alone, to redirect into the node's file
+        sys.stdout.write(node_key(master, args.node[0]).decode() + "\n")
+    else:
+        sys.stdout.writelines(f"{node}\t{node_key(master, node).decode()}\n" for node in args.node)
+    return 0

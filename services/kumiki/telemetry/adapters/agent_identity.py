@@ -1,0 +1,174 @@
+"""Stage 1's check that a sample or inventory comes from the agent of the node it names.
+
+Off unless telemetry is told how agents prove their node (docs/telemetry.md, "Agents' identity"):
+- `KUMIKI_TELEMETRY_AGENT_AUDIENCE` (the chart's `services.telemetryIngest.agentTokens.audience`) with
+  `KUMIKI_TELEMETRY_AGENT_ACCOUNTS`: agent pods' projected ServiceAccount tokens. Each distinct token in a batch
+  is looked up once (`kumiki.common.kube_tokens`): a token not seen before is reviewed while its batch waits;
+  afterwards its answer is renewed every `CACHE_S` in the background and stands through an API outage, so a
+  batch never waits on the API server for an agent it knows.
+- `KUMIKI_TELEMETRY_AGENT_KEY_FILE`: telemetry's key, from which each node's agent key is derived (agents outside
+  Kubernetes); a record's signature is checked against the key of the node it names, derived once per node.
+Both may be on; a record is judged by the proof it carries. The decisions are `core.agent_refusal` (once per
+token and node in a batch) and `core.signature_refusal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from kumiki.common.config import ConfigError, Environ
+from kumiki.common.kube_tokens import (
+    Answer,
+    PodToken,
+    PodTokenReviewer,
+    api_client_from_env,
+    audience_from_env,
+)
+from kumiki.telemetry import core
+
+CACHE_S = 300.0  # agents present the same token on every record; the kubelet rotates it about hourly
+NODE_KEYS_KEPT = 100_000  # derived node keys kept (a record naming nodes at random cannot grow it without end)
+
+Headers = Sequence[tuple[str, bytes]]
+Claim = tuple[str, Headers, bytes]  # the node a record names, its headers, its bytes
+
+
+def header(headers: Headers, name: str) -> bytes | None:
+    """A record's header (the last one, as parse_headers keeps the last of a repeated header)."""
+    if headers and headers[-1][0] == name:  # where the agent puts its proof
+        return headers[-1][1]
+    found = None
+    for key, value in headers:
+        if key == name:
+            found = value
+    return found
+
+
+def proof_of(token: PodToken) -> core.AgentProof:
+    if token.answer is not Answer.BOUND_POD:
+        return core.AgentProof(pod=token.pod, refusal=token.reason)
+    return core.AgentProof(pod=token.pod, account=token.account, node=token.node)
+
+
+class AgentIdentity:
+    """Judges a batch's records by their agents' proofs; `refusals` says which to dead-letter and why."""
+
+    def __init__(
+        self,
+        reviewer: PodTokenReviewer | None = None,
+        accounts: frozenset[str] = frozenset(),
+        master_key: bytes | None = None,
+    ) -> None:
+        self.reviewer = reviewer
+        self.accounts = accounts
+        self.master_key = master_key
+        self._node_keys: dict[str, bytes] = {}
+
+    @staticmethod
+    def settings_from_env(env: Environ) -> tuple[str, frozenset[str], bytes | None] | None:
+        """(audience or "", agents' accounts, telemetry's key or None); None when neither way is on. ConfigError
+        names the variable."""
+        audience = audience_from_env(env, core.AUDIENCE_VARIABLE)
+        accounts: frozenset[str] = frozenset()
+        if audience:
+            try:
+                accounts = core.parse_accounts(env.get(core.ACCOUNTS_VARIABLE, ""))
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        elif env.get(core.ACCOUNTS_VARIABLE, "").strip():
+            raise ConfigError(f"{core.ACCOUNTS_VARIABLE}: set with {core.AUDIENCE_VARIABLE}, not alone")
+        key = None
+        key_file = env.get(core.KEY_VARIABLE, "").strip()
+        if key_file:
+            try:
+                key = core.parse_master_key(Path(key_file).read_bytes())
+            except OSError as error:
+                raise ConfigError(f"{core.KEY_VARIABLE}: cannot read {key_file!r}: {error.strerror}") from None
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        if not audience and key is None:
+            return None
+        return audience, accounts, key
+
+    @classmethod
+    def from_env(cls, env: Environ) -> AgentIdentity | None:
+        settings = cls.settings_from_env(env)
+        if settings is None:
+            return None
+        audience, accounts, key = settings
+        reviewer = None
+        if audience:
+            client = api_client_from_env(env, core.AUDIENCE_VARIABLE)
+            reviewer = PodTokenReviewer(client, audience, cache_s=CACHE_S, revalidate_in_background=True)
+        return cls(reviewer, accounts, key)
+
+    def describe(self) -> dict[str, object]:
+        """What the service logs at start."""
+        return {
+            "audience": self.reviewer.audience if self.reviewer is not None else None,
+            "accounts": sorted(self.accounts),
+            "node_keys": self.master_key is not None,
+        }
+
+    async def close(self) -> None:
+        if self.reviewer is not None:
+            await self.reviewer.close()
+
+    async def refusals(self, claims: Sequence[Claim]) -> list[str | None]:
+        """For each claim: the dead-letter reason, or None to take the record."""
+        reasons: list[str | None] = [None] * len(claims)
+        tokened: list[tuple[int, bytes, str]] = []  # (claim index, token, node)
+        for index, (node, headers, value) in enumerate(claims):
+            signed = header(headers, core.AGENT_SIGNATURE_HEADER) if self.master_key is not None else None
+            if signed is not None:
+                reasons[index] = self._signature_refusal(node, value, signed)
+                continue
+            token = header(headers, core.AGENT_TOKEN_HEADER) if self.reviewer is not None else None
+            if token is not None:
+                tokened.append((index, token, node))
+            else:
+                reasons[index] = core.missing_proof(node, self.reviewer is not None, self.master_key is not None)
+        if tokened:
+            proofs = await self._proofs({token for _, token, _ in tokened})
+            decided = {
+                (token, node): core.agent_refusal(node, proofs[token], self.accounts)
+                for token, node in {(token, node) for _, token, node in tokened}
+            }
+            for index, token, node in tokened:
+                reasons[index] = decided[(token, node)]
+        return reasons
+
+    def _signature_refusal(self, node: str, value: bytes, signed: bytes) -> str | None:
+        assert self.master_key is not None
+        key = self._node_keys.get(node)
+        if key is None:
+            if len(self._node_keys) >= NODE_KEYS_KEPT:
+                self._node_keys.clear()
+            key = self._node_keys[node] = core.node_key(self.master_key, node)
+        return core.signature_refusal(node, value, signed, key)
+
+    async def _proofs(self, tokens: set[bytes]) -> dict[bytes, core.AgentProof]:
+        assert self.reviewer is not None
+        proofs: dict[bytes, core.AgentProof] = {}
+        unknown = []
+        for token in tokens:
+            text = _text(token)
+            kept = None if text is None else self.reviewer.kept(text)
+            if text is None:
+                proofs[token] = core.AgentProof(refusal="not a Kubernetes token (not ASCII)")
+            elif kept is not None:
+                proofs[token] = proof_of(kept)
+            else:
+                unknown.append((token, text))
+        answers = await asyncio.gather(*(self.reviewer.review(text) for _, text in unknown))
+        proofs.update((token, proof_of(answer)) for (token, _), answer in zip(unknown, answers, strict=True))
+        return proofs
+
+
+def _text(token: bytes) -> str | None:
+    try:
+        return token.decode("ascii")
+    except UnicodeDecodeError:
+        return None
