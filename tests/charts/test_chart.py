@@ -611,16 +611,17 @@ def test_agents_tokens_are_off_by_default(default_manifests: list[Manifest]) -> 
 
 
 def test_an_agent_audience_gives_the_agents_their_own_account_and_token_and_telemetry_the_review(
-    all_options_manifests: list[Manifest],
+    all_options_manifests: list[Manifest], tmp_path: Path
 ) -> None:
-    from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+    from kumiki.telemetry.adapters.agent_identity import AgentIdentity
 
     options = yaml.safe_load(ALL_OPTIONS.read_text())
     audience = options["services"]["telemetryIngest"]["agentTokens"]["audience"]
     pod = named(all_options_manifests, "Deployment", "kumiki-telemetry-ingest")["spec"]["template"]["spec"]
     assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("kumiki-telemetry-ingest", True)
-    env = {name: item["value"] for name, item in env_of(pod["containers"][0]).items() if "value" in item}
-    assert AgentTokens.settings_from_env(env) == (audience, {"kumiki/kumiki-agent"})  # what the service reads
+    env = _materialise(pod, pod["containers"][0], tmp_path, _secret_files(all_options_manifests))
+    read = AgentIdentity.settings_from_env(env)  # what the service reads
+    assert read is not None and read[:2] == (audience, {"kumiki/kumiki-agent"})
     assert named(all_options_manifests, "ClusterRole", "kumiki-telemetry-ingest")["rules"] == PREEMPTION_RULES
     binding = named(all_options_manifests, "ClusterRoleBinding", "kumiki-telemetry-ingest")
     assert binding["roleRef"]["name"] == "kumiki-telemetry-ingest"
@@ -651,14 +652,36 @@ def test_the_agent_audience_changes_only_telemetry_and_the_agents_and_adds_their
     }
 
 
+def test_the_agents_key_is_mounted_into_telemetry_alone_and_read_as_the_service_reads_it(
+    all_options_manifests: list[Manifest], tmp_path: Path
+) -> None:
+    from kumiki.telemetry.adapters.agent_identity import AgentIdentity
+
+    mounting = [
+        workload["metadata"]["name"]
+        for workload in workloads(all_options_manifests)
+        if any((volume.get("secret") or {}).get("secretName") == "kumiki-telemetry-agent-key"
+               for volume in workload["spec"]["template"]["spec"].get("volumes", []))
+    ]  # fmt: skip
+    assert mounting == ["kumiki-telemetry-ingest"]
+    pod = named(all_options_manifests, "Deployment", "kumiki-telemetry-ingest")["spec"]["template"]["spec"]
+    env = _materialise(pod, pod["containers"][0], tmp_path, _secret_files(all_options_manifests))
+    assert file_source(pod, pod["containers"][0], env_of(pod["containers"][0])["KUMIKI_TELEMETRY_AGENT_KEY_FILE"][
+        "value"]) == ("Secret", "kumiki-telemetry-agent-key", "agents.key")  # fmt: skip
+    settings = AgentIdentity.settings_from_env(env)
+    assert settings is not None and settings[2] == JOB_KEY.encode()
+    default = named(render(), "Deployment", "kumiki-telemetry-ingest")["spec"]["template"]["spec"]
+    assert "KUMIKI_TELEMETRY_AGENT_KEY_FILE" not in env_of(default["containers"][0])
+
+
 def test_the_schema_refuses_an_agent_audience_the_service_would_refuse() -> None:
     from kumiki.common.config import ConfigError
-    from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+    from kumiki.telemetry.adapters.agent_identity import AgentIdentity
 
     stderr = rejected("--set-json", f"{AGENT_AUDIENCE}={json.dumps('kumiki telemetry')}")
     assert "at '/services/telemetryIngest/agentTokens/audience'" in stderr and "'kumiki telemetry'" in stderr
     with pytest.raises(ConfigError, match="KUMIKI_TELEMETRY_AGENT_AUDIENCE: one audience name without spaces"):
-        AgentTokens.settings_from_env({"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki telemetry"})
+        AgentIdentity.settings_from_env({"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki telemetry"})
 
 
 @pytest.mark.parametrize(
@@ -1186,6 +1209,7 @@ def _secret_files(manifests: list[Manifest]) -> dict[tuple[str, str], str]:
         ("kumiki-database", "url"): "postgresql://kumiki@postgres.db:5432/kumiki",
         ("kumiki-database", "password"): "from-the-file",
         ("kumiki-kafka-sasl", "username"): "kumiki-sasl-user",
+        ("kumiki-telemetry-agent-key", "agents.key"): JOB_KEY,  # telemetry's key of the agents' keys
         **{(name, key): text for name, m in configmaps.items() for key, text in m["data"].items()},
     }
 
@@ -1229,7 +1253,7 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
     from kumiki.placement.core import LIVE_POLICIES
     from kumiki.quota.adapters.auth import QuotaSettings
     from kumiki.sched.placement import STRATEGIES
-    from kumiki.telemetry.adapters.agent_tokens import AgentTokens
+    from kumiki.telemetry.adapters.agent_identity import AgentIdentity
     from kumiki.telemetry.core import TelemetryConfig
 
     secret_files = _secret_files(manifests)
@@ -1261,7 +1285,8 @@ def test_the_rendered_environment_is_what_each_service_and_the_agent_accept(
                 assert host and port.isdigit()
         if key == "telemetryIngest":
             TelemetryConfig.from_env(env)
-            agent_tokens = AgentTokens.settings_from_env(env)
+            identity = AgentIdentity.settings_from_env(env)
+            agent_tokens = identity if identity is not None and identity[0] else None
             if agent_tokens is not None:  # the agents' own account, the one the DaemonSet runs as
                 agent_account = named(manifests, "DaemonSet", "kumiki-agent")["spec"]["template"]["spec"]
                 assert agent_tokens[1] == {f"kumiki/{agent_account['serviceAccountName']}"}
