@@ -1,25 +1,29 @@
-"""What checking the node agents' tokens costs telemetry's stage 1, against decoding alone in the same run.
+"""What checking the node agents' proofs costs telemetry's stage 1, against decoding alone in the same run.
 
-    python benchmarks/agent_tokens.py [--nodes 100] [--gpus 8] [--batches 50] [--repeat 3]
+    python benchmarks/agent_identity.py [--nodes 100] [--gpus 8] [--batches 50]
 
 One control plane of our own (etcd and kube-apiserver, as tests/binder start them: `bash infra/kube/build.sh`
 builds them once), `--nodes` agent pods, one per node, each with a token minted by the TokenRequest API bound to
-its pod (as the kubelet mints a projected volume's). Stage 1's records are built as the agent sends them
-(CloudEvents headers, a GpuSample, its token), `--nodes` x `--gpus` to a batch, and handled three ways per batch:
+its pod (as the kubelet mints a projected volume's), and each node's key (`kumiki telemetry node-key`). Stage 1's
+records are built as the agent sends them (CloudEvents headers, a GpuSample, its token or its signature),
+`--nodes` x `--gpus` to a batch, and handled four ways per batch:
 
 - decode: `FastSamples.reading` on every record (stage 1 without the check: the baseline);
 - decode + check, answers kept: the same and `AgentTokens.refusals` with every agent's answer kept (what runs);
 - decode + check, first batch: the same on an empty cache, one TokenReview and pod GET per agent (a worker's
-  first batch after it starts, or the batch after the kept answers expire, every 5 minutes).
+  first batch after it starts, or a new agent);
+- decode + signature check: records signed with their node's key (agents outside Kubernetes), node keys derived
+  once and kept.
 
 Prints the median time per batch of each way, per record, and its ratio to decode's, and the bytes a record
-carries with and without the token (what the agent's token adds to gpu.samples).
+carries without a proof, with the token and with the signature (what the proof adds to gpu.samples).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import statistics
 import sys
 import tempfile
@@ -40,13 +44,14 @@ from kumiki.common.bus.topics import GPU_SAMPLES
 from kumiki.common.contracts.v1 import events_pb2
 from kumiki.common.kube_tokens import PodTokenReviewer
 from kumiki.devstack.kube import KubeBinaries, start_kube, stop_kube
-from kumiki.telemetry.adapters.agent_tokens import CACHE_S, AgentTokens
+from kumiki.telemetry.adapters.agent_identity import CACHE_S, AgentIdentity
 from kumiki.telemetry.adapters.consumed import Record
 from kumiki.telemetry.adapters.samples import FastSamples
-from kumiki.telemetry.core import AGENT_TOKEN_HEADER
+from kumiki.telemetry.core import AGENT_SIGNATURE_HEADER, AGENT_TOKEN_HEADER, node_key, signature
 from tests.binder.support import node_object, pod_object, pod_token
 
 AUDIENCE = "kumiki-telemetry"
+MASTER = secrets.token_hex(32).encode()  # telemetry's key (KUMIKI_TELEMETRY_AGENT_KEY_FILE)
 console = Console()
 
 
@@ -67,23 +72,27 @@ async def _agents(client: object, namespace: str, nodes: int) -> dict[str, str]:
     return tokens
 
 
-def _batch(tokens: dict[str, str], gpus: int, with_token: bool) -> list[Record]:
-    """One tick of every node's GPUs, as the agent's KafkaSink puts them on gpu.samples."""
+def _batch(tokens: dict[str, str], gpus: int, proof: str = "") -> list[Record]:
+    """One tick of every node's GPUs, as the agent's KafkaSink puts them on gpu.samples; `proof`: "", "token" or
+    "signature"."""
     now = time.time()
     records = []
     for node, token in tokens.items():
+        key = node_key(MASTER, node)
         for gpu in range(gpus):
             # each record its own header values, as the consumer decodes them (no bytes object's hash is shared)
             headers = CloudEventAttributes.new(GPU_SAMPLES.ce_type, f"//kumiki/agent/{node}").headers()
-            if with_token:
-                headers.append((AGENT_TOKEN_HEADER, token.encode()))
             sample = events_pb2.GpuSample(
                 node=node, gpu_uuid=f"GPU-{node}-{gpu}", gpu_index=gpu, gpu_utilization_pct=55.0,
                 memory_utilization_pct=40.0, memory_used_mib=40_000, memory_total_mib=81_920, power_w=300.0,
             )  # fmt: skip
             sample.sampled_at.FromNanoseconds(int(now * 1e9))
-            records.append(Record(GPU_SAMPLES.name, 0, len(records), f"{node}/{gpu}".encode(),
-                                  sample.SerializeToString(), headers))  # fmt: skip
+            value = sample.SerializeToString()
+            if proof == "token":
+                headers.append((AGENT_TOKEN_HEADER, token.encode()))
+            elif proof == "signature":
+                headers.append((AGENT_SIGNATURE_HEADER, signature(key, value)))
+            records.append(Record(GPU_SAMPLES.name, 0, len(records), f"{node}/{gpu}".encode(), value, headers))
     return records
 
 
@@ -91,18 +100,22 @@ def _size(record: Record) -> int:
     return len(record.key or b"") + len(record.value or b"") + sum(len(k) + len(v) for k, v in record.headers)
 
 
-async def _stage_1(records: list[Record], tokens: AgentTokens | None) -> float:
+async def _stage_1(records: list[Record], identity: AgentIdentity | None) -> float:
     fast = FastSamples()
     started = time.perf_counter()
     readings = [fast.reading(record.key, record.value, record.headers) for record in records]
-    if tokens is not None:
-        claims = [(reading.node, record.headers) for reading, record in zip(readings, records, strict=True) if reading]
-        reasons = await tokens.refusals(claims)
+    if identity is not None:
+        claims = [
+            (reading.node, record.headers, record.value or b"")
+            for reading, record in zip(readings, records, strict=True)
+            if reading
+        ]
+        reasons = await identity.refusals(claims)
         assert not any(reasons), reasons[:3]
     return time.perf_counter() - started
 
 
-async def run(nodes: int, gpus: int, batches: int, folder: Path) -> tuple[dict[str, list[float]], tuple[int, int]]:
+async def run(nodes: int, gpus: int, batches: int, folder: Path) -> tuple[dict[str, list[float]], tuple[int, int, int]]:
     stack = start_kube(folder / "kube", kwok=False)
     try:
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
@@ -111,21 +124,24 @@ async def run(nodes: int, gpus: int, batches: int, folder: Path) -> tuple[dict[s
             tokens = await _agents(admin, namespace, nodes)
         finally:
             await admin.close()
-        plain, tokened = _batch(tokens, gpus, False), _batch(tokens, gpus, True)
+        plain, tokened, signed = _batch(tokens, gpus), _batch(tokens, gpus, "token"), _batch(tokens, gpus, "signature")
         accounts = frozenset({f"{namespace}/kumiki-agent"})
+        keyed = AgentIdentity(master_key=MASTER)
         seconds: dict[str, list[float]] = {"decode": [], "decode + check, answers kept": [],
-                                           "decode + check, first batch": []}  # fmt: skip
+                                           "decode + check, first batch": [],
+                                           "decode + signature check": []}  # fmt: skip
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("batches", total=batches)
             for _ in range(batches):
                 seconds["decode"].append(await _stage_1(plain, None))
                 cold = PodTokenReviewer(client_from(stack.kubeconfig), AUDIENCE, cache_s=CACHE_S)
-                checker = AgentTokens(cold, accounts)
+                checker = AgentIdentity(cold, accounts)
                 seconds["decode + check, first batch"].append(await _stage_1(tokened, checker))
                 seconds["decode + check, answers kept"].append(await _stage_1(tokened, checker))
                 await checker.close()
+                seconds["decode + signature check"].append(await _stage_1(signed, keyed))
                 progress.advance(task)
-        return seconds, (_size(plain[0]), _size(tokened[0]))
+        return seconds, (_size(plain[0]), _size(tokened[0]), _size(signed[0]))
     finally:
         stop_kube(stack)
 
@@ -143,7 +159,9 @@ def main() -> int:
     if missing:
         parser.exit(2, f"the Kubernetes binaries are missing ({', '.join(missing)}): bash infra/kube/build.sh\n")
     with tempfile.TemporaryDirectory() as folder:
-        seconds, (plain_bytes, token_bytes) = asyncio.run(run(args.nodes, args.gpus, args.batches, Path(folder)))
+        seconds, (plain_bytes, token_bytes, signed_bytes) = asyncio.run(
+            run(args.nodes, args.gpus, args.batches, Path(folder))
+        )
     records = args.nodes * args.gpus
     base = statistics.median(seconds["decode"])
     table = Table(title=f"Stage 1 per batch of {records:,} samples ({args.nodes} agents x {args.gpus} GPUs),"
@@ -154,8 +172,9 @@ def main() -> int:
         median = statistics.median(times)
         table.add_row(way, f"{median * 1000:.2f}", f"{median / records * 1e6:.2f}", f"{median / base:.2f}x")
     console.print(table)
-    console.print(f"bytes per sample record (key, value, headers): {plain_bytes} without the token, {token_bytes}"
-                  f" with it ({token_bytes / plain_bytes:.2f}x)")  # fmt: skip
+    console.print(f"bytes per sample record (key, value, headers): {plain_bytes} without a proof, {token_bytes}"
+                  f" with the token ({token_bytes / plain_bytes:.2f}x), {signed_bytes} with the signature"
+                  f" ({signed_bytes / plain_bytes:.2f}x)")  # fmt: skip
     return 0
 
 
