@@ -166,6 +166,19 @@ def _number(option: str, text: str, *, low: float, high: float, low_open: bool =
     return value
 
 
+def _proof_file(option: str, value: str | None, output: str | None, read: Callable[[Path], object]) -> Path | None:
+    """A file that proves the node to telemetry (a token or a node key), checked readable by `read` now."""
+    if not value:
+        return None
+    if output != "kafka":
+        raise ConfigError(option, "only with --output kafka (it proves the node to telemetry ingest)")
+    try:
+        read(Path(value))
+    except ValueError as error:
+        raise ConfigError(option, str(error).removeprefix(f"{option}: ")) from None
+    return Path(value)
+
+
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     """Validate every option, naming the first that is wrong."""
     replay_dir = Path(args.replay) if args.replay else None
@@ -210,26 +223,12 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         if str(metrics_port) != str(args.metrics_port).strip():
             raise ConfigError("--metrics-port", f"{args.metrics_port!r} is not a whole number")
     output = args.output
-    token_file = Path(args.token_file) if args.token_file else None
-    node_key_file = Path(args.node_key_file) if args.node_key_file else None
-    if token_file is not None and node_key_file is not None:
-        raise ConfigError("--node-key-file", "give --token-file (on Kubernetes) or --node-key-file, not both")
-    if token_file is not None:
-        if output != "kafka":
-            raise ConfigError("--token-file", "only with --output kafka (the token proves the node to telemetry)")
-        try:
-            TokenFile(token_file, "--token-file")
-        except ValueError as error:
-            raise ConfigError("--token-file", str(error).removeprefix("--token-file: ")) from None
-    if node_key_file is not None:
-        if output != "kafka":
-            raise ConfigError("--node-key-file", "only with --output kafka (the key proves the node to telemetry)")
-        from kumiki.agent.adapters.kafka import read_node_key
+    from kumiki.agent.adapters.kafka import read_node_key
 
-        try:
-            read_node_key(node_key_file)
-        except ValueError as error:
-            raise ConfigError("--node-key-file", str(error)) from None
+    if args.token_file and args.node_key_file:
+        raise ConfigError("--node-key-file", "give --token-file (on Kubernetes) or --node-key-file, not both")
+    token_file = _proof_file("--token-file", args.token_file, output, lambda path: TokenFile(path, "--token-file"))
+    node_key_file = _proof_file("--node-key-file", args.node_key_file, output, read_node_key)
     if output not in (None, "-") and not Path(output).parent.is_dir():
         raise ConfigError("--output", f"folder {Path(output).parent} does not exist")
     if output is None and record_dir is None:
