@@ -32,8 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Check
 
 import grpc
 from _support import percentile
-from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 from rich.console import Console
 from rich.progress import Progress
@@ -46,6 +44,7 @@ from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, co
 from kumiki.devstack.kube import KubeBinaries, start_kube, stop_kube
 from kumiki.preemption.adapters.identity import JobIdentity, job_token
 from kumiki.preemption.adapters.kube_identity import KubeTokenReviewer
+from tests.binder.support import pod_token  # minted as the kubelet mints a projected volume's
 from tests.preemption.servers import checkpoints_service  # the tests' own server on loopback
 
 AUDIENCE = "kumiki-checkpoints"
@@ -69,12 +68,7 @@ async def _pod_token(client: object, namespace: str) -> tuple[str, str]:
             }
         )
     )
-    bound = BoundObjectReference(kind="Pod", apiVersion="v1", name=pod.metadata.name, uid=pod.metadata.uid)
-    request = ServiceAccount.Token(
-        metadata=ObjectMeta(), spec=TokenRequestSpec(audiences=[AUDIENCE], expirationSeconds=3600, boundObjectRef=bound)
-    )
-    answer = await client.create(request, name="trainer", namespace=namespace)  # type: ignore[attr-defined]
-    return job, str(answer.status.token)
+    return job, await pod_token(client, namespace, pod, audience=AUDIENCE, account="trainer")  # type: ignore[arg-type]
 
 
 async def _latencies(

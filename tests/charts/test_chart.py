@@ -749,8 +749,8 @@ def test_a_job_key_secret_is_mounted_read_only_as_the_file_the_preemption_servic
 ) -> None:
     """ci/all-options: KUMIKI_CHECKPOINTS_JOB_KEY_FILE is a path into a read-only mount of keySecret's key, in
     preemption only, and the service's JobIdentity takes the key from that file beside the kube audience."""
-    from kumiki.common.config import ConfigError
-    from kumiki.preemption.adapters.identity import KEY_FILE, MIN_KEY_BYTES, job_token
+    from kumiki.common.config import MIN_KEY_BYTES, ConfigError
+    from kumiki.preemption.adapters.identity import KEY_FILE, job_token
 
     tokens = yaml.safe_load(ALL_OPTIONS.read_text())["services"]["preemption"]["jobTokens"]
     secret, key = tokens["keySecret"], tokens["keySecretKey"]

@@ -29,7 +29,7 @@ def test_a_nodes_key_is_the_one_telemetry_derives_and_only_that_node_s(
     ("key", "node", "message"),
     [
         (None, "gpu-1", "--key-file: required (or set KUMIKI_TELEMETRY_AGENT_KEY_FILE)"),
-        (b"short", "gpu-1", "--key-file: the key is 5 bytes; at least 32"),
+        (b"short", "gpu-1", "has 5 bytes; at least 32"),
         (KEY, "Bad_Node", "--node: 'Bad_Node' is not a lowercase DNS-1123 name"),
     ],
 )

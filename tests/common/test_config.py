@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kumiki.common.config import ConfigError, Settings, read_json, whole_numbers
+from kumiki.common.config import ConfigError, Settings, env_key, read_json, whole_numbers
 
 
 def settings(**env: str) -> Settings:
@@ -109,3 +109,16 @@ def test_a_json_file_is_read_and_a_missing_or_broken_one_is_named_with_its_optio
     binary.write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match=r"^reports: .*binary\.json is not JSON"):
         read_json(binary, "reports")
+
+
+def test_a_key_is_read_stripped_and_refused_under_32_bytes_naming_its_variable(tmp_path: Path) -> None:
+    """The one reader of HMAC keys (Checkpoints' jobs' key, telemetry's key of the agents' keys)."""
+    good, short = tmp_path / "good.key", tmp_path / "short.key"
+    good.write_bytes(b"  " + b"k" * 32 + b"\n")
+    short.write_bytes(b"k" * 31 + b"   ")
+    assert env_key({"KUMIKI_X_KEY_FILE": str(good)}, "KUMIKI_X_KEY_FILE") == b"k" * 32
+    assert env_key({}, "KUMIKI_X_KEY_FILE") is None
+    with pytest.raises(ConfigError, match=r"^KUMIKI_X_KEY_FILE: the key in '.*short.key' has 31 bytes; at least 32"):
+        env_key({"KUMIKI_X_KEY_FILE": str(short)}, "KUMIKI_X_KEY_FILE")
+    with pytest.raises(ConfigError, match=r"^KUMIKI_X_KEY_FILE: expected a readable file"):
+        env_key({"KUMIKI_X_KEY_FILE": str(tmp_path / "missing")}, "KUMIKI_X_KEY_FILE")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from kumiki.agent.core import node_name_error
 from kumiki.cli.main import UsageError
-from kumiki.telemetry.core import KEY_VARIABLE, node_key, parse_master_key
+from kumiki.common.config import ConfigError, read_key
+from kumiki.telemetry.core import KEY_VARIABLE, node_key
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,11 +42,9 @@ def _node_key(args: argparse.Namespace) -> int:
     if not args.key_file:
         raise UsageError(f"--key-file: required (or set {KEY_VARIABLE})")
     try:
-        master = parse_master_key(Path(args.key_file).read_bytes())
-    except OSError as error:
-        raise UsageError(f"--key-file: cannot read {args.key_file!r}: {error.strerror}") from None
-    except ValueError as error:
-        raise UsageError(f"--key-file: {str(error).split(': ', 1)[1]}") from None
+        master = read_key(Path(args.key_file), "--key-file")
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
     for node in args.node:
         problem = node_name_error(node)
         if problem:

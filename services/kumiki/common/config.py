@@ -153,6 +153,30 @@ def env_file(env: Environ, name: str) -> Path | None:
     return path
 
 
+MIN_KEY_BYTES = 32
+
+
+def read_key(path: Path, name: str) -> bytes:
+    """An HMAC key from a file: surrounding whitespace stripped, at least MIN_KEY_BYTES (ConfigError names `name`).
+    The jobs' key at Checkpoints and telemetry's key of the node agents' keys both come through here."""
+    try:
+        key = path.read_bytes().strip()
+    except OSError as error:
+        raise ConfigError(f"{name}: cannot read {str(path)!r}: {error.strerror}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"{name}: the key in {str(path)!r} has {len(key)} bytes; at least {MIN_KEY_BYTES} (e.g. `openssl rand"
+            " -hex 32`)"
+        )
+    return key
+
+
+def env_key(env: Environ, name: str) -> bytes | None:
+    """The key in the file NAME names (`read_key`); None when NAME is unset."""
+    path = env_file(env, name)
+    return None if path is None else read_key(path, name)
+
+
 def env_secret(env: Environ, name: str) -> str | None:
     """A secret from NAME, or from the file named by NAME_FILE (Kubernetes secret mounts)."""
     path = env_file(env, f"{name}_FILE")

@@ -120,19 +120,22 @@ class PodTokenReviewer:
         await self.client.close()
 
     async def review(self, token: str) -> PodToken:
-        kept = self.kept(token)
+        digest = hashlib.sha256(token.encode()).digest()
+        kept = self._kept(digest, token)
         if kept is not None:
             return kept
         now = self.clock()
         answer = await self._review(token)
         if answer.answer is not Answer.UNAVAILABLE:  # never kept: asked again next time
-            self._keep(hashlib.sha256(token.encode()).digest(), now + self.cache_s, answer)
+            self._keep(digest, now + self.cache_s, answer)
         return answer
 
     def kept(self, token: str) -> PodToken | None:
         """The answer `review` would give without asking the API server, else None (a caller reviewing many
         tokens at once skips a coroutine per known one)."""
-        digest = hashlib.sha256(token.encode()).digest()
+        return self._kept(hashlib.sha256(token.encode()).digest(), token)
+
+    def _kept(self, digest: bytes, token: str) -> PodToken | None:
         cached = self._cache.get(digest)
         if cached is None:
             return None

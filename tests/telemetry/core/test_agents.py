@@ -12,7 +12,6 @@ from kumiki.telemetry.core import (
     missing_proof,
     node_key,
     parse_accounts,
-    parse_master_key,
     signature,
     signature_refusal,
 )
@@ -76,12 +75,6 @@ def test_a_nodes_key_signs_for_that_node_only() -> None:
     )
     assert signature_refusal("node-a", value + b"\x18\x01", signed, key_a) is not None  # a changed record
     assert signature_refusal("node-a", value, b"", key_a) is not None
-
-
-def test_the_key_is_stripped_and_at_least_32_bytes() -> None:
-    assert parse_master_key(b"  " + b"k" * 32 + b"\n") == b"k" * 32
-    with pytest.raises(ValueError, match=r"KUMIKI_TELEMETRY_AGENT_KEY_FILE: the key is 31 bytes; at least 32"):
-        parse_master_key(b"k" * 31 + b"   ")
 
 
 def test_a_record_with_no_proof_names_what_telemetry_takes() -> None:

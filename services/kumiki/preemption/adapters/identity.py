@@ -29,7 +29,7 @@ from typing import NoReturn
 import grpc
 from prometheus_client import Counter
 
-from kumiki.common.config import ConfigError, Environ, env_file
+from kumiki.common.config import Environ, env_key
 from kumiki.common.grpcutil import LogBudget
 from kumiki.preemption.adapters.kube_identity import KubeTokenReviewer, looks_like_service_account_token
 
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 KEY_FILE = "KUMIKI_CHECKPOINTS_JOB_KEY_FILE"
 CERT_PREFIX = "job:"
-MIN_KEY_BYTES = 32
 REFUSED = Counter("kumiki_checkpoints_refused_total", "Checkpoints calls refused: not the job's own identity", ["code"])
 
 
@@ -61,17 +60,7 @@ class JobIdentity:
 
     @classmethod
     def from_env(cls, env: Environ) -> JobIdentity | None:
-        path = env_file(env, KEY_FILE)
-        key = None
-        if path is not None:
-            try:
-                key = path.read_bytes().strip()
-            except OSError as error:
-                raise ConfigError(f"{KEY_FILE}: cannot read {str(path)!r}: {error.strerror}") from None
-            if len(key) < MIN_KEY_BYTES:
-                raise ConfigError(
-                    f"{KEY_FILE}: the key in {str(path)!r} has {len(key)} bytes; at least {MIN_KEY_BYTES}"
-                )
+        key = env_key(env, KEY_FILE)
         kube = KubeTokenReviewer.from_env(env)
         return cls(key, kube) if key is not None or kube is not None else None
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from pathlib import Path
 
-from kumiki.common.config import ConfigError, Environ
+from kumiki.common.config import ConfigError, Environ, env_key
 from kumiki.common.kube_tokens import (
     Answer,
     PodToken,
@@ -79,15 +78,7 @@ class AgentIdentity:
                 raise ConfigError(str(error)) from None
         elif env.get(core.ACCOUNTS_VARIABLE, "").strip():
             raise ConfigError(f"{core.ACCOUNTS_VARIABLE}: set with {core.AUDIENCE_VARIABLE}, not alone")
-        key = None
-        key_file = env.get(core.KEY_VARIABLE, "").strip()
-        if key_file:
-            try:
-                key = core.parse_master_key(Path(key_file).read_bytes())
-            except OSError as error:
-                raise ConfigError(f"{core.KEY_VARIABLE}: cannot read {key_file!r}: {error.strerror}") from None
-            except ValueError as error:
-                raise ConfigError(str(error)) from None
+        key = env_key(env, core.KEY_VARIABLE)
         if not audience and key is None:
             return None
         return audience, accounts, key

@@ -28,7 +28,6 @@ from kumiki.telemetry.core.agents import (
     missing_proof,
     node_key,
     parse_accounts,
-    parse_master_key,
     signature,
     signature_refusal,
 )
@@ -141,7 +140,6 @@ __all__ = [
     "node_window",
     "parse_accounts",
     "parse_idle_rules",
-    "parse_master_key",
     "publish_decision",
     "signature",
     "signature_refusal",

@@ -24,7 +24,6 @@ AGENT_SIGNATURE_HEADER = "kumiki-agent-signature"
 AUDIENCE_VARIABLE = "KUMIKI_TELEMETRY_AGENT_AUDIENCE"
 ACCOUNTS_VARIABLE = "KUMIKI_TELEMETRY_AGENT_ACCOUNTS"
 KEY_VARIABLE = "KUMIKI_TELEMETRY_AGENT_KEY_FILE"
-MIN_KEY_BYTES = 32
 _NODE_KEY_CONTEXT = b"kumiki-agent-node\x00"  # keys for other purposes never equal a node's
 
 
@@ -98,13 +97,3 @@ def signature_refusal(node: str, value: bytes, signed: bytes, key: bytes) -> str
         f"{AGENT_SIGNATURE_HEADER}: does not match node {node!r}'s key: signed by another node's agent, or the"
         " record was changed"
     )
-
-
-def parse_master_key(text: bytes) -> bytes:
-    """Telemetry's key, surrounding whitespace stripped; ValueError names the variable when it is too short."""
-    key = text.strip()
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(
-            f"{KEY_VARIABLE}: the key is {len(key)} bytes; at least {MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)"
-        )
-    return key
