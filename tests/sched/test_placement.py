@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from kumiki.sched.cluster import ClusterSpec, ClusterState, GpuShare, NodeSpec, Placement, PodPlacement, uniform_cluster
 from kumiki.sched.fragmentation import DemandType, RequestMix
-from kumiki.sched.jobs import GangRequest, PodRequest, consolidated_gang
+from kumiki.sched.jobs import GangRequest, PodRequest, RequestError, consolidated_gang
 from kumiki.sched.placement import PendingReason, could_host, place_gang
 
 
@@ -370,3 +370,37 @@ def test_pod_node_rules_are_honoured_across_an_occupancy_class():
     blocked = place_gang(state, only_last, "best-fit")
     assert isinstance(blocked, PendingReason)  # the other nodes are free, but the pod may not use them
     assert could_host(state.spec.nodes[2], only_last.pods[0]) and not could_host(state.spec.nodes[0], only_last.pods[0])
+
+
+@pytest.mark.parametrize("strategy", ["best-fit", "spread", "first-fit", "kumiki"])
+def test_distinct_nodes_gives_each_pod_a_node_of_its_own(strategy):
+    state = ClusterState.empty(uniform_cluster(4, 8))
+    occupy(state, "x", 1, (0, 1, 2, 3))  # node 1 half full: best-fit and kumiki would put both pods on it
+    packed = place_gang(state, gang("p", 2, 2), strategy)
+    spread = place_gang(state, replace(gang("s", 2, 2, 2), distinct_nodes=True), strategy)
+    assert isinstance(packed, Placement) and isinstance(spread, Placement)
+    if strategy in ("best-fit", "kumiki", "first-fit"):
+        assert len(packed.nodes) == 1  # without the constraint the pods share a node
+    assert len({pod.node for pod in spread.pods}) == 3, spread
+    # scoring one node per occupancy class chooses as scoring every node does
+    assert place_gang(state, replace(gang("s", 2, 2, 2), distinct_nodes=True), strategy, by_class=False) == spread
+
+
+def test_distinct_nodes_waits_with_its_own_reason_when_the_room_is_on_too_few_nodes():
+    state = ClusterState.empty(uniform_cluster(2, 8))
+    occupy(state, "x", 1, tuple(range(8)))  # only node 0 has room: for both pods, not for one each
+    request = replace(gang("s", 2, 2), distinct_nodes=True)
+    reason = place_gang(state, request, "kumiki")
+    assert isinstance(reason, PendingReason)
+    assert reason.resource == "topology:distinct_nodes" and "node of its own" in reason.constraint
+    assert isinstance(place_gang(state, gang("s", 2, 2), "kumiki"), Placement)
+    # an elastic gang keeps the pods that fit on nodes of their own
+    elastic = place_gang(state, replace(gang("e", 2, 2, min_members=1), distinct_nodes=True), "kumiki")
+    assert isinstance(elastic, Placement) and len(elastic.pods) == 1
+
+
+def test_distinct_nodes_cannot_share_one_node():
+    with pytest.raises(RequestError, match="distinct_nodes"):
+        replace(gang("s", 2, 2), distinct_nodes=True, required_topology="node")
+    lone = replace(gang("s", 2), distinct_nodes=True, required_topology="node")  # one pod: nothing to spread
+    assert lone.distinct_nodes

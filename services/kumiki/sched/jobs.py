@@ -88,6 +88,8 @@ class GangRequest:
     min_members: int = 0
     # a topology the placement must not break: "" (none), "nvlink_island", "node" or "rack"
     required_topology: str = ""
+    # each pod on a node of its own (the pods' required anti-affinity to each other on the node's hostname)
+    distinct_nodes: bool = False
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -98,6 +100,11 @@ class GangRequest:
             raise RequestError("a gang needs at least one pod")
         if not 0 <= self.min_members <= len(self.pods):
             raise RequestError(f"min_members must be in [0, {len(self.pods)}], got {self.min_members}")
+        if self.distinct_nodes and self.required_topology in ("node", "nvlink_island") and self.required > 1:
+            raise RequestError(
+                f"distinct_nodes: {self.required} pods cannot each have a node of their own and share one"
+                f" ({self.required_topology})"
+            )
 
     @property
     def required(self) -> int:

@@ -78,6 +78,7 @@ class _Placer:
         domain: frozenset[int] | None,
         *,
         by_class: bool = True,
+        distinct: bool = False,
     ) -> None:
         self.state = state
         self.strategy = strategy
@@ -85,6 +86,7 @@ class _Placer:
         self.excluded = excluded | state.cordoned if state.cordoned else excluded
         self.domain = domain
         self.by_class = by_class
+        self.distinct = distinct  # a node this gang already uses takes none of its other pods
         self.scratch = _Scratch()
         # answers that depend only on a node's occupancy class or on pure inputs, kept with the state per mix
         self.memo = state.memo.setdefault(mix, {})
@@ -123,6 +125,8 @@ class _Placer:
         return free - used if used else free
 
     def host_ok(self, node: int, pod: PodRequest) -> bool:
+        if self.distinct and node in self.scratch.cpu:  # every placed pod of the gang is in scratch.cpu
+            return False
         spec = self.state.spec.nodes[node]
         if pod.gpu_model and pod.gpu_model != spec.gpu_model:
             return False
@@ -400,7 +404,8 @@ class _Placer:
 
 
 def _domains(state: ClusterState, request: GangRequest, strategy: str) -> list[frozenset[int] | None]:
-    """Topology domains to try in order: one node, then one rack (fullest that could fit), then all.
+    """Topology domains to try in order: one node, then one rack (fullest that could fit), then all (a gang
+    whose pods need distinct nodes skips the single nodes).
 
     A required topology keeps only the domains that honour it, all of them, fullest first."""
     required = request.required_topology
@@ -414,7 +419,7 @@ def _domains(state: ClusterState, request: GangRequest, strategy: str) -> list[f
     if required != "rack" and (strategy != "kumiki" or len(request.pods) < 2):
         return [None]
     domains: list[frozenset[int] | None] = []
-    if required != "rack" and whole and whole <= state.max_gpus:
+    if required != "rack" and whole and whole <= state.max_gpus and not request.distinct_nodes:
         fullest = sorted((level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level])
         domains.extend(frozenset((node,)) for _, node in fullest[:3])
     if len(state.racks) > 1 or required == "rack":
@@ -469,8 +474,9 @@ def place_gang(
     order = sorted(range(len(request.pods)), key=lambda i: (-request.pods[i].gpu_demand, i))
     if by_class and any(pod.node_rules for pod in request.pods):
         by_class = False  # nodes of one occupancy class may differ in what the pod's rules admit: score each
+    distinct = request.distinct_nodes
     for domain in _domains(state, request, strategy):
-        placer = _Placer(state, strategy, mix, excluded_nodes, domain, by_class=by_class)
+        placer = _Placer(state, strategy, mix, excluded_nodes, domain, by_class=by_class, distinct=distinct)
         placed: list[PodPlacement] = []
         for index in order:
             pod = placer.place_pod(index, request.pods[index])
@@ -501,6 +507,25 @@ def place_gang(
             request.pods[0].shape(),
             "the gang fits the cluster only by spreading wider",
         )
+    if request.distinct_nodes and isinstance(
+        place_gang(
+            state,
+            replace(request, distinct_nodes=False),
+            strategy,
+            mix=mix,
+            excluded_nodes=excluded_nodes,
+            explain=False,
+        ),
+        Placement,
+    ):
+        return PendingReason(
+            request.job_id,
+            "topology:distinct_nodes",
+            f"each of the {request.required} pods needs a node of its own (pod anti-affinity), and the room"
+            " that fits them is on fewer nodes",
+            request.pods[0].shape(),
+            "the gang fits the cluster only with pods sharing a node",
+        )
     return _explain(state, request, strategy, mix, excluded_nodes)
 
 
@@ -520,7 +545,7 @@ def _explain(
     shapes = {node.shape() for node in dict.fromkeys(state.spec.nodes)}
     fitting = 0
     alone = _Placer(state, strategy, mix, excluded, None)
-    together = _Placer(state, strategy, mix, excluded, None)
+    together = _Placer(state, strategy, mix, excluded, None, distinct=request.distinct_nodes)
     for index, pod in enumerate(request.pods):
         if together.place_pod(index, pod) is not None:
             fitting += 1

@@ -83,3 +83,25 @@ def test_an_unusable_pod_feature_is_refused_naming_the_field(fields: dict[str, o
     with pytest.raises(InvalidRequest) as raised:
         bind_command(featured_request(**fields))
     assert raised.value.field == field
+
+
+def test_distinct_nodes_reaches_the_gang_and_survives_a_restart() -> None:
+    request = featured_request(topology=common_pb2.TopologyConstraint(distinct_nodes=True))
+    request.pods.append(common_pb2.PodResources(gpus=1))
+    command = bind_command(request)
+    assert command.request.distinct_nodes
+    submitted = command_lifecycle(command, events_pb2.JOB_STATE_SUBMITTED)
+    restored = command_from_lifecycle(events_pb2.JobLifecycle.FromString(submitted.SerializeToString()))
+    assert restored == command and restored.request.distinct_nodes
+    assert not bind_command(featured_request()).request.distinct_nodes
+
+
+def test_distinct_nodes_on_one_shared_node_is_refused_naming_the_field() -> None:
+    topology = common_pb2.TopologyConstraint(level=common_pb2.TOPOLOGY_LEVEL_NODE, required=True, distinct_nodes=True)
+    request = featured_request(topology=topology)
+    request.pods.append(common_pb2.PodResources(gpus=1))
+    with pytest.raises(InvalidRequest) as raised:
+        bind_command(request)
+    assert raised.value.field == "topology.distinct_nodes"
+    request.min_members = 1  # one pod at least: it may have the node to itself
+    assert bind_command(request).request.distinct_nodes

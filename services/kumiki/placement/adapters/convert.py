@@ -35,6 +35,12 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
     if request.topology.level not in TOPOLOGY_FROM_WIRE:
         raise InvalidRequest("topology.level", f"unknown level {request.topology.level}")
     pods = tuple(pod_request(index, pod) for index, pod in enumerate(request.pods))
+    required = TOPOLOGY_FROM_WIRE[request.topology.level] if request.topology.required else ""
+    shared = required in ("node", "nvlink_island") and (request.min_members or len(pods)) > 1
+    if request.topology.distinct_nodes and shared:
+        raise InvalidRequest(
+            "topology.distinct_nodes", f"the pods cannot each have a node of their own and share one ({required})"
+        )
     image, command_line, time_limit_s = job_feature_fields(request)
     return BindCommand(
         job_id=request.job.job_id,
@@ -44,7 +50,8 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
             request.job.job_id,
             pods,
             request.min_members,
-            required_topology=TOPOLOGY_FROM_WIRE[request.topology.level] if request.topology.required else "",
+            required_topology=required,
+            distinct_nodes=request.topology.distinct_nodes,
         ),
         priority_tier=request.priority_tier,
         preemptible=request.preemptible,
@@ -181,6 +188,7 @@ def command_lifecycle(
     if command.request.required_topology:
         event.topology.level = TOPOLOGY_TO_WIRE[command.request.required_topology]
         event.topology.required = True
+    event.topology.distinct_nodes = command.request.distinct_nodes
     return event
 
 
@@ -193,7 +201,13 @@ def command_from_lifecycle(event: events_pb2.JobLifecycle) -> BindCommand:
         job_id=event.job.job_id,
         generation=event.job.generation,
         queue=event.queue,
-        request=GangRequest(event.job.job_id, pods, event.min_members, required_topology=required),
+        request=GangRequest(
+            event.job.job_id,
+            pods,
+            event.min_members,
+            required_topology=required,
+            distinct_nodes=event.topology.distinct_nodes,
+        ),
         priority_tier=event.priority_tier,
         preemptible=event.preemptible,
         user=event.user,

@@ -118,19 +118,25 @@ class TopologyConstraint(_message.Message):
 
     LEVEL_FIELD_NUMBER: _builtins.int
     REQUIRED_FIELD_NUMBER: _builtins.int
+    DISTINCT_NODES_FIELD_NUMBER: _builtins.int
     level: Global___TopologyLevel.ValueType
     """The level the gang's pods share."""
     required: _builtins.bool
     """True: placement fails rather than break the level. False: a preference, broken when nothing else fits."""
+    distinct_nodes: _builtins.bool
+    """Each pod of the gang on a node of its own (the pods' required anti-affinity to each other on
+    kubernetes.io/hostname). Not with a required level of one node or one NVLink island.
+    """
     def __init__(
         self,
         *,
         level: Global___TopologyLevel.ValueType = ...,
         required: _builtins.bool = ...,
+        distinct_nodes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["level", b"level", "required", b"required"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distinct_nodes", b"distinct_nodes", "level", b"level", "required", b"required"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
