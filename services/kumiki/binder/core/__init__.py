@@ -14,7 +14,8 @@ them into kumiki.v1 messages and back.
 One module per concept, each importing only those before it: `names` (labels, annotations, resource names),
 `quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints),
 `node_rules` (nodeSelector, required affinity, tolerations, the nodes Placement is told), `capacity` (why a pod
-could never fit), `requests` (what a pod asks for), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
+could never fit), `requests` (what a pod asks for), `pod_affinity` (required pod affinity and anti-affinity,
+resolved against the placed pods and between a gang's own pods), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
 BindRequest, a gang's outcome), `writeback` (the Binding's annotations, the PodScheduled reason).
 This package re-exports all of their public names, so `core.Name` works whichever module holds it.
 """
@@ -78,6 +79,17 @@ from kumiki.binder.core.nodes import (
     node_taints,
     parse_node,
 )
+from kumiki.binder.core.pod_affinity import (
+    HOSTNAME_LABEL,
+    AffinityFilter,
+    GangAffinity,
+    Placed,
+    PodAffinityTerm,
+    affinity_filter,
+    gang_affinity,
+    gang_topology,
+    pod_affinity,
+)
 from kumiki.binder.core.pods import (
     COMMAND_MAX_CHARS,
     INT32_MAX,
@@ -120,6 +132,7 @@ __all__ = [
     "GPU_MODEL_SELECTOR",
     "GPU_RESOURCE",
     "GPU_UUIDS_ANNOTATION",
+    "HOSTNAME_LABEL",
     "INT32_MAX",
     "JOB_ANNOTATION",
     "MIB",
@@ -140,14 +153,18 @@ __all__ = [
     "TOPOLOGY_ANNOTATION",
     "TOPOLOGY_LEVELS",
     "TOPOLOGY_REQUIRED_ANNOTATION",
+    "AffinityFilter",
     "ClusterCapacity",
     "Gang",
+    "GangAffinity",
     "GangOutcome",
     "Node",
     "NodeChoice",
     "NodeRules",
     "PendingReason",
+    "Placed",
     "Pod",
+    "PodAffinityTerm",
     "PodAssignment",
     "PodKey",
     "PodSpecError",
@@ -155,11 +172,14 @@ __all__ = [
     "Taint",
     "Toleration",
     "Topology",
+    "affinity_filter",
     "assignment_annotations",
     "bind_request_fields",
     "capacity_changed",
     "created_unix_s",
+    "gang_affinity",
     "gang_outcome",
+    "gang_topology",
     "gpu_model_name",
     "job_id_for",
     "never_fits",
@@ -169,6 +189,7 @@ __all__ = [
     "parse_duration_s",
     "parse_node",
     "parse_pod",
+    "pod_affinity",
     "pod_command",
     "pod_image",
     "pod_requests",

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from kumiki.binder.core.node_rules import NodeChoice
 from kumiki.binder.core.pods import Pod, PodKey
 from kumiki.sched.jobs import PodRequest
 
@@ -34,6 +35,10 @@ class Gang:
     timeout_s: int = 0  # the PodGroup's scheduleTimeoutSeconds (0: none)
     waiting_since: float = 0.0  # monotonic time of the first submission of the unbound gang (0: none)
     timed_out: bool = False  # scheduleTimeoutSeconds passed: not submitted again until its pods or group change
+    # pod (anti-)affinity: the node lists its last submission was told (None: its pods' terms and the placed
+    # pods' played no part), and the binder's count of pod moves they were resolved at (stale once it moves on)
+    affinity_choices: tuple[NodeChoice, ...] | None = None
+    placed_seen: int = 0
 
     def waiting_count(self) -> int:
         return sum(1 for pod in self.pods.values() if not pod.node and not pod.deleting and not pod.ended)

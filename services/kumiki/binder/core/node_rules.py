@@ -3,7 +3,7 @@ resolved against the schedulable nodes into the node names Placement is told."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -144,15 +144,18 @@ class NodeChoice:
     none_because: str = ""
 
 
-def node_choice(rules: NodeRules, candidates: Sequence[Node], tainted: bool) -> NodeChoice:
-    """`candidates`: the schedulable nodes. No rules and no blocking taint anywhere: nothing to check."""
-    if not rules.restricts and not tainted:
+def node_choice(
+    rules: NodeRules, candidates: Sequence[Node], tainted: bool, also: Callable[[Node], str] | None = None
+) -> NodeChoice:
+    """`candidates`: the schedulable nodes; `also`: a further refusal (the pod's pod affinity, resolved). No
+    rules, no blocking taint anywhere and nothing further: nothing to check."""
+    if not rules.restricts and not tainted and also is None:
         return NodeChoice()
     admitted: list[str] = []
     refused: list[str] = []
     first_why = ""
     for node in candidates:
-        why = rules.why_not(node)
+        why = rules.why_not(node) or (also(node) if also is not None else "")
         if why:
             refused.append(node.name)
             first_why = first_why or why

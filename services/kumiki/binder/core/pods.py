@@ -16,6 +16,7 @@ from kumiki.binder.core.names import (
     QUEUE_LABEL,
 )
 from kumiki.binder.core.node_rules import NodeRules, node_rules
+from kumiki.binder.core.pod_affinity import PodAffinityTerm, pod_affinity
 from kumiki.binder.core.quantities import PodSpecError
 from kumiki.binder.core.requests import Topology, pod_resources, time_limit_of, topology_of
 from kumiki.sched.jobs import PodRequest
@@ -53,6 +54,8 @@ class Pod:
     generation_annotation: int
     created_unix_s: float = 0.0  # metadata.creationTimestamp (whole seconds; 0: absent or unreadable)
     rules: NodeRules = field(default_factory=lambda: NodeRules())  # nodeSelector, node affinity, tolerations
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)  # what others' pod affinity selects
+    affinity: tuple[PodAffinityTerm, ...] = ()  # required pod affinity and anti-affinity terms
     # forecasting features, passed to Placement in the BindRequest
     image: str = ""  # spec.containers[0].image
     command: str = ""  # spec.containers[0] command + args, space-joined, at most COMMAND_MAX_CHARS
@@ -124,15 +127,17 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     resources: PodRequest | None = None
     topology = Topology()
     rules = NodeRules()
+    affinity: tuple[PodAffinityTerm, ...] = ()
     time_limit_s: float | None = None
     if known is not None and uid and known.uid == uid:
         resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules
-        time_limit_s = known.time_limit_s
+        time_limit_s, affinity = known.time_limit_s, known.affinity
     else:
         try:
             resources = pod_resources(metadata, spec)
             topology = topology_of(annotations)
             rules = node_rules(spec)
+            affinity = pod_affinity(spec)
             time_limit_s = time_limit_of(annotations, spec)
         except PodSpecError as error:
             invalid = str(error)
@@ -159,6 +164,8 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
         generation_annotation=generation,
         created_unix_s=created_unix_s(metadata),
         rules=rules,
+        labels={str(key): str(value) for key, value in labels.items()} if isinstance(labels, Mapping) else {},
+        affinity=affinity,
         image=pod_image(spec),
         command=pod_command(spec),
         time_limit_s=time_limit_s,

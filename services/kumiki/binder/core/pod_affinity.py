@@ -1,0 +1,273 @@
+"""Required inter-pod affinity and anti-affinity (kube-scheduler's InterPodAffinity filter): a pod's terms read
+and validated (`pod_affinity`), resolved against the pods already placed into the nodes it must avoid or keep
+to (`affinity_filter`, symmetric: a placed pod's anti-affinity keeps matching pods out of its domain too), and
+what a gang's own pods ask of each other turned into Placement's gang constraints (`gang_affinity`: distinct
+nodes, one node, one rack), since Placement places a gang's pods together and no pod of it is placed yet.
+
+Terms are matched against the pods the binder knows: those with `schedulerName: kumiki`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kumiki.binder.core.names import NODE_RACK_LABELS
+from kumiki.binder.core.node_rules import Requirement
+from kumiki.binder.core.nodes import Node
+from kumiki.binder.core.quantities import PodSpecError
+from kumiki.binder.core.requests import Topology
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+KINDS = (("podAffinity", False), ("podAntiAffinity", True))
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinityTerm:
+    """One required term: the pods it selects (labels, namespaces) and the topology domain it is about."""
+
+    anti: bool
+    topology_key: str
+    selector: tuple[Requirement, ...] | None  # None: a term without labelSelector selects no pod
+    namespaces: frozenset[str] = frozenset()  # empty: the pod's own namespace (unless all_namespaces)
+    all_namespaces: bool = False  # namespaceSelector: {}
+    where: str = ""  # the field path, for messages
+
+    def selects(self, owner_namespace: str, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether the term of a pod in `owner_namespace` selects a pod in `namespace` with `labels`."""
+        if self.selector is None:
+            return False
+        if not self.all_namespaces and namespace not in (self.namespaces or {owner_namespace}):
+            return False
+        return all(requirement.matches(labels, "") for requirement in self.selector)
+
+
+def _selector(raw: Any, where: str) -> tuple[Requirement, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise PodSpecError(where, "must be a label selector")
+    labels = raw.get("matchLabels") or {}
+    if not isinstance(labels, Mapping):
+        raise PodSpecError(f"{where}.matchLabels", "must be a map of labels")
+    requirements = [Requirement(str(key), "In", (str(value),)) for key, value in sorted(labels.items())]
+    expressions = raw.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise PodSpecError(f"{where}.matchExpressions", "must be a list")
+    for r, expression in enumerate(expressions):
+        at = f"{where}.matchExpressions[{r}]"
+        if not isinstance(expression, Mapping) or not expression.get("key"):
+            raise PodSpecError(f"{at}.key", "required")
+        operator = str(expression.get("operator") or "")
+        if operator not in SELECTOR_OPERATORS:
+            raise PodSpecError(f"{at}.operator", f"expected one of {', '.join(SELECTOR_OPERATORS)}, got {operator!r}")
+        values = tuple(str(value) for value in expression.get("values") or [])
+        if operator in ("In", "NotIn") and not values:
+            raise PodSpecError(f"{at}.values", f"{operator} needs at least one value")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise PodSpecError(f"{at}.values", f"{operator} takes no values")
+        requirements.append(Requirement(str(expression["key"]), operator, values))
+    return tuple(requirements)
+
+
+def _term(raw: Any, anti: bool, where: str) -> PodAffinityTerm:
+    if not isinstance(raw, Mapping):
+        raise PodSpecError(where, "must be a pod affinity term")
+    topology_key = raw.get("topologyKey")
+    if not isinstance(topology_key, str) or not topology_key:
+        raise PodSpecError(f"{where}.topologyKey", "required")
+    for unsupported in ("matchLabelKeys", "mismatchLabelKeys"):
+        if raw.get(unsupported):
+            raise PodSpecError(f"{where}.{unsupported}", "not supported by kumiki; write the labels in labelSelector")
+    namespaces = raw.get("namespaces") or []
+    if not isinstance(namespaces, list):
+        raise PodSpecError(f"{where}.namespaces", "must be a list of namespace names")
+    namespace_selector = raw.get("namespaceSelector")
+    if namespace_selector is not None and not isinstance(namespace_selector, Mapping):
+        raise PodSpecError(f"{where}.namespaceSelector", "must be a label selector")
+    if namespace_selector and (namespace_selector.get("matchLabels") or namespace_selector.get("matchExpressions")):
+        raise PodSpecError(
+            f"{where}.namespaceSelector",
+            "selecting namespaces by label is not supported by kumiki; list them in namespaces, or {} for all",
+        )
+    return PodAffinityTerm(
+        anti=anti,
+        topology_key=topology_key,
+        selector=_selector(raw.get("labelSelector"), f"{where}.labelSelector"),
+        namespaces=frozenset(str(name) for name in namespaces),
+        all_namespaces=namespace_selector is not None,
+        where=where,
+    )
+
+
+def pod_affinity(spec: Mapping[str, Any]) -> tuple[PodAffinityTerm, ...]:
+    """A pod's required podAffinity and podAntiAffinity terms, validated (PodSpecError names the field).
+    Preferred terms are scoring hints and not read."""
+    affinity = spec.get("affinity") or {}
+    if not isinstance(affinity, Mapping):
+        raise PodSpecError("spec.affinity", "must be an object")
+    terms: list[PodAffinityTerm] = []
+    for kind, anti in KINDS:
+        block = affinity.get(kind) or {}
+        if not isinstance(block, Mapping):
+            raise PodSpecError(f"spec.affinity.{kind}", "must be an object")
+        required = block.get(REQUIRED) or []
+        if not isinstance(required, list):
+            raise PodSpecError(f"spec.affinity.{kind}.{REQUIRED}", "must be a list of terms")
+        terms.extend(_term(raw, anti, f"spec.affinity.{kind}.{REQUIRED}[{t}]") for t, raw in enumerate(required))
+    return tuple(terms)
+
+
+class Placed(NamedTuple):
+    """A pod on a node (bound, or being bound by this binder): what others' terms are matched against."""
+
+    name: str  # namespace/name
+    namespace: str
+    labels: Mapping[str, str]
+    node: str
+    terms: tuple[PodAffinityTerm, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityFilter:
+    """A pod's affinity resolved against the placed pods: topology domains it must stay out of (`avoid`: key ->
+    value -> why), domains each affinity term keeps it to (`keep`), or why no node can do (`unmet`)."""
+
+    avoid: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    keep: tuple[tuple[str, frozenset[str], str], ...] = ()  # (topology key, values, why a node outside fails)
+    unmet: str = ""
+
+    @property
+    def restricts(self) -> bool:
+        return bool(self.avoid or self.keep or self.unmet)
+
+    def why_not(self, node: Node) -> str:
+        """ "" when the pod's pod (anti-)affinity lets it onto the node, else why not."""
+        if self.unmet:
+            return self.unmet
+        for key, values in self.avoid.items():
+            value = node.labels.get(key)
+            if value is not None and value in values:
+                return values[value]
+        for key, allowed, why in self.keep:
+            if node.labels.get(key) not in allowed:
+                return why
+        return ""
+
+
+def _selector_text(term: PodAffinityTerm) -> str:
+    if term.selector is None:
+        return "no labelSelector"
+    return ", ".join(
+        f"{r.key} {r.operator} {list(r.values)}" if r.values else f"{r.key} {r.operator}" for r in term.selector
+    )
+
+
+def affinity_filter(
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    terms: Sequence[PodAffinityTerm],
+    placed: Iterable[Placed],
+    nodes: Mapping[str, Node],
+    peers: Sequence[tuple[str, Mapping[str, str]]] = (),
+) -> AffinityFilter:
+    """Pod `namespace/name` with `labels` and `terms` against the placed pods. An affinity term that no placed
+    pod matches admits every node when the pod matches it itself (the first pod of a set, as kube-scheduler
+    allows) or it matches one of the pod's gang `peers` (namespace, labels) placed with it (`gang_affinity`),
+    and none otherwise. A placed pod on a node without the term's topology key counts nowhere."""
+    avoid: dict[str, dict[str, str]] = {}
+    domains: list[dict[str, str]] = [{} for _ in terms]  # per term: topology value -> a pod that puts it there
+    for other in placed:
+        if other.name == name:
+            continue
+        node = nodes.get(other.node)
+        if node is None:
+            continue
+        for index, term in enumerate(terms):
+            value = node.labels.get(term.topology_key)
+            if value is not None and term.selects(namespace, other.namespace, other.labels):
+                domains[index].setdefault(value, other.name)
+        for term in other.terms:  # symmetry: its anti-affinity keeps this pod out of its domain
+            value = node.labels.get(term.topology_key)
+            if term.anti and value is not None and term.selects(other.namespace, namespace, labels):
+                avoid.setdefault(term.topology_key, {}).setdefault(
+                    value,
+                    f"node(s) didn't satisfy existing pods anti-affinity rules (pod {other.name} on {other.node},"
+                    f" {term.topology_key}={value})",
+                )
+    keep: list[tuple[str, frozenset[str], str]] = []
+    for term, found in zip(terms, domains, strict=True):
+        if term.anti:
+            for value, other_name in found.items():
+                avoid.setdefault(term.topology_key, {}).setdefault(
+                    value,
+                    f"node(s) didn't match pod anti-affinity rules (pod {other_name} in {term.topology_key}={value},"
+                    f" {term.where})",
+                )
+        elif found:
+            why = f"node(s) didn't match pod affinity rules ({term.topology_key} of {', '.join(sorted(found))})"
+            keep.append((term.topology_key, frozenset(found), why))
+        elif not any(term.selects(namespace, peer, peer_labels) for peer, peer_labels in ((namespace, labels), *peers)):
+            return AffinityFilter(
+                unmet=f"no placed pod matches its pod affinity term {term.where} ({_selector_text(term)})"
+            )
+    return AffinityFilter(avoid, tuple(keep))
+
+
+class GangAffinity(NamedTuple):
+    """What a gang's pods' terms ask of each other, as Placement's gang constraints; `refusal` when the terms
+    ask for what Placement cannot express (a message naming the term)."""
+
+    distinct_nodes: bool = False
+    level: str = ""  # "node" or "rack": the pods must share one ("" none)
+    refusal: str = ""
+
+
+def gang_affinity(members: Sequence[tuple[str, Mapping[str, str], tuple[PodAffinityTerm, ...]]]) -> GangAffinity:
+    """`members`: each pod's (namespace, labels, terms). A term that selects another pod of the same gang:
+    anti-affinity on kubernetes.io/hostname gives each pod a node of its own; affinity on the hostname puts
+    them on one node, on a rack label (NODE_RACK_LABELS) in one rack. Any other topology key between a gang's
+    own pods is refused: Placement spreads and packs by nodes and racks only."""
+    distinct = False
+    levels: set[str] = set()
+    for index, (namespace, _, terms) in enumerate(members):
+        for term in terms:
+            peers = [
+                other
+                for position, other in enumerate(members)
+                if position != index and term.selects(namespace, other[0], other[1])
+            ]
+            if not peers:
+                continue
+            if term.anti and term.topology_key == HOSTNAME_LABEL:
+                distinct = True
+            elif not term.anti and term.topology_key == HOSTNAME_LABEL:
+                levels.add("node")
+            elif not term.anti and term.topology_key in NODE_RACK_LABELS:
+                levels.add("rack")
+            else:
+                kind = "anti-affinity" if term.anti else "affinity"
+                return GangAffinity(
+                    refusal=f"{term.where}: pod {kind} between pods of one gang is supported on"
+                    f" {HOSTNAME_LABEL}{'' if term.anti else ' or a rack label'} only, not {term.topology_key}"
+                )
+    level = "node" if "node" in levels else "rack" if levels else ""
+    if distinct and level == "node" and len(members) > 1:
+        return GangAffinity(refusal="the gang's pods ask both for one node (podAffinity) and for a node each")
+    return GangAffinity(distinct, level)
+
+
+STRICTNESS = {"nvlink_island": 0, "node": 1, "rack": 2}
+
+
+def gang_topology(topology: Topology, shared: GangAffinity) -> Topology:
+    """The gang's topology with what its pods' affinity to each other requires: the stricter of the two."""
+    if not shared.level:
+        return topology
+    if topology.required and STRICTNESS.get(topology.level, 3) <= STRICTNESS[shared.level]:
+        return topology
+    return Topology(level=shared.level, required=True)
