@@ -76,6 +76,12 @@ async def lifecycle(kafka: KafkaSettings) -> list[events_pb2.JobLifecycle]:
     return out
 
 
+async def told(client: AsyncClient, ns: str, names: list[str]) -> bool:
+    """Each named pod is unbound and says why (PodScheduled=False)."""
+    pods = {item["metadata"]["name"]: item for item in await pods_in(client, ns)}
+    return all(name in pods and (condition(pods[name]) or {}).get("status") == "False" for name in names)
+
+
 async def start(processes: Processes, client: AsyncClient, nodes: list[dict[str, Any]]) -> None:
     await create_all(client, nodes)
 
@@ -614,6 +620,105 @@ async def test_taints_tolerations_node_selector_and_required_affinity(kube: Asyn
     extra = condition(pods["extra"]) or {}
     assert extra["reason"] == "Unschedulable" and "the 2 of 3 nodes its node rules admit" in extra["message"], extra
     assert over_commits(list(pods.values())) == []
+
+
+def _pod_term(anti: bool, labels: dict[str, str], key: str = core.HOSTNAME_LABEL) -> dict[str, Any]:
+    kind = "podAntiAffinity" if anti else "podAffinity"
+    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": key}
+    return {kind: {core.REQUIRED_AFFINITY: [term]}}
+
+
+async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_pods(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    zone_key = "topology.kubernetes.io/zone"
+    nodes = []
+    for name, zone in (("n1", "za"), ("n2", "za"), ("n3", "zb")):
+        node = node_object(name, 8)
+        node["metadata"]["labels"].update({core.HOSTNAME_LABEL: name, zone_key: zone})
+        nodes.append(node)
+    await start(processes, kube, nodes)
+    ns = await namespace(kube)
+
+    def pod(name: str, gpus: int = 1, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+        obj = pod_object(ns, name, gpus=gpus, labels=labels, group=str(spec.pop("group", "")))
+        obj["spec"].update(spec)
+        return obj
+
+    async def nodes_of() -> dict[str, str]:
+        return {item["metadata"]["name"]: item["spec"].get("nodeName", "") for item in await pods_in(kube, ns)}
+
+    # a pod that must be with a cache pod waits while there is none, and follows it once it is placed
+    await create_all(kube, [pod("friend", affinity=_pod_term(False, {"app": "cache"}))])
+
+    async def friend_told() -> bool:
+        told = condition((await pods_in(kube, ns))[0]) or {}
+        return "no placed pod matches its pod affinity term" in told.get("message", "")
+
+    await until(friend_told, timeout_s=60, what="the friend pod told that no cache pod is placed")
+    # the cache keeps pods of team noisy out of its zone (a placed pod's anti-affinity applies to newcomers)
+    cache = pod("cache", labels={"app": "cache"}, affinity=_pod_term(True, {"team": "noisy"}, zone_key))
+    await create_all(kube, [cache])
+
+    async def together() -> dict[str, str] | None:
+        placed = await nodes_of()
+        return placed if placed.get("friend") and placed.get("cache") else None
+
+    placed = await until(together, timeout_s=60, what="the cache and its friend bound")
+    assert placed["friend"] == placed["cache"]
+    cache_zone = "zb" if placed["cache"] == "n3" else "za"
+
+    # two gangs of 2 pods: one packed on a node as kumiki does, one whose workers repel each other
+    worker = {"role": "worker"}
+    gangs = [podgroup_object(ns, "packed", 2), podgroup_object(ns, "spread", 2)]
+    gangs += [pod(f"packed-{i}", group="packed") for i in range(2)]
+    gangs += [pod(f"spread-{i}", 1, worker, group="spread", affinity=_pod_term(True, worker)) for i in range(2)]
+    # three replicas that repel each other, created at once, and a noisy pod
+    replicas = [pod(f"web-{i}", labels={"app": "web"}, affinity=_pod_term(True, {"app": "web"})) for i in range(3)]
+    await create_all(kube, [*gangs, *replicas, pod("noisy", labels={"team": "noisy"})])
+    try:
+        await until(lambda: all_bound(kube, ns, 10), timeout_s=90, what="every pod bound")
+    except AssertionError as error:  # name what each pod got
+        states = {
+            item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item))
+            for item in await pods_in(kube, ns)
+        }
+        raise AssertionError(f"{error}: {states}") from None
+    placed = await nodes_of()
+    assert placed["packed-0"] == placed["packed-1"], placed
+    assert placed["spread-0"] != placed["spread-1"], placed
+    assert len({placed[f"web-{i}"] for i in range(3)}) == 3, placed
+    noisy_zone = "zb" if placed["noisy"] == "n3" else "za"
+    assert noisy_zone != cache_zone, placed
+
+    # two replicas that wait while every GPU is held, then are placed in the one pass that follows a release:
+    # Placement knows nothing of pod affinity between jobs and packs both on the freed node, so the binder
+    # refuses the second at its bind (the first is placed by then) and sends it again with that node barred
+    used = {name: list(placed.values()).count(name) for name in ("n1", "n2", "n3")}  # every pod has 1 GPU
+    hogs = [pod(f"hog-{name}", 8 - count, nodeSelector={core.HOSTNAME_LABEL: name}) for name, count in used.items()]
+    await create_all(kube, hogs)
+    await until(lambda: all_bound(kube, ns, 13), timeout_s=60, what="every GPU held")
+    db = [pod(f"db-{i}", labels={"app": "db"}, affinity=_pod_term(True, {"app": "db"})) for i in range(2)]
+    await create_all(kube, db)
+    await until(lambda: told(kube, ns, ["db-0", "db-1"]), timeout_s=60, what="the replicas told they wait")
+    for hog in hogs:
+        await kube.delete(Pod, hog["metadata"]["name"], namespace=ns)
+    await until(lambda: all_bound(kube, ns, 12), timeout_s=60, what="both replicas bound")
+    placed = await nodes_of()
+    assert placed["db-0"] != placed["db-1"], placed
+
+    # a pod kept off both replicas' nodes waits for the third, which is full; when a replica leaves, the lists
+    # Placement holds for it are resolved again and it takes the freed node
+    (third,) = {"n1", "n2", "n3"} - {placed["db-0"], placed["db-1"]}
+    held = list(placed.values()).count(third)
+    await create_all(kube, [pod("hog", 8 - held, nodeSelector={core.HOSTNAME_LABEL: third})])
+    await until(lambda: all_bound(kube, ns, 13), timeout_s=60, what="the third node full")
+    await create_all(kube, [pod("apart", affinity=_pod_term(True, {"app": "db"}))])
+    await until(lambda: told(kube, ns, ["apart"]), timeout_s=60, what="the pod kept apart told it waits")
+    await kube.delete(Pod, "db-0", namespace=ns)
+    await until(lambda: all_bound(kube, ns, 13), timeout_s=60, what="the pod kept apart bound")
+    assert (await nodes_of())["apart"] == placed["db-0"]
+    assert over_commits(await pods_in(kube, ns)) == []
 
 
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:

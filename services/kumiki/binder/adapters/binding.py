@@ -28,10 +28,15 @@ class Binding(BinderState):
             return
         self.busy.add(gang.job_id)
         try:
+            others = self.placed() if self.affine_pods else []  # before any of this gang's pods is assumed
+            members = [pod for pod in (self._member(gang, a.pod_index) for a in placed) if pod is not None]
             for assignment in placed:
                 node = self.nodes.get(assignment.node)
                 member = self._member(gang, assignment.pod_index)
                 refused = node.why_not or (member.rules.why_not(node) if member is not None else "") if node else ""
+                if node is not None and not refused and member is not None and self.affine_pods:
+                    # a pod placed since the gang's lists were resolved (or in the same pass) may bar the node
+                    refused = self.affinity(member, others, members).why_not(node)
                 if node is None or refused:
                     why = "gone" if node is None else refused
                     log.warning(
@@ -47,6 +52,11 @@ class Binding(BinderState):
             gang.generation = generation
             gang.bound = True
             gang.reason = ""
+            for assignment in placed:  # placed from now on for every gang's pod affinity, before any await
+                member = self._member(gang, assignment.pod_index)
+                if member is not None and not member.node:
+                    self.assumed[member.key] = assignment.node
+            self.pods_moved()
             gang.waiting_since = 0.0
             self.binding += 1
             self.quiet.clear()
@@ -87,6 +97,10 @@ class Binding(BinderState):
                 self.binding -= 1
                 if not self.binding:
                     self.quiet.set()
+            for assignment, result in zip(placed, results, strict=True):
+                member = self._member(gang, assignment.pod_index)
+                if result is not True and member is not None:
+                    self.assumed.pop(member.key, None)  # not bound: it holds no place
             failures = [result for result in results if isinstance(result, BaseException)]
             if failures:
                 log.error("bindings failed; retrying the gang", extra={"job": gang.job_id, "reason": str(failures[0])})

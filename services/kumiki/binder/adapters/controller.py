@@ -177,8 +177,12 @@ class Binder(Submissions, Eviction):
         pod = core.parse_pod(obj, known)
         if kind == "DELETED":
             self._known_pods.pop(pod.uid, None)
+            self.affine_pods.discard(pod.uid)
         elif pod.uid:
             self._known_pods[pod.uid] = pod
+            if pod.affinity:
+                self.affine_pods.add(pod.uid)
+        self._track_placed(kind, known, pod)
         gang = self._gang_for(pod)
         if kind == "DELETED":
             gang.pods.pop(pod.key, None)
@@ -206,6 +210,16 @@ class Binder(Submissions, Eviction):
             gang.generation = max(gang.generation, pod.generation_annotation)
         if previous is None or previous.phase != pod.phase or previous.node != pod.node:
             await self._check_progress(gang)
+
+    def _track_placed(self, kind: str, known: Pod | None, pod: Pod) -> None:
+        """Keep `assumed` to the Bindings the watch has not shown, and count a pod placed, moved, relabelled,
+        ended or deleted as a change to where pods are (what pod affinity is resolved against)."""
+        before = (known.node or self.assumed.get(known.key, "")) if known is not None and not known.ended else ""
+        if kind == "DELETED" or pod.node:
+            self.assumed.pop(pod.key, None)
+        now = "" if kind == "DELETED" or pod.ended else pod.node or self.assumed.get(pod.key, "")
+        if before != now or (now and known is not None and known.labels != pod.labels):
+            self.pods_moved()
 
     async def _check_progress(self, gang: Gang) -> None:
         """RUNNING once every bound pod runs; COMPLETED / FAILED (Release in Placement) once all ended."""

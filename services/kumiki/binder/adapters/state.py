@@ -17,7 +17,7 @@ from kumiki.binder.adapters import convert
 from kumiki.binder.adapters.kube import KubeApi
 from kumiki.binder.adapters.metrics import EVENTS_DROPPED
 from kumiki.binder.adapters.placement import PlacementClient
-from kumiki.binder.core import Gang, Pod
+from kumiki.binder.core import Gang, Pod, PodKey
 from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import CLUSTER_STATE
 from kumiki.common.contracts.v1 import events_pb2
@@ -104,6 +104,14 @@ class BinderState:
         self.quiet = asyncio.Event()  # set while no Bindings are being created
         self.quiet.set()
         self.busy_event_interval_s = busy_event_interval_s
+        # pod (anti-)affinity: the node of each pod this binder bound whose bound state the watch has not shown
+        # yet, the known pods that carry terms (by uid; none: nothing to resolve), a count of changes to where
+        # pods are (a queued gang's node lists resolved at an older count are looked at again), and the gangs
+        # that wait for a pod to be placed or to leave
+        self.assumed: dict[PodKey, str] = {}
+        self.affine_pods: set[str] = set()
+        self.placed_changes = 0
+        self.waiting_for_pods: set[str] = set()
 
     # ---- background tasks -----------------------------------------------------------------------------
     def _spawn(self, coroutine: Awaitable[Any]) -> None:
@@ -116,6 +124,33 @@ class BinderState:
         if not task.cancelled() and task.exception() is not None:
             log.error("binder task failed", exc_info=task.exception())
             self.wake.set()
+
+    def placed(self) -> list[core.Placed]:
+        """Every pod on a node or being bound to one, that has not ended (what pod affinity is about)."""
+        out: list[core.Placed] = []
+        for gang in self.gangs.values():
+            for pod in gang.pods.values():
+                node = pod.node or self.assumed.get(pod.key, "")
+                if node and not pod.ended:
+                    out.append(core.Placed(str(pod.key), pod.key.namespace, pod.labels, node, pod.affinity))
+        return out
+
+    def affinity(self, pod: Pod, placed: list[core.Placed], gang: list[Pod]) -> core.AffinityFilter:
+        """`pod`'s pod affinity against the placed pods; `gang`: the pods placed with it (itself may be there)."""
+        peers = [(other.key.namespace, other.labels) for other in gang if other.key != pod.key]
+        return core.affinity_filter(
+            str(pod.key), pod.key.namespace, pod.labels, pod.affinity, placed, self.nodes, peers
+        )
+
+    def pods_moved(self) -> None:
+        """A pod was placed, or left a node: node lists resolved before are stale, and the gangs that waited
+        for such a change look again."""
+        self.placed_changes += 1
+        for job_id in self.waiting_for_pods:
+            self.retry_at.pop(job_id, None)
+            self.dirty.add(job_id)
+        self.waiting_for_pods.clear()
+        self.wake.set()
 
     def touch(self, job_id: str) -> None:
         """The gang changed: look at it in the next round."""

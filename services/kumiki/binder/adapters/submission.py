@@ -76,6 +76,9 @@ class Submissions(Binding):
                         # bound by the cycle while our submission was in flight (its event found us busy)
                         self.busy.add(job_id)
                         self._spawn(self._apply(gang, gang.generation, list(logged.assignments), "cycle"))
+                    elif self._affinity_stale(gang):
+                        self.busy.add(job_id)
+                        self._spawn(self._submit(gang))
                     elif self._reason_due(gang, now):
                         self.busy.add(job_id)
                         self._spawn(self._refresh_reason(gang))
@@ -148,14 +151,28 @@ class Submissions(Binding):
                 self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
                 self.never_fit.add(gang.job_id)
                 return
+        shared = core.GangAffinity()
+        if any(pod.affinity for pod in pods):
+            shared = core.gang_affinity([(pod.key.namespace, pod.labels, pod.affinity) for pod in pods])
+            if shared.refusal:
+                await self._tell_pending(gang, pods, "InvalidRequest", shared.refusal)
+                self.retry_at[gang.job_id] = time.monotonic() + 30  # or when its pods change
+                return
         candidates = [node for node in self.nodes.values() if node.schedulable]
-        choices = [core.node_choice(pod.rules, candidates, self.capacity.tainted) for pod in pods]
+        choices, affine = self._node_choices(pods, candidates)
+        gang.affinity_choices = tuple(choices) if affine else None
+        gang.placed_seen = self.placed_changes
         for pod, choice in zip(pods, choices, strict=True):
             if choice.none_because:
-                message = f"{pod.key.name}: {choice.none_because} (nodeSelector, node affinity, tolerations)"
-                await self._tell_pending(gang, pods, "NeverFits", message)
                 self.retry_at[gang.job_id] = time.monotonic() + 30  # look again then, or when nodes change
                 self.never_fit.add(gang.job_id)
+                if affine:  # the pods it is to keep to or away from may come or go
+                    self.waiting_for_pods.add(gang.job_id)
+                    message = f"{pod.key.name}: {choice.none_because} (node rules, pod affinity and anti-affinity)"
+                    await self._tell_pending(gang, pods, "Unschedulable", message)
+                    return
+                message = f"{pod.key.name}: {choice.none_because} (nodeSelector, node affinity, tolerations)"
+                await self._tell_pending(gang, pods, "NeverFits", message)
                 return
         generation = self._generation_for(gang, pods)
         if generation is None:
@@ -170,7 +187,8 @@ class Submissions(Binding):
             for resources, choice in zip(fields["pods"], choices, strict=True)
         )
         request.min_members = fields["min_members"]
-        request.topology.CopyFrom(convert.topology_constraint(fields["topology"]))
+        request.topology.CopyFrom(convert.topology_constraint(core.gang_topology(fields["topology"], shared)))
+        request.topology.distinct_nodes = shared.distinct_nodes
         request.priority_tier = fields["priority_tier"]
         request.preemptible = fields["preemptible"]
         request.name = fields["name"]
@@ -220,8 +238,36 @@ class Submissions(Binding):
             gang.rules_note = ""
             if ruled:  # Placement looked only at the nodes the rules admit: say so, the cluster may have room
                 admitted = len(ruled[0].nodes) or len(candidates) - len(ruled[0].avoid)
-                gang.rules_note = f" (on the {admitted} of {len(candidates)} nodes its node rules admit)"
+                rules = "node rules and pod affinity" if affine else "node rules"
+                gang.rules_note = f" (on the {admitted} of {len(candidates)} nodes its {rules} admit)"
             await self._tell_pending(gang, pods, reason, message + gang.rules_note)
+
+    def _node_choices(self, pods: list[Pod], candidates: list[core.Node]) -> tuple[list[core.NodeChoice], bool]:
+        """Each pod's node rules and pod (anti-)affinity resolved against the schedulable nodes and the placed
+        pods, and whether pod affinity took part (some known pod carries terms)."""
+        assert self.capacity is not None
+        tainted = self.capacity.tainted
+        if not self.affine_pods:
+            return [core.node_choice(pod.rules, candidates, tainted) for pod in pods], False
+        placed = self.placed()
+        choices = []
+        for pod in pods:
+            affinity = self.affinity(pod, placed, pods)
+            refuse = affinity.why_not if affinity.restricts else None
+            choices.append(core.node_choice(pod.rules, candidates, tainted, refuse))
+        return choices, True
+
+    def _affinity_stale(self, gang: Gang) -> bool:
+        """A gang queued in Placement whose node lists pod affinity shaped, and pods have moved since: resolved
+        again, do they differ? (Then it is submitted again: Placement requeues it in its place with the new lists.)"""
+        if gang.affinity_choices is None or gang.placed_seen == self.placed_changes:
+            return False
+        gang.placed_seen = self.placed_changes
+        if self.capacity is None:
+            return True
+        candidates = [node for node in self.nodes.values() if node.schedulable]
+        choices, _ = self._node_choices(gang.waiting(), candidates)
+        return tuple(choices) != gang.affinity_choices
 
     def _generation_for(self, gang: Gang, pods: list[Pod]) -> int | None:
         """The generation to submit: the logged one again while it waits with the same pods (Placement answers
