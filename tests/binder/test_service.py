@@ -719,6 +719,10 @@ async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_
     await until(lambda: all_bound(kube, ns, 13), timeout_s=60, what="the pod kept apart bound")
     assert (await nodes_of())["apart"] == placed["db-0"]
     assert over_commits(await pods_in(kube, ns)) == []
+    # both ways round are counted: the replica sent back at its bind, the waiting pod's lists refreshed
+    counted = binder_metrics(processes, "kumiki_binder_gangs_sent_back", "kumiki_binder_affinity_lists_refreshed")
+    assert counted.get("kumiki_binder_gangs_sent_back_total", 0) >= 1, counted  # only why=pod_affinity here
+    assert counted.get("kumiki_binder_affinity_lists_refreshed_total", 0) >= 1, counted
 
 
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:

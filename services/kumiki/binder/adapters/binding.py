@@ -10,7 +10,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kumiki.binder import core
-from kumiki.binder.adapters.metrics import BINDS, POD_SCHEDULING_SECONDS, REPAIRS
+from kumiki.binder.adapters.metrics import BINDS, POD_SCHEDULING_SECONDS, REPAIRS, SENT_BACK
 from kumiki.binder.adapters.state import BinderState, gang_attributes, tracer
 from kumiki.binder.core import Gang, Pod
 from kumiki.common.tracing import recording
@@ -34,10 +34,12 @@ class Binding(BinderState):
                 node = self.nodes.get(assignment.node)
                 member = self._member(gang, assignment.pod_index)
                 refused = node.why_not or (member.rules.why_not(node) if member is not None else "") if node else ""
+                barred = ""
                 if node is not None and not refused and member is not None and self.affine_pods:
                     # a pod placed since the gang's lists were resolved (or in the same pass) may bar the node
-                    refused = self.affinity(member, others, members).why_not(node)
+                    barred = refused = self.affinity(member, others, members).why_not(node)
                 if node is None or refused:
+                    SENT_BACK.labels("pod_affinity" if barred else "node").inc()
                     why = "gone" if node is None else refused
                     log.warning(
                         "assigned node not schedulable; the gang goes again",

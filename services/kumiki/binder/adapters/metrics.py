@@ -27,3 +27,13 @@ REASONS_REFRESHED = Counter(
     "kumiki_binder_pending_reasons_refreshed_total",
     "Waiting gangs told a new reason by a refresh (Placement's Explain, every KUMIKI_BINDER_REASON_REFRESH_S)",
 )
+SENT_BACK = Counter(
+    "kumiki_binder_gangs_sent_back_total",
+    "Gangs refused at their bind and placed again: a node gone, cordoned or no longer admitting the pod (node), or"
+    " a pod placed meanwhile barring it by pod affinity or anti-affinity (pod_affinity)",
+    ["why"],
+)
+AFFINITY_REFRESHED = Counter(
+    "kumiki_binder_affinity_lists_refreshed_total",
+    "Gangs queued in Placement submitted again with new node lists: pods they keep to or away from moved",
+)

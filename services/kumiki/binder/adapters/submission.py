@@ -11,7 +11,7 @@ import time
 from kumiki.binder import core
 from kumiki.binder.adapters import convert
 from kumiki.binder.adapters.binding import Binding
-from kumiki.binder.adapters.metrics import BIND_SECONDS, GANGS, PENDING, REASONS_REFRESHED
+from kumiki.binder.adapters.metrics import AFFINITY_REFRESHED, BIND_SECONDS, GANGS, PENDING, REASONS_REFRESHED
 from kumiki.binder.adapters.placement import PlacementUnavailable
 from kumiki.binder.adapters.state import gang_attributes, tracer
 from kumiki.binder.core import Gang, Pod
@@ -77,6 +77,7 @@ class Submissions(Binding):
                         self.busy.add(job_id)
                         self._spawn(self._apply(gang, gang.generation, list(logged.assignments), "cycle"))
                     elif self._affinity_stale(gang):
+                        AFFINITY_REFRESHED.inc()
                         self.busy.add(job_id)
                         self._spawn(self._submit(gang))
                     elif self._reason_due(gang, now):
