@@ -75,6 +75,7 @@ def test_a_placed_pods_anti_affinity_keeps_matching_pods_out_of_its_domain() -> 
     loner = on("b1", {"app": "loner"}, anti=[term({"team": "x"}, ZONE)])
     assert admitted((), [loner], labels={"team": "x"}) == ["a1", "a2", "c1"]
     assert admitted((), [loner], labels={"team": "y"}) == list(NODES)
+    assert not affinity_filter("ns/new", "ns", {"team": "y"}, (), [loner], NODES).restricts  # nothing to tell
     assert admitted((), [loner], labels={"team": "x"}, namespace="other") == list(NODES)  # its own namespace only
 
 

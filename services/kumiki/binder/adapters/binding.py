@@ -28,8 +28,8 @@ class Binding(BinderState):
             return
         self.busy.add(gang.job_id)
         try:
-            others = self.placed() if self.affine_pods else []  # before any of this gang's pods is assumed
             members = [pod for pod in (self._member(gang, a.pod_index) for a in placed) if pod is not None]
+            others = self.placed(members) if self.affine_pods else []  # before any of this gang's is assumed
             for assignment in placed:
                 node = self.nodes.get(assignment.node)
                 member = self._member(gang, assignment.pod_index)

@@ -250,7 +250,7 @@ class Submissions(Binding):
         tainted = self.capacity.tainted
         if not self.affine_pods:
             return [core.node_choice(pod.rules, candidates, tainted) for pod in pods], False
-        placed = self.placed()
+        placed = self.placed(pods)
         choices = []
         for pod in pods:
             affinity = self.affinity(pod, placed, pods)

@@ -40,9 +40,19 @@ class PodAffinityTerm:
         """Whether the term of a pod in `owner_namespace` selects a pod in `namespace` with `labels`."""
         if self.selector is None:
             return False
-        if not self.all_namespaces and namespace not in (self.namespaces or {owner_namespace}):
-            return False
-        return all(requirement.matches(labels, "") for requirement in self.selector)
+        if not self.all_namespaces:
+            if self.namespaces:
+                if namespace not in self.namespaces:
+                    return False
+            elif namespace != owner_namespace:
+                return False
+        for requirement in self.selector:  # a loop, not all(): this runs once per placed pod per term
+            if requirement.operator == "In" and len(requirement.values) == 1:  # matchLabels
+                if labels.get(requirement.key) != requirement.values[0]:
+                    return False
+            elif not requirement.matches(labels, ""):
+                return False
+        return True
 
 
 def _selector(raw: Any, where: str) -> tuple[Requirement, ...] | None:
@@ -181,23 +191,27 @@ def affinity_filter(
     and none otherwise. A placed pod on a node without the term's topology key counts nowhere."""
     avoid: dict[str, dict[str, str]] = {}
     domains: list[dict[str, str]] = [{} for _ in terms]  # per term: topology value -> a pod that puts it there
+    indexed = list(zip(terms, domains, strict=True))
     for other in placed:
         if other.name == name:
             continue
         node = nodes.get(other.node)
         if node is None:
             continue
-        for index, term in enumerate(terms):
-            value = node.labels.get(term.topology_key)
-            if value is not None and term.selects(namespace, other.namespace, other.labels):
-                domains[index].setdefault(value, other.name)
+        node_labels = node.labels
+        for term, found in indexed:
+            value = node_labels.get(term.topology_key)
+            if value is not None and value not in found and term.selects(namespace, other.namespace, other.labels):
+                found[value] = other.name
         for term in other.terms:  # symmetry: its anti-affinity keeps this pod out of its domain
-            value = node.labels.get(term.topology_key)
-            if term.anti and value is not None and term.selects(other.namespace, namespace, labels):
-                avoid.setdefault(term.topology_key, {}).setdefault(
-                    value,
+            if not term.anti:
+                continue
+            value = node_labels.get(term.topology_key)
+            barred = avoid.setdefault(term.topology_key, {})
+            if value is not None and value not in barred and term.selects(other.namespace, namespace, labels):
+                barred[value] = (
                     f"node(s) didn't satisfy existing pods anti-affinity rules (pod {other.name} on {other.node},"
-                    f" {term.topology_key}={value})",
+                    f" {term.topology_key}={value})"
                 )
     keep: list[tuple[str, frozenset[str], str]] = []
     for term, found in zip(terms, domains, strict=True):
@@ -215,7 +229,7 @@ def affinity_filter(
             return AffinityFilter(
                 unmet=f"no placed pod matches its pod affinity term {term.where} ({_selector_text(term)})"
             )
-    return AffinityFilter(avoid, tuple(keep))
+    return AffinityFilter({key: barred for key, barred in avoid.items() if barred}, tuple(keep))
 
 
 class GangAffinity(NamedTuple):
