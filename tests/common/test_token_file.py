@@ -34,3 +34,17 @@ def test_no_token_at_the_start_names_the_option(tmp_path: Path) -> None:
     (tmp_path / "empty").write_text("  \n")
     with pytest.raises(ValueError, match=r"^--token-file: '.*empty' is empty$"):
         TokenFile(tmp_path / "empty", "--token-file")
+
+
+def test_a_recheck_interval_looks_at_the_file_at_most_that_often(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first")
+    now = [100.0]
+    token = TokenFile(path, "--token-file", recheck_s=1.0, clock=lambda: now[0])
+    replacement = tmp_path / "token.new"
+    replacement.write_text("second")
+    os.replace(replacement, path)
+    now[0] += 0.5
+    assert token.refresh() == "first"  # looked at 0.5 s ago: not again yet
+    now[0] += 0.5
+    assert token.refresh() == "second"

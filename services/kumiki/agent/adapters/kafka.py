@@ -122,12 +122,15 @@ def read_node_key(path: Path) -> bytes:
     return key
 
 
+TOKEN_RECHECK_S = 1.0  # the kubelet replaces a projected token at 80% of its life: minutes, not seconds
+
+
 def proof_headers(
     token_file: Path | None, node_key_file: Path | None
 ) -> Callable[[bytes], list[tuple[str, bytes]]] | None:
     """The producer's per-record headers that prove this node to telemetry ingest (None: no proof)."""
     if token_file is not None:
-        token = TokenFile(token_file, "--token-file")
+        token = TokenFile(token_file, "--token-file", recheck_s=TOKEN_RECHECK_S)
         return lambda value: [(AGENT_TOKEN_HEADER, token.refresh().encode())]
     if node_key_file is not None:
         key = read_node_key(node_key_file)
