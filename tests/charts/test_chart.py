@@ -655,7 +655,7 @@ def test_the_agent_audience_changes_only_telemetry_and_the_agents_and_adds_their
 def test_the_agents_key_is_mounted_into_telemetry_alone_and_read_as_the_service_reads_it(
     all_options_manifests: list[Manifest], tmp_path: Path
 ) -> None:
-    from kumiki.telemetry.adapters.agent_identity import AgentIdentity
+    from kumiki.telemetry.adapters.agent_identity import AgentIdentity, KeyGenerations
 
     mounting = [
         workload["metadata"]["name"]
@@ -670,8 +670,16 @@ def test_the_agents_key_is_mounted_into_telemetry_alone_and_read_as_the_service_
         "value"]) == ("Secret", "kumiki-telemetry-agent-key", "agents.key")  # fmt: skip
     settings = AgentIdentity.settings_from_env(env)
     assert settings is not None and settings[2] == JOB_KEY.encode()
+    # the withdrawn nodes' generations: a ConfigMap telemetry reads as it reads its file, mounted without subPath
+    generations = env["KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE"]
+    assert KeyGenerations(Path(generations)).generations == {"gpu-7": 2}
+    assert file_source(pod, pod["containers"][0], "/etc/kumiki/telemetry-key-generations/generations")[:2] == (
+        "ConfigMap", "kumiki-telemetry-key-generations")  # fmt: skip
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "telemetry-key-generations")
+    assert "subPath" not in mount  # the kubelet updates it in place: a withdrawal needs no restart
     default = named(render(), "Deployment", "kumiki-telemetry-ingest")["spec"]["template"]["spec"]
     assert "KUMIKI_TELEMETRY_AGENT_KEY_FILE" not in env_of(default["containers"][0])
+    assert "KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE" not in env_of(default["containers"][0])
 
 
 def test_the_schema_refuses_an_agent_audience_the_service_would_refuse() -> None:

@@ -50,3 +50,33 @@ def test_bad_input_exits_2_naming_the_option(
         main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_withdrawn_nodes_key_is_printed_at_its_generation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "telemetry.key"
+    key_file.write_bytes(KEY)
+    generations = tmp_path / "generations"
+    generations.write_text("gpu-1 3\n")
+    monkeypatch.setenv("KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE", str(generations))  # as telemetry reads it
+    argv = ["telemetry", "node-key", "--key-file", str(key_file)]
+    assert main([*argv, "--node", "gpu-1", "--node", "gpu-2"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"gpu-1\t{node_key(KEY, 'gpu-1', 3).decode()}",
+        f"gpu-2\t{node_key(KEY, 'gpu-2').decode()}",  # not listed: unchanged
+    ]
+    assert main([*argv, "--node", "gpu-1", "--generation", "4"]) == 0
+    assert capsys.readouterr().out == node_key(KEY, "gpu-1", 4).decode() + "\n"
+    generations.write_text("gpu-1 three\n")
+    for extra, message in (
+        ([], "--generations-file: line 1: generation of 'gpu-1' must be a whole number"),
+        (["--generations-file", str(tmp_path / "missing")], "--generations-file: cannot read"),
+        (["--generation", "-1"], "--generation: must be in [0, 1000000], got -1"),
+    ):
+        if extra and extra[0] == "--generation":
+            generations.write_text("")
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, "--node", "gpu-1", *extra])
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err

@@ -23,6 +23,17 @@ from tests.conftest import REPO_ROOT
         ("KUMIKI_TELEMETRY_AGENT_ACCOUNTS", "", {"KUMIKI_TELEMETRY_AGENT_AUDIENCE": "kumiki-telemetry"}),
         ("KUMIKI_TELEMETRY_AGENT_KEY_FILE", "/nonexistent/telemetry.key", {}),
         ("KUMIKI_TELEMETRY_AGENT_KEY_FILE", str(REPO_ROOT / "README.md") + "/no", {}),
+        ("KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE", "/nonexistent/generations", {}),  # without a key
+        (  # a key (any file of 32 bytes or more), generations that are not there
+            "KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE",
+            "/nonexistent/generations",
+            {"KUMIKI_TELEMETRY_AGENT_KEY_FILE": str(REPO_ROOT / "pyproject.toml")},
+        ),
+        (  # generations that do not parse
+            "KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE",
+            str(REPO_ROOT / "README.md"),
+            {"KUMIKI_TELEMETRY_AGENT_KEY_FILE": str(REPO_ROOT / "pyproject.toml")},
+        ),
     ],
 )
 def test_bad_setting_exits_2_with_one_line(variable: str, value: str, beside: dict[str, str]) -> None:

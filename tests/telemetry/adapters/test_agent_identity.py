@@ -174,19 +174,26 @@ async def test_outside_kubernetes_each_agent_signs_for_its_own_node_with_its_key
     try:
         telemetry_key = tmp_path / "telemetry.key"
         telemetry_key.write_text(secrets.token_hex(32))
-        keys = {}
-        for node in ("node-a", "node-b"):  # what an operator installs on each node
-            printed = subprocess.run(
-                [sys.executable, "-m", "kumiki.cli", "telemetry", "node-key", "--key-file", str(telemetry_key),
-                 "--node", node], capture_output=True, text=True, check=True, timeout=60,
-            )  # fmt: skip
-            keys[node] = tmp_path / f"{node}.key"
-            keys[node].write_text(printed.stdout)
+        generations = tmp_path / "generations"
+        generations.write_text("# <node> <generation>: the nodes whose keys were withdrawn\n")
         http_port = free_port()
         env = service_env(kafka, http_port) | {
             "KUMIKI_TELEMETRY_AGENT_KEY_FILE": str(telemetry_key),
+            "KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE": str(generations),
             "FAKE_NVML_FOLDER": str(fake_nvml_library),
         }
+
+        def installed(node: str, name: str) -> Path:
+            """What an operator installs on a node: its key as `kumiki telemetry node-key` prints it."""
+            printed = subprocess.run(
+                [sys.executable, "-m", "kumiki.cli", "telemetry", "node-key", "--node", node],
+                env=env, capture_output=True, text=True, check=True, timeout=60,
+            )  # fmt: skip
+            path = tmp_path / f"{name}.key"
+            path.write_text(printed.stdout)
+            return path
+
+        keys = {node: installed(node, node) for node in ("node-a", "node-b")}
         processes.start("telemetry", ["-m", "kumiki.telemetry"], env)
         await wait_until(lambda: ready(http_port), timeout_s=60, what=f"telemetry ready\n{processes.log('telemetry')}")
         _start_agent(processes, "agent-a", "node-a", node_a(), env, keys["node-a"], "--node-key-file")
@@ -222,6 +229,30 @@ async def test_outside_kubernetes_each_agent_signs_for_its_own_node_with_its_key
             return state is not None and [gpu.uuid for gpu in state.gpus] == [OTHER_GPU]
 
         await wait_until(node_b_taken, timeout_s=120, what=f"node-b's state\n{processes.log('agent-b')}")
+
+        # node-b's key file was copied: the operator withdraws that key alone, without restarting telemetry
+        generations.write_text("node-b 2\n")
+        withdrawn = (
+            f"{AGENT_SIGNATURE_HEADER}: does not match node 'node-b''s key of generation 2: a withdrawn key, signed"
+            " by another node's agent, or the record was changed"
+        )
+
+        async def old_key_refused() -> bool:
+            await topics.poll()
+            state = topics.latest("node-b")
+            return withdrawn in reasons() and state is not None and not state.healthy  # silent: stale
+
+        await wait_until(old_key_refused, timeout_s=120, what=f"the old key refused\n{reasons()}")
+        _start_agent(processes, "agent-b2", "node-b", node_b(), env, installed("node-b", "node-b2"), "--node-key-file")
+        await wait_until(lambda: _healthy_again(topics, "node-b"), timeout_s=120, what=f"node-b's new key\n{reasons()}")
+        latest_a = topics.latest("node-a")
+        assert latest_a is not None and latest_a.healthy  # node-a's key never changed
         assert processes.running["telemetry"].poll() is None
     finally:
         await topics._consumer.stop()
+
+
+async def _healthy_again(topics: Topics, node: str) -> bool:
+    await topics.poll()
+    state = topics.latest(node)
+    return state is not None and state.healthy and [gpu.uuid for gpu in state.gpus] == [OTHER_GPU]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kumiki.telemetry.core import (
@@ -12,6 +14,7 @@ from kumiki.telemetry.core import (
     missing_proof,
     node_key,
     parse_accounts,
+    parse_generations,
     signature,
     signature_refusal,
 )
@@ -83,3 +86,31 @@ def test_a_record_with_no_proof_names_what_telemetry_takes() -> None:
         " --token-file) or its agent's signature (the agent's --node-key-file)"
     )
     assert missing_proof("node-a", tokens=False, keys=True).startswith(f"{AGENT_SIGNATURE_HEADER}: missing: ")
+
+
+def test_a_nodes_next_generation_withdraws_its_key_alone() -> None:
+    value = b"\x0a\x06node-a\x12\x05GPU-0"
+    first, second = node_key(MASTER, "node-a"), node_key(MASTER, "node-a", 2)
+    assert node_key(MASTER, "node-a", 0) == first and len(second) == 64 and second != first
+    assert node_key(MASTER, "node-a", 2) != node_key(MASTER, "node-b", 2)
+    assert signature_refusal("node-a", value, signature(second, value), second, 2) is None
+    assert signature_refusal("node-a", value, signature(first, value), second, 2) == (
+        f"{AGENT_SIGNATURE_HEADER}: does not match node 'node-a''s key of generation 2: a withdrawn key, signed by"
+        " another node's agent, or the record was changed"
+    )
+
+
+def test_generations_parse_and_name_the_line() -> None:
+    assert parse_generations("# withdrawn keys\n\ngpu-7 2  # copied from its disk\ngpu-9 1\n") == {
+        "gpu-7": 2,
+        "gpu-9": 1,
+    }
+    assert parse_generations("") == {}
+    for text, says in (
+        ("gpu-7", "line 1: expected '<node> <generation>', got 'gpu-7'"),
+        ("gpu-7 2\ngpu-8 0", "line 2: generation of 'gpu-8' must be a whole number in [1, 1000000], got '0'"),
+        ("gpu-7 two", "got 'two'"),
+        ("gpu-7 2\ngpu-7 3", "line 2: node 'gpu-7' is listed twice"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse_generations(text, "generations")

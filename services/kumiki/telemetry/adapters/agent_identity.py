@@ -8,6 +8,9 @@ Off unless telemetry is told how agents prove their node (docs/telemetry.md, "Ag
   batch never waits on the API server for an agent it knows.
 - `KUMIKI_TELEMETRY_AGENT_KEY_FILE`: telemetry's key, from which each node's agent key is derived (agents outside
   Kubernetes); a record's signature is checked against the key of the node it names, derived once per node.
+  `KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE` lists the nodes whose keys were withdrawn, at their next
+  generation; it is looked at every `GENERATIONS_RECHECK_S` and a change takes effect without a restart (a bad
+  edit is logged and the last good list kept).
 Both may be on; a record is judged by the proof it carries. The decisions are `core.agent_refusal` (once per
 token and node in a batch) and `core.signature_refusal`.
 """
@@ -15,7 +18,9 @@ token and node in a batch) and `core.signature_refusal`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from kumiki.common.config import ConfigError, Environ, env_key
 from kumiki.common.kube_tokens import (
@@ -25,10 +30,14 @@ from kumiki.common.kube_tokens import (
     api_client_from_env,
     audience_from_env,
 )
+from kumiki.common.token_file import WatchedFile
 from kumiki.telemetry import core
+
+log = logging.getLogger(__name__)
 
 CACHE_S = 300.0  # agents present the same token on every record; the kubelet rotates it about hourly
 NODE_KEYS_KEPT = 100_000  # derived node keys kept (a record naming nodes at random cannot grow it without end)
+GENERATIONS_RECHECK_S = 5.0  # a withdrawn key stops verifying within this long of the file's change
 
 Headers = Sequence[tuple[str, bytes]]
 Claim = tuple[str, Headers, bytes]  # the node a record names, its headers, its bytes
@@ -51,6 +60,46 @@ def proof_of(token: PodToken) -> core.AgentProof:
     return core.AgentProof(pod=token.pod, account=token.account, node=token.node)
 
 
+class KeyGenerations:
+    """The node key generations file, read again when it changes (a ConfigMap the kubelet updates, a file an
+    operator edits). Unreadable or malformed at start: ConfigError naming the variable and line. Later: logged,
+    and the last good generations stand, so a bad edit never takes the agents' keys away."""
+
+    def __init__(self, path: Path, recheck_s: float = GENERATIONS_RECHECK_S) -> None:
+        self.path = path
+        self._file = WatchedFile(path, recheck_s=recheck_s)
+        self.generations: dict[str, int] = {}
+        try:
+            self.refresh(force=True)
+        except (OSError, ValueError) as error:
+            why = error.strerror if isinstance(error, OSError) else str(error)
+            raise ConfigError(f"{core.GENERATIONS_VARIABLE}: {str(path)!r}: {why}") from None
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Whether the generations changed (raises only when `force`d, at start)."""
+        try:
+            found = self._file.read_if_changed(force=force)
+            if found is None:
+                return False
+            text, version = found
+        except OSError as error:  # mid-swap, or gone: looked at again next time
+            if force:
+                raise
+            log.error("node key generations not read; the last good ones stand", extra={"reason": error.strerror})
+            return False
+        self._file.accept(version)  # a bad edit is told once, not at every look until it is mended
+        try:
+            generations = core.parse_generations(text, str(self.path))
+        except ValueError as error:
+            if force:
+                raise
+            log.error("node key generations not read; the last good ones stand", extra={"reason": str(error)})
+            return False
+        changed = generations != self.generations
+        self.generations = generations
+        return changed
+
+
 class AgentIdentity:
     """Judges a batch's records by their agents' proofs; `refusals` says which to dead-letter and why."""
 
@@ -59,16 +108,18 @@ class AgentIdentity:
         reviewer: PodTokenReviewer | None = None,
         accounts: frozenset[str] = frozenset(),
         master_key: bytes | None = None,
+        generations: KeyGenerations | None = None,
     ) -> None:
         self.reviewer = reviewer
         self.accounts = accounts
         self.master_key = master_key
-        self._node_keys: dict[str, bytes] = {}
+        self.generations = generations
+        self._node_keys: dict[str, tuple[bytes, int]] = {}
 
     @staticmethod
-    def settings_from_env(env: Environ) -> tuple[str, frozenset[str], bytes | None] | None:
-        """(audience or "", agents' accounts, telemetry's key or None); None when neither way is on. ConfigError
-        names the variable."""
+    def settings_from_env(env: Environ) -> tuple[str, frozenset[str], bytes | None, KeyGenerations | None] | None:
+        """(audience or "", agents' accounts, telemetry's key or None, the node key generations or None); None
+        when neither way is on. ConfigError names the variable."""
         audience = audience_from_env(env, core.AUDIENCE_VARIABLE)
         accounts: frozenset[str] = frozenset()
         if audience:
@@ -79,21 +130,24 @@ class AgentIdentity:
         elif env.get(core.ACCOUNTS_VARIABLE, "").strip():
             raise ConfigError(f"{core.ACCOUNTS_VARIABLE}: set with {core.AUDIENCE_VARIABLE}, not alone")
         key = env_key(env, core.KEY_VARIABLE)
+        if env.get(core.GENERATIONS_VARIABLE, "").strip() and key is None:
+            raise ConfigError(f"{core.GENERATIONS_VARIABLE}: set with {core.KEY_VARIABLE}, not alone")
         if not audience and key is None:
             return None
-        return audience, accounts, key
+        path = env.get(core.GENERATIONS_VARIABLE, "").strip()
+        return audience, accounts, key, KeyGenerations(Path(path)) if path else None
 
     @classmethod
     def from_env(cls, env: Environ) -> AgentIdentity | None:
         settings = cls.settings_from_env(env)
         if settings is None:
             return None
-        audience, accounts, key = settings
+        audience, accounts, key, generations = settings
         reviewer = None
         if audience:
             client = api_client_from_env(env, core.AUDIENCE_VARIABLE)
             reviewer = PodTokenReviewer(client, audience, cache_s=CACHE_S, revalidate_in_background=True)
-        return cls(reviewer, accounts, key)
+        return cls(reviewer, accounts, key, generations)
 
     def describe(self) -> dict[str, object]:
         """What the service logs at start."""
@@ -101,6 +155,7 @@ class AgentIdentity:
             "audience": self.reviewer.audience if self.reviewer is not None else None,
             "accounts": sorted(self.accounts),
             "node_keys": self.master_key is not None,
+            "withdrawn_node_keys": len(self.generations.generations) if self.generations is not None else 0,
         }
 
     async def close(self) -> None:
@@ -111,6 +166,8 @@ class AgentIdentity:
         """For each claim: the dead-letter reason, or None to take the record."""
         reasons: list[str | None] = [None] * len(claims)
         tokened: list[tuple[int, bytes, str]] = []  # (claim index, token, node)
+        if self.generations is not None and self.generations.refresh():
+            self._node_keys.clear()  # a node moved to its next generation: its old key signs no more
         for index, (node, headers, value) in enumerate(claims):
             signed = header(headers, core.AGENT_SIGNATURE_HEADER) if self.master_key is not None else None
             if signed is not None:
@@ -133,12 +190,13 @@ class AgentIdentity:
 
     def _signature_refusal(self, node: str, value: bytes, signed: bytes) -> str | None:
         assert self.master_key is not None
-        key = self._node_keys.get(node)
-        if key is None:
+        derived = self._node_keys.get(node)
+        if derived is None:
             if len(self._node_keys) >= NODE_KEYS_KEPT:
                 self._node_keys.clear()
-            key = self._node_keys[node] = core.node_key(self.master_key, node)
-        return core.signature_refusal(node, value, signed, key)
+            generation = self.generations.generations.get(node, 0) if self.generations is not None else 0
+            derived = self._node_keys[node] = (core.node_key(self.master_key, node, generation), generation)
+        return core.signature_refusal(node, value, signed, *derived)
 
     async def _proofs(self, tokens: set[bytes]) -> dict[bytes, core.AgentProof]:
         assert self.reviewer is not None

@@ -7,7 +7,8 @@
 - Outside Kubernetes (`KUMIKI_TELEMETRY_AGENT_KEY_FILE`), each node's agent holds its own key, derived from
   telemetry's key and the node's name (`node_key`), and signs every record's bytes (`kumiki-agent-signature`,
   HMAC-SHA256). `signature_refusal` derives the key of the node the record names and checks the signature, so
-  one node's key signs for that node only.
+  one node's key signs for that node only. A node's key is withdrawn alone by moving it to its next generation
+  (`KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE`, `parse_generations`).
 
 Either way an agent's Kafka credentials alone (which every node holds) no longer let one node speak for another.
 """
@@ -24,6 +25,8 @@ AGENT_SIGNATURE_HEADER = "kumiki-agent-signature"
 AUDIENCE_VARIABLE = "KUMIKI_TELEMETRY_AGENT_AUDIENCE"
 ACCOUNTS_VARIABLE = "KUMIKI_TELEMETRY_AGENT_ACCOUNTS"
 KEY_VARIABLE = "KUMIKI_TELEMETRY_AGENT_KEY_FILE"
+GENERATIONS_VARIABLE = "KUMIKI_TELEMETRY_AGENT_KEY_GENERATIONS_FILE"
+MAX_GENERATION = 1_000_000
 _NODE_KEY_CONTEXT = b"kumiki-agent-node\x00"  # keys for other purposes never equal a node's
 
 
@@ -77,10 +80,34 @@ def parse_accounts(text: str) -> frozenset[str]:
     return frozenset(accounts)
 
 
-def node_key(master: bytes, node: str) -> bytes:
-    """The key of one node's agent (hex, ASCII): HMAC-SHA256 of the node's name under telemetry's key. Whoever
-    holds it can sign for that node and no other; `kumiki telemetry node-key` prints it for an operator."""
-    return hmac.new(master, _NODE_KEY_CONTEXT + node.encode(), hashlib.sha256).hexdigest().encode()
+def node_key(master: bytes, node: str, generation: int = 0) -> bytes:
+    """The key of one node's agent (hex, ASCII): HMAC-SHA256 of the node's name (and its key generation, from 1)
+    under telemetry's key. Whoever holds it can sign for that node and no other; `kumiki telemetry node-key`
+    prints it for an operator. A node's next generation withdraws its key alone (`parse_generations`)."""
+    suffix = b"\x00" + str(generation).encode() if generation else b""
+    return hmac.new(master, _NODE_KEY_CONTEXT + node.encode() + suffix, hashlib.sha256).hexdigest().encode()
+
+
+def parse_generations(text: str, where: str = GENERATIONS_VARIABLE) -> dict[str, int]:
+    """Node key generations: a line `<node> <generation>` per node whose key was withdrawn (generation >= 1; a
+    node not listed is at 0), `#` comments and blank lines ignored. ValueError names the line."""
+    generations: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        at = f"{where}: line {number}"
+        if len(words) != 2:
+            raise ValueError(f"{at}: expected '<node> <generation>', got {line.strip()!r}")
+        node, raw = words
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_GENERATION:
+            raise ValueError(
+                f"{at}: generation of {node!r} must be a whole number in [1, {MAX_GENERATION}], got {raw!r}"
+            )
+        if node in generations:
+            raise ValueError(f"{at}: node {node!r} is listed twice")
+        generations[node] = int(raw)
+    return generations
 
 
 def signature(key: bytes, value: bytes) -> bytes:
@@ -88,11 +115,16 @@ def signature(key: bytes, value: bytes) -> bytes:
     return hmac.new(key, value, hashlib.sha256).hexdigest().encode()
 
 
-def signature_refusal(node: str, value: bytes, signed: bytes, key: bytes) -> str | None:
+def signature_refusal(node: str, value: bytes, signed: bytes, key: bytes, generation: int = 0) -> str | None:
     """The dead-letter reason for a record naming `node` whose bytes `value` carry `signed`, else None; `key`:
-    that node's key (`node_key`)."""
+    that node's key (`node_key`) at `generation`."""
     if hmac.compare_digest(signed, signature(key, value)):
         return None
+    if generation:
+        return (
+            f"{AGENT_SIGNATURE_HEADER}: does not match node {node!r}'s key of generation {generation}: a withdrawn"
+            " key, signed by another node's agent, or the record was changed"
+        )
     return (
         f"{AGENT_SIGNATURE_HEADER}: does not match node {node!r}'s key: signed by another node's agent, or the"
         " record was changed"
