@@ -9,6 +9,7 @@ at each submission; with pod affinity it also matches the pod's terms against th
 
 - `anti, hostname`: one anti-affinity term over every placed pod (`--placed`, spread over `--nodes`);
 - `affinity, zone`: one affinity term keeping the pod to the zones of a few placed pods;
+- `topology spread, zone`: one DoNotSchedule constraint over the zones (`binder.core.topology_spread`);
 - `symmetry only`: a pod without terms against the placed pods that carry them (a tenth of `--placed`), what
   every submission pays once any pod in the cluster has a term.
 
@@ -81,18 +82,29 @@ def main() -> None:
         core.node_choice(rules, candidates, False)
 
     def resolved(
-        pod_terms: tuple[core.PodAffinityTerm, ...], labels: dict[str, str], against: list[Placed]
+        pod_terms: tuple[core.PodAffinityTerm, ...],
+        labels: dict[str, str],
+        against: list[Placed],
+        spread: tuple[core.SpreadConstraint, ...] = (),
     ) -> Callable[[], None]:
         def run() -> None:
             found = core.affinity_filter("ns/new", "ns", labels, pod_terms, against, nodes)
+            found = found.also(core.spread_filter("ns/new", "ns", labels, spread, rules, against, nodes))
             core.node_choice(rules, candidates, False, found.why_not if found.restricts else None)
 
         return run
+
+    zone_spread = core.spread_constraints(
+        {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+                                        "labelSelector": {"matchLabels": {"app": "web-0"}}}]},
+        {"app": "web-0"},
+    )  # fmt: skip
 
     base_us = best_us(baseline, count, args.repeat)
     cases = [
         ("anti, hostname", resolved(anti_web, {"app": "web-0"}, placed), len(placed)),
         ("affinity, zone", resolved(terms("podAffinity", {"app": "web-7"}, ZONE), {}, placed), len(placed)),
+        ("topology spread, zone", resolved((), {"app": "web-0"}, placed, zone_spread), len(placed)),
         ("symmetry only", resolved((), {"app": "web-0"}, with_terms), len(with_terms)),
     ]
     print(f"{args.nodes} nodes, {args.placed} placed pods; baseline: node rules alone, {base_us:,.0f} µs a pod\n")

@@ -725,6 +725,46 @@ async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_
     assert counted.get("kumiki_binder_affinity_lists_refreshed_total", 0) >= 1, counted
 
 
+async def test_topology_spread_keeps_replicas_created_at_once_within_max_skew(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    zone_key = "topology.kubernetes.io/zone"
+    nodes = []
+    for name, zone in (("s1", "za"), ("s2", "za"), ("s3", "zb")):
+        node = node_object(name, 8)
+        node["metadata"]["labels"].update({core.HOSTNAME_LABEL: name, zone_key: zone})
+        nodes.append(node)
+    await start(processes, kube, nodes)
+    ns = await namespace(kube)
+
+    def spread(key: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = {"matchLabels": labels}
+        return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector}]
+
+    # six replicas at once, spread over the two zones: kumiki alone would pack them on one node; Placement
+    # answers them concurrently, so the lists go stale and the binds are checked again
+    web = {"app": "web"}
+    replicas = []
+    for i in range(6):
+        replica = pod_object(ns, f"web-{i}", gpus=1, labels=web)
+        replica["spec"]["topologySpreadConstraints"] = spread(zone_key, web)
+        replicas.append(replica)
+    # a gang whose workers spread over hosts: a node each
+    worker = {"role": "worker"}
+    gang: list[dict[str, Any]] = [podgroup_object(ns, "workers", 2)]
+    for i in range(2):
+        member = pod_object(ns, f"worker-{i}", gpus=1, group="workers", labels=worker)
+        member["spec"]["topologySpreadConstraints"] = spread(core.HOSTNAME_LABEL, worker)
+        gang.append(member)
+    await create_all(kube, [*replicas, *gang])
+    await until(lambda: all_bound(kube, ns, 8), timeout_s=90, what="every pod bound")
+    placed = {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
+    zones = [("zb" if placed[f"web-{i}"] == "s3" else "za") for i in range(6)]
+    assert sorted(zones) == ["za"] * 3 + ["zb"] * 3, placed
+    assert placed["worker-0"] != placed["worker-1"], placed
+    assert over_commits(await pods_in(kube, ns)) == []
+
+
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:
     await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
     ns = await namespace(kube)

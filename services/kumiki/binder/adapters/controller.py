@@ -180,7 +180,7 @@ class Binder(Submissions, Eviction):
             self.affine_pods.discard(pod.uid)
         elif pod.uid:
             self._known_pods[pod.uid] = pod
-            if pod.affinity:
+            if pod.affinity or pod.spread:
                 self.affine_pods.add(pod.uid)
         self._track_placed(kind, known, pod)
         gang = self._gang_for(pod)

@@ -153,8 +153,9 @@ class Submissions(Binding):
                 self.never_fit.add(gang.job_id)
                 return
         shared = core.GangAffinity()
-        if any(pod.affinity for pod in pods):
+        if any(pod.affinity or pod.spread for pod in pods):
             shared = core.gang_affinity([(pod.key.namespace, pod.labels, pod.affinity) for pod in pods])
+            shared = shared.also(core.gang_spread([(pod.labels, pod.spread) for pod in pods]))
             if shared.refusal:
                 await self._tell_pending(gang, pods, "InvalidRequest", shared.refusal)
                 self.retry_at[gang.job_id] = time.monotonic() + 30  # or when its pods change
@@ -169,7 +170,7 @@ class Submissions(Binding):
                 self.never_fit.add(gang.job_id)
                 if affine:  # the pods it is to keep to or away from may come or go
                     self.waiting_for_pods.add(gang.job_id)
-                    message = f"{pod.key.name}: {choice.none_because} (node rules, pod affinity and anti-affinity)"
+                    message = f"{pod.key.name}: {choice.none_because} (node rules, pod affinity, topology spread)"
                     await self._tell_pending(gang, pods, "Unschedulable", message)
                     return
                 message = f"{pod.key.name}: {choice.none_because} (nodeSelector, node affinity, tolerations)"

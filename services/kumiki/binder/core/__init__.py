@@ -15,7 +15,8 @@ One module per concept, each importing only those before it: `names` (labels, an
 `quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints),
 `node_rules` (nodeSelector, required affinity, tolerations, the nodes Placement is told), `capacity` (why a pod
 could never fit), `requests` (what a pod asks for), `pod_affinity` (required pod affinity and anti-affinity,
-resolved against the placed pods and between a gang's own pods), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
+resolved against the placed pods and between a gang's own pods), `topology_spread` (DoNotSchedule topology
+spread constraints, the same way), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
 BindRequest, a gang's outcome), `writeback` (the Binding's annotations, the PodScheduled reason).
 This package re-exports all of their public names, so `core.Name` works whichever module holds it.
 """
@@ -114,6 +115,12 @@ from kumiki.binder.core.requests import (
     time_limit_of,
     topology_of,
 )
+from kumiki.binder.core.topology_spread import (
+    SpreadConstraint,
+    gang_spread,
+    spread_constraints,
+    spread_filter,
+)
 from kumiki.binder.core.writeback import (
     PendingReason,
     PodAssignment,
@@ -169,6 +176,7 @@ __all__ = [
     "PodKey",
     "PodSpecError",
     "Requirement",
+    "SpreadConstraint",
     "Taint",
     "Toleration",
     "Topology",
@@ -179,6 +187,7 @@ __all__ = [
     "created_unix_s",
     "gang_affinity",
     "gang_outcome",
+    "gang_spread",
     "gang_topology",
     "gpu_model_name",
     "job_id_for",
@@ -197,6 +206,8 @@ __all__ = [
     "quantity",
     "reason_text",
     "same_requests",
+    "spread_constraints",
+    "spread_filter",
     "time_limit_of",
     "topology_of",
     "with_choice",

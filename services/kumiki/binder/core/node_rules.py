@@ -82,6 +82,10 @@ class NodeRules:
 
     def why_not(self, node: Node) -> str:
         """ "" when the pod may run on the node, else what excludes it (in kube-scheduler's words)."""
+        return self.selector_why_not(node) or self.taint_why_not(node)
+
+    def selector_why_not(self, node: Node) -> str:
+        """The nodeSelector and required node affinity alone (topology spread's nodeAffinityPolicy)."""
         for key, value in self.selector:
             if node.labels.get(key) != value:
                 return "node(s) didn't match Pod's node affinity/selector"
@@ -89,6 +93,10 @@ class NodeRules:
             all(requirement.matches(node.labels, node.name) for requirement in term) for term in self.terms
         ):
             return "node(s) didn't match Pod's node affinity/selector"
+        return ""
+
+    def taint_why_not(self, node: Node) -> str:
+        """The taints alone (topology spread's nodeTaintsPolicy)."""
         for taint in node.taints:
             if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in self.tolerations):
                 return f"node(s) had untolerated taint {{{taint.key}: {taint.value}}}"

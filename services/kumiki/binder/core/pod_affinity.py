@@ -46,16 +46,23 @@ class PodAffinityTerm:
                     return False
             elif namespace != owner_namespace:
                 return False
-        for requirement in self.selector:  # a loop, not all(): this runs once per placed pod per term
-            if requirement.operator == "In" and len(requirement.values) == 1:  # matchLabels
-                if labels.get(requirement.key) != requirement.values[0]:
-                    return False
-            elif not requirement.matches(labels, ""):
+        return selector_matches(self.selector, labels)
+
+
+def selector_matches(selector: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
+    """Whether a label selector selects `labels` (all its requirements; none: everything)."""
+    for requirement in selector:  # a loop, not all(): this runs once per placed pod per term
+        if requirement.operator == "In" and len(requirement.values) == 1:  # matchLabels
+            if labels.get(requirement.key) != requirement.values[0]:
                 return False
-        return True
+        elif not requirement.matches(labels, ""):
+            return False
+    return True
 
 
-def _selector(raw: Any, where: str) -> tuple[Requirement, ...] | None:
+def label_selector(raw: Any, where: str) -> tuple[Requirement, ...] | None:
+    """A metav1.LabelSelector (matchLabels, matchExpressions) as requirements, validated (PodSpecError names the
+    field); None for a missing selector, which selects nothing."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
@@ -106,7 +113,7 @@ def _term(raw: Any, anti: bool, where: str) -> PodAffinityTerm:
     return PodAffinityTerm(
         anti=anti,
         topology_key=topology_key,
-        selector=_selector(raw.get("labelSelector"), f"{where}.labelSelector"),
+        selector=label_selector(raw.get("labelSelector"), f"{where}.labelSelector"),
         namespaces=frozenset(str(name) for name in namespaces),
         all_namespaces=namespace_selector is not None,
         where=where,
@@ -153,6 +160,13 @@ class AffinityFilter:
     @property
     def restricts(self) -> bool:
         return bool(self.avoid or self.keep or self.unmet)
+
+    def also(self, other: AffinityFilter) -> AffinityFilter:
+        """Both filters at once (pod affinity and topology spread)."""
+        if not other.restricts:
+            return self
+        avoid = {key: {**self.avoid.get(key, {}), **values} for key, values in other.avoid.items()}
+        return AffinityFilter({**self.avoid, **avoid}, self.keep + other.keep, self.unmet or other.unmet)
 
     def why_not(self, node: Node) -> str:
         """ "" when the pod's pod (anti-)affinity lets it onto the node, else why not."""
@@ -239,6 +253,15 @@ class GangAffinity(NamedTuple):
     distinct_nodes: bool = False
     level: str = ""  # "node" or "rack": the pods must share one ("" none)
     refusal: str = ""
+
+    def also(self, other: GangAffinity) -> GangAffinity:
+        if self.refusal or other.refusal:
+            return GangAffinity(refusal=self.refusal or other.refusal)
+        distinct = self.distinct_nodes or other.distinct_nodes
+        level = self.level or other.level
+        if distinct and level == "node":
+            return GangAffinity(refusal="the gang's pods ask both for one node (podAffinity) and for a node each")
+        return GangAffinity(distinct, level)
 
 
 def gang_affinity(members: Sequence[tuple[str, Mapping[str, str], tuple[PodAffinityTerm, ...]]]) -> GangAffinity:

@@ -19,6 +19,7 @@ from kumiki.binder.core.node_rules import NodeRules, node_rules
 from kumiki.binder.core.pod_affinity import PodAffinityTerm, pod_affinity
 from kumiki.binder.core.quantities import PodSpecError
 from kumiki.binder.core.requests import Topology, pod_resources, time_limit_of, topology_of
+from kumiki.binder.core.topology_spread import SpreadConstraint, spread_constraints
 from kumiki.sched.jobs import PodRequest
 
 INT32_MAX = 2**31 - 1
@@ -56,6 +57,7 @@ class Pod:
     rules: NodeRules = field(default_factory=lambda: NodeRules())  # nodeSelector, node affinity, tolerations
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)  # what others' pod affinity selects
     affinity: tuple[PodAffinityTerm, ...] = ()  # required pod affinity and anti-affinity terms
+    spread: tuple[SpreadConstraint, ...] = ()  # DoNotSchedule topology spread constraints
     # forecasting features, passed to Placement in the BindRequest
     image: str = ""  # spec.containers[0].image
     command: str = ""  # spec.containers[0] command + args, space-joined, at most COMMAND_MAX_CHARS
@@ -128,16 +130,18 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     topology = Topology()
     rules = NodeRules()
     affinity: tuple[PodAffinityTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
     time_limit_s: float | None = None
     if known is not None and uid and known.uid == uid:
         resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules
-        time_limit_s, affinity = known.time_limit_s, known.affinity
+        time_limit_s, affinity, spread = known.time_limit_s, known.affinity, known.spread
     else:
         try:
             resources = pod_resources(metadata, spec)
             topology = topology_of(annotations)
             rules = node_rules(spec)
             affinity = pod_affinity(spec)
+            spread = spread_constraints(spec, labels if isinstance(labels, Mapping) else {})
             time_limit_s = time_limit_of(annotations, spec)
         except PodSpecError as error:
             invalid = str(error)
@@ -166,6 +170,7 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
         rules=rules,
         labels={str(key): str(value) for key, value in labels.items()} if isinstance(labels, Mapping) else {},
         affinity=affinity,
+        spread=spread,
         image=pod_image(spec),
         command=pod_command(spec),
         time_limit_s=time_limit_s,
