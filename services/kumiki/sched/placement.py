@@ -489,44 +489,33 @@ def place_gang(
                 return placement
     if not explain:  # hot path of a scheduling pass: the caller only needs "no"
         return PendingReason(request.job_id, "gpu", "does not fit now", request.pods[0].shape())
-    if request.required_topology and isinstance(
-        place_gang(
-            state,
+    for relaxed, resource, constraint, detail in _relaxations(request):
+        if isinstance(
+            place_gang(state, relaxed, strategy, mix=mix, excluded_nodes=excluded_nodes, explain=False), Placement
+        ):
+            return PendingReason(request.job_id, resource, constraint, request.pods[0].shape(), detail)
+    return _explain(state, request, strategy, mix, excluded_nodes)
+
+
+def _relaxations(request: GangRequest) -> list[tuple[GangRequest, str, str, str]]:
+    """The gang without each of its topology constraints, and the reason to give if it then fits."""
+    relaxed = []
+    if request.required_topology:
+        relaxed.append((
             replace(request, required_topology=""),
-            strategy,
-            mix=mix,
-            excluded_nodes=excluded_nodes,
-            explain=False,
-        ),
-        Placement,
-    ):
-        return PendingReason(
-            request.job_id,
             f"topology:{request.required_topology}",
             TOPOLOGY_UNMET[request.required_topology],
-            request.pods[0].shape(),
             "the gang fits the cluster only by spreading wider",
-        )
-    if request.distinct_nodes and isinstance(
-        place_gang(
-            state,
+        ))  # fmt: skip
+    if request.distinct_nodes:
+        relaxed.append((
             replace(request, distinct_nodes=False),
-            strategy,
-            mix=mix,
-            excluded_nodes=excluded_nodes,
-            explain=False,
-        ),
-        Placement,
-    ):
-        return PendingReason(
-            request.job_id,
             "topology:distinct_nodes",
             f"each of the {request.required} pods needs a node of its own (pod anti-affinity), and the room"
             " that fits them is on fewer nodes",
-            request.pods[0].shape(),
             "the gang fits the cluster only with pods sharing a node",
-        )
-    return _explain(state, request, strategy, mix, excluded_nodes)
+        ))  # fmt: skip
+    return relaxed
 
 
 def _explain(

@@ -34,29 +34,34 @@ def bind_command(request: placement_pb2.BindRequest) -> BindCommand:
         raise InvalidRequest("min_members", f"must be <= the number of pods ({len(request.pods)})")
     if request.topology.level not in TOPOLOGY_FROM_WIRE:
         raise InvalidRequest("topology.level", f"unknown level {request.topology.level}")
-    pods = tuple(pod_request(index, pod) for index, pod in enumerate(request.pods))
     required = TOPOLOGY_FROM_WIRE[request.topology.level] if request.topology.required else ""
-    shared = required in ("node", "nvlink_island") and (request.min_members or len(pods)) > 1
+    shared = required in ("node", "nvlink_island") and (request.min_members or len(request.pods)) > 1
     if request.topology.distinct_nodes and shared:
         raise InvalidRequest(
             "topology.distinct_nodes", f"the pods cannot each have a node of their own and share one ({required})"
         )
-    image, command_line, time_limit_s = job_feature_fields(request)
+    return _command(request, required)
+
+
+def _command(source: placement_pb2.BindRequest | events_pb2.JobLifecycle, required: str) -> BindCommand:
+    """The core command from a Bind request or the SUBMITTED event that recorded one (the same fields)."""
+    pods = tuple(pod_request(index, pod) for index, pod in enumerate(source.pods))
+    image, command_line, time_limit_s = job_feature_fields(source)
     return BindCommand(
-        job_id=request.job.job_id,
-        generation=request.job.generation,
-        queue=request.queue,
+        job_id=source.job.job_id,
+        generation=source.job.generation,
+        queue=source.queue,
         request=GangRequest(
-            request.job.job_id,
+            source.job.job_id,
             pods,
-            request.min_members,
+            source.min_members,
             required_topology=required,
-            distinct_nodes=request.topology.distinct_nodes,
+            distinct_nodes=source.topology.distinct_nodes,
         ),
-        priority_tier=request.priority_tier,
-        preemptible=request.preemptible,
-        user=request.user,
-        name=request.name,
+        priority_tier=source.priority_tier,
+        preemptible=source.preemptible,
+        user=source.user,
+        name=source.name,
         image=image,
         command_line=command_line,
         time_limit_s=time_limit_s,
@@ -194,28 +199,8 @@ def command_lifecycle(
 
 def command_from_lifecycle(event: events_pb2.JobLifecycle) -> BindCommand:
     """The bind request a lifecycle event recorded (`command_lifecycle` read back)."""
-    pods = tuple(pod_request(index, pod) for index, pod in enumerate(event.pods))
     required = TOPOLOGY_FROM_WIRE.get(event.topology.level, "") if event.topology.required else ""
-    image, command_line, time_limit_s = job_feature_fields(event)
-    return BindCommand(
-        job_id=event.job.job_id,
-        generation=event.job.generation,
-        queue=event.queue,
-        request=GangRequest(
-            event.job.job_id,
-            pods,
-            event.min_members,
-            required_topology=required,
-            distinct_nodes=event.topology.distinct_nodes,
-        ),
-        priority_tier=event.priority_tier,
-        preemptible=event.preemptible,
-        user=event.user,
-        name=event.name,
-        image=image,
-        command_line=command_line,
-        time_limit_s=time_limit_s,
-    )
+    return _command(event, required)
 
 
 def restore_from_lifecycle(event: events_pb2.JobLifecycle) -> tuple[BindCommand, list[tuple[str, PodPlacement]]]:
