@@ -245,19 +245,23 @@ class Submissions(Binding):
             await self._tell_pending(gang, pods, reason, message + gang.rules_note)
 
     def _node_choices(self, pods: list[Pod], candidates: list[core.Node]) -> tuple[list[core.NodeChoice], bool]:
-        """Each pod's node rules and pod (anti-)affinity resolved against the schedulable nodes and the placed
-        pods, and whether pod affinity took part (some known pod carries terms)."""
+        """Each pod's node rules, pod (anti-)affinity and topology spread resolved against the schedulable nodes
+        and the placed pods, and whether the placed pods shaped them (the pods have terms or constraints, or a
+        placed pod's anti-affinity restricts them): only then are they resolved again when pods move. A gang
+        that a pod placed later restricts is caught at its bind instead."""
         assert self.capacity is not None
         tainted = self.capacity.tainted
         if not self.affine_pods:
             return [core.node_choice(pod.rules, candidates, tainted) for pod in pods], False
         placed = self.placed(pods)
         choices = []
+        shaped = False
         for pod in pods:
             affinity = self.affinity(pod, placed, pods)
+            shaped = shaped or affinity.restricts or bool(pod.affinity or pod.spread)
             refuse = affinity.why_not if affinity.restricts else None
             choices.append(core.node_choice(pod.rules, candidates, tainted, refuse))
-        return choices, True
+        return choices, shaped
 
     def _affinity_stale(self, gang: Gang) -> bool:
         """A gang queued in Placement whose node lists pod affinity shaped, and pods have moved since: resolved
