@@ -622,6 +622,19 @@ async def test_taints_tolerations_node_selector_and_required_affinity(kube: Asyn
     assert over_commits(list(pods.values())) == []
 
 
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+def zoned_nodes(prefix: str) -> list[dict[str, Any]]:
+    """Three nodes of 8 GPUs with their hostname label: two in zone za, the third in zb."""
+    nodes = []
+    for index, zone in enumerate(("za", "za", "zb"), start=1):
+        node = node_object(f"{prefix}{index}", 8)
+        node["metadata"]["labels"].update({core.HOSTNAME_LABEL: f"{prefix}{index}", ZONE_LABEL: zone})
+        nodes.append(node)
+    return nodes
+
+
 def _pod_term(anti: bool, labels: dict[str, str], key: str = core.HOSTNAME_LABEL) -> dict[str, Any]:
     kind = "podAntiAffinity" if anti else "podAffinity"
     term = {"labelSelector": {"matchLabels": labels}, "topologyKey": key}
@@ -631,13 +644,7 @@ def _pod_term(anti: bool, labels: dict[str, str], key: str = core.HOSTNAME_LABEL
 async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_pods(
     kube: AsyncClient, processes: Processes
 ) -> None:
-    zone_key = "topology.kubernetes.io/zone"
-    nodes = []
-    for name, zone in (("n1", "za"), ("n2", "za"), ("n3", "zb")):
-        node = node_object(name, 8)
-        node["metadata"]["labels"].update({core.HOSTNAME_LABEL: name, zone_key: zone})
-        nodes.append(node)
-    await start(processes, kube, nodes)
+    await start(processes, kube, zoned_nodes("n"))
     ns = await namespace(kube)
 
     def pod(name: str, gpus: int = 1, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -657,7 +664,7 @@ async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_
 
     await until(friend_told, timeout_s=60, what="the friend pod told that no cache pod is placed")
     # the cache keeps pods of team noisy out of its zone (a placed pod's anti-affinity applies to newcomers)
-    cache = pod("cache", labels={"app": "cache"}, affinity=_pod_term(True, {"team": "noisy"}, zone_key))
+    cache = pod("cache", labels={"app": "cache"}, affinity=_pod_term(True, {"team": "noisy"}, ZONE_LABEL))
     await create_all(kube, [cache])
 
     async def together() -> dict[str, str] | None:
@@ -728,13 +735,7 @@ async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_
 async def test_topology_spread_keeps_replicas_created_at_once_within_max_skew(
     kube: AsyncClient, processes: Processes
 ) -> None:
-    zone_key = "topology.kubernetes.io/zone"
-    nodes = []
-    for name, zone in (("s1", "za"), ("s2", "za"), ("s3", "zb")):
-        node = node_object(name, 8)
-        node["metadata"]["labels"].update({core.HOSTNAME_LABEL: name, zone_key: zone})
-        nodes.append(node)
-    await start(processes, kube, nodes)
+    await start(processes, kube, zoned_nodes("s"))
     ns = await namespace(kube)
 
     def spread(key: str, labels: dict[str, str]) -> list[dict[str, Any]]:
@@ -747,7 +748,7 @@ async def test_topology_spread_keeps_replicas_created_at_once_within_max_skew(
     replicas = []
     for i in range(6):
         replica = pod_object(ns, f"web-{i}", gpus=1, labels=web)
-        replica["spec"]["topologySpreadConstraints"] = spread(zone_key, web)
+        replica["spec"]["topologySpreadConstraints"] = spread(ZONE_LABEL, web)
         replicas.append(replica)
     # a gang whose workers spread over hosts: a node each
     worker = {"role": "worker"}
