@@ -82,7 +82,7 @@ async def told(client: AsyncClient, ns: str, names: list[str]) -> bool:
     return all(name in pods and (condition(pods[name]) or {}).get("status") == "False" for name in names)
 
 
-async def start(processes: Processes, client: AsyncClient, nodes: list[dict[str, Any]]) -> None:
+async def start(processes: Processes, client: AsyncClient, nodes: list[dict[str, Any]], **binder_env: str) -> None:
     await create_all(client, nodes)
 
     async def ready() -> bool:
@@ -91,7 +91,7 @@ async def start(processes: Processes, client: AsyncClient, nodes: list[dict[str,
 
     await until(ready, timeout_s=60, what="KWOK to make every node Ready")
     await processes.start_placement()
-    await processes.start_binder()
+    await processes.start_binder(**binder_env)
 
 
 async def test_a_hundred_pods_with_gangs_mig_and_fractions_bind_without_over_commit(
@@ -764,6 +764,36 @@ async def test_topology_spread_keeps_replicas_created_at_once_within_max_skew(
     assert sorted(zones) == ["za"] * 3 + ["zb"] * 3, placed
     assert placed["worker-0"] != placed["worker-1"], placed
     assert over_commits(await pods_in(kube, ns)) == []
+
+
+async def test_other_schedulers_pods_count_when_the_binder_watches_them(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    await start(processes, kube, zoned_nodes("o"), KUMIKI_BINDER_OTHER_PODS="true")
+    ns = await namespace(kube)
+    # two pods another scheduler placed: a cache on o2, and a guard on o3 (zone zb) that keeps noisy pods out
+    cache = pod_object(ns, "cache", scheduler="default-scheduler", labels={"app": "cache"})
+    guard = pod_object(ns, "guard", scheduler="default-scheduler", labels={"app": "guard"})
+    cache["spec"]["nodeName"], guard["spec"]["nodeName"] = "o2", "o3"
+    guard["spec"]["affinity"] = _pod_term(True, {"team": "noisy"}, ZONE_LABEL)
+    await create_all(kube, [cache, guard])
+
+    def pod(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+        obj = pod_object(ns, name, gpus=1, labels=labels)
+        obj["spec"].update(spec)
+        return obj
+
+    await create_all(
+        kube,
+        [
+            pod("near", affinity=_pod_term(False, {"app": "cache"})),
+            pod("apart", affinity=_pod_term(True, {"app": "cache"})),
+            pod("noisy", labels={"team": "noisy"}),
+        ],
+    )
+    await until(lambda: all_bound(kube, ns, 5), timeout_s=90, what="the three kumiki pods bound")
+    placed = {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
+    assert placed["near"] == "o2" and placed["apart"] != "o2" and placed["noisy"] != "o3", placed
 
 
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:

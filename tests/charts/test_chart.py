@@ -1368,3 +1368,13 @@ def test_notes_list_every_secret_the_pods_read_with_its_keys(tmp_path: Path, val
     for secret, keys in referenced.items():
         for key in keys:
             assert re.search(rf"\b{re.escape(key)}\b", lines[secret]), f"{secret}: key {key} not in NOTES"
+
+
+def test_the_binder_counts_other_schedulers_pods_only_when_asked(all_options_manifests: list[Manifest]) -> None:
+    from kumiki.common.config import env_bool
+
+    def other_pods(manifests: list[Manifest]) -> bool:
+        container = named(manifests, "Deployment", "kumiki-binder")["spec"]["template"]["spec"]["containers"][0]
+        return env_bool({"V": env_of(container)["KUMIKI_BINDER_OTHER_PODS"]["value"]}, "V", False)
+
+    assert other_pods(all_options_manifests) and not other_pods(render())

@@ -105,6 +105,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
     concurrency = env_int(env, "KUMIKI_BINDER_CONCURRENCY", 256, minimum=1, maximum=4096)
     scheduled_events = env_bool(env, "KUMIKI_BINDER_SCHEDULED_EVENTS", True)
     reason_refresh_s = env_float(env, "KUMIKI_BINDER_REASON_REFRESH_S", 30.0, minimum=0, maximum=3600)
+    other_pods = env_bool(env, "KUMIKI_BINDER_OTHER_PODS", False)
     kubeconfig = kubeconfig_from_env(env)
     if kubeconfig is not None and not kubeconfig.is_file():
         raise ConfigError(f"KUMIKI_KUBECONFIG: no such file {kubeconfig}")
@@ -124,6 +125,7 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
         concurrency=concurrency,
         scheduled_events=scheduled_events,
         reason_refresh_s=reason_refresh_s,
+        other_pods=other_pods,
     )
     runtime.components.update(binder=binder)
     lease = (lease_namespace, lease_name, lease_s)
@@ -174,6 +176,11 @@ async def _lead(runtime: Runtime, kube: KubeApi, binder: Binder, lease: tuple[st
     pods, pods_version = await _until_answered("list pods", kube.list_pods)
     for pod in pods:
         await binder.on_pod("ADDED", pod)
+    others_version = ""
+    if binder.other_pods is not None:  # other schedulers' bound pods, for pod affinity and topology spread
+        others, others_version = await _until_answered("list other pods", lambda: kube.list_pods(others=True))
+        for pod in others:
+            await binder.on_other_pod("ADDED", pod)
     binder.reconcile()
     binder.synced.set()
     log.info("binder synced", extra={"nodes": len(nodes), "pods": len(pods), "jobs_in_log": len(binder.logged)})
@@ -187,6 +194,9 @@ async def _lead(runtime: Runtime, kube: KubeApi, binder: Binder, lease: tuple[st
     if podgroups:
         loop(_watch("podgroups", lambda: kube.watch_podgroups(groups_version), binder.on_podgroup), "watch-podgroups")
     loop(_watch("pods", lambda: kube.watch_pods(pods_version), binder.on_pod), "watch-pods")
+    if binder.other_pods is not None:
+        watch_others = _watch("other pods", lambda: kube.watch_pods(others_version, others=True), binder.on_other_pod)
+        loop(watch_others, "watch-other-pods")
     loop(binder.run_submissions(stopping), "submissions")
     loop(binder.run_events(stopping), "events")
     # preemption commands: only the leader joins the group (a standby would take partitions it cannot serve)

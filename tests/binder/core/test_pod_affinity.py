@@ -183,3 +183,22 @@ def test_gang_topology_takes_the_stricter() -> None:
     assert gang_topology(Topology("rack", True), shared) == Topology("node", True)
     assert gang_topology(Topology("nvlink_island", True), shared) == Topology("nvlink_island", True)
     assert gang_topology(Topology("rack", False), core.GangAffinity()) == Topology("rack", False)
+
+
+def test_another_schedulers_pod_is_placed_while_bound_and_not_ended() -> None:
+    obj: dict[str, Any] = {
+        "metadata": {"name": "legacy", "namespace": "ns", "labels": {"app": "cache"}},
+        "spec": {"nodeName": "a1", "affinity": {"podAntiAffinity": {REQ: [term({"team": "noisy"})]}}},
+        "status": {"phase": "Running"},
+    }
+    placed = core.placed_pod(obj)
+    assert placed is not None and (placed.name, placed.node, dict(placed.labels)) == (
+        "ns/legacy",
+        "a1",
+        {"app": "cache"},
+    )
+    assert len(placed.terms) == 1 and placed.terms[0].anti  # its anti-affinity keeps noisy pods away (symmetry)
+    assert core.placed_pod({**obj, "status": {"phase": "Succeeded"}}) is None
+    assert core.placed_pod({**obj, "spec": {}}) is None
+    unreadable = {**obj, "spec": {"nodeName": "a1", "affinity": {"podAntiAffinity": {REQ: [{"labelSelector": {}}]}}}}
+    assert core.placed_pod(unreadable) is not None and core.placed_pod(unreadable).terms == ()  # type: ignore[union-attr]

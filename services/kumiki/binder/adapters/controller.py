@@ -211,6 +211,20 @@ class Binder(Submissions, Eviction):
         if previous is None or previous.phase != pod.phase or previous.node != pod.node:
             await self._check_progress(gang)
 
+    async def on_other_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        """A bound pod of another scheduler (KUMIKI_BINDER_OTHER_PODS): counted by pod affinity and topology
+        spread while it has not ended, never scheduled here."""
+        assert self.other_pods is not None
+        placed = core.placed_pod(obj)
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        before = self.other_pods.get(uid)
+        if kind == "DELETED" or placed is None:
+            self.other_pods.pop(uid, None)
+        else:
+            self.other_pods[uid] = placed
+        if before != self.other_pods.get(uid):
+            self.pods_moved()
+
     def _track_placed(self, kind: str, known: Pod | None, pod: Pod) -> None:
         """Keep `assumed` to the Bindings the watch has not shown, and count a pod placed, moved, relabelled,
         ended or deleted as a change to where pods are (what pod affinity is resolved against)."""

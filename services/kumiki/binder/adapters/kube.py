@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import httpx2
 import msgspec
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient, KubeConfig, operators
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import EventSource, ObjectReference
@@ -132,26 +132,30 @@ class KubeApi:
             await self.lane.close()
 
     # ---- reading -------------------------------------------------------------------------------------
-    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
-        """Every pod with schedulerName kumiki, and the list's resourceVersion (to watch from)."""
-        pods = self.client.list(Pod, namespace="*", fields={"spec.schedulerName": SCHEDULER_NAME})
+    async def list_pods(self, others: bool = False) -> tuple[list[dict[str, Any]], str]:
+        """Every pod with schedulerName kumiki (`others`: every bound pod of other schedulers instead), and the
+        list's resourceVersion (to watch from)."""
+        pods = self.client.list(Pod, namespace="*", fields=_pod_fields(others))
         out = [pod.to_dict() async for pod in pods]
         return out, pods.resourceVersion if out else ""
 
-    async def watch_pods(self, resource_version: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Pods with schedulerName kumiki: pending ones (spec.nodeName empty) and bound ones' phases.
+    async def watch_pods(
+        self, resource_version: str = "", others: bool = False
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Pods with schedulerName kumiki: pending ones (spec.nodeName empty) and bound ones' phases (`others`:
+        the bound pods of other schedulers, which pod affinity and topology spread count too).
 
         One server-side field selector on the scheduler name; lightkube re-opens the watch when the server
         closes it. The caller lists first, so nothing is missed between the list and the watch."""
         if self.lane is not None:
-            selector = {"fieldSelector": f"spec.schedulerName={SCHEDULER_NAME}"}
+            selector = {"fieldSelector": _pod_field_selector(others)}
             async for kind, obj in self.lane.watch("/api/v1/pods", selector, resource_version):
                 yield kind, obj
             return
         async for kind, pod in self.client.watch(
             Pod,
             namespace="*",
-            fields={"spec.schedulerName": SCHEDULER_NAME},
+            fields=_pod_fields(others),
             resource_version=resource_version or None,
             on_error=_retry_watch,
         ):
@@ -450,3 +454,16 @@ def _unless_gone() -> Iterator[None]:
     except ApiError as error:
         if error.status.code != 404:
             raise
+
+
+def _pod_fields(others: bool) -> dict[str, Any]:
+    """The field selector of the binder's pods (schedulerName kumiki), or of other schedulers' bound pods."""
+    if not others:
+        return {"spec.schedulerName": SCHEDULER_NAME}
+    return {"spec.schedulerName": operators.not_equal(SCHEDULER_NAME), "spec.nodeName": operators.not_equal("")}
+
+
+def _pod_field_selector(others: bool) -> str:
+    if not others:
+        return f"spec.schedulerName={SCHEDULER_NAME}"
+    return f"spec.schedulerName!={SCHEDULER_NAME},spec.nodeName!="

@@ -68,6 +68,7 @@ class BinderState:
         settle_s: float = 0.5,
         busy_event_interval_s: float = 0.02,
         reason_refresh_s: float = 30.0,
+        other_pods: bool = False,
     ) -> None:
         self.kube = kube
         self.placement = placement
@@ -110,6 +111,8 @@ class BinderState:
         # that wait for a pod to be placed or to leave
         self.assumed: dict[PodKey, str] = {}
         self.affine_pods: set[str] = set()
+        # other schedulers' bound pods by uid (KUMIKI_BINDER_OTHER_PODS; None: not watched), with terms or not
+        self.other_pods: dict[str, core.Placed] | None = {} if other_pods else None
         self.placed_changes = 0
         self.waiting_for_pods: set[str] = set()
 
@@ -138,6 +141,9 @@ class BinderState:
             node = pod.node or self.assumed.get(pod.key, "")
             if node and not pod.ended:
                 out.append(core.Placed(str(pod.key), pod.key.namespace, pod.labels, node, pod.affinity))
+        if self.other_pods:
+            every = any(pod.affinity or pod.spread for pod in pods)
+            out.extend(other for other in self.other_pods.values() if every or other.terms)
         return out
 
     def affinity(self, pod: Pod, placed: list[core.Placed], gang: list[Pod]) -> core.AffinityFilter:

@@ -89,6 +89,7 @@ from kumiki.binder.core.pod_affinity import (
     affinity_filter,
     gang_affinity,
     gang_topology,
+    placed_pod,
     pod_affinity,
 )
 from kumiki.binder.core.pods import (
@@ -198,6 +199,7 @@ __all__ = [
     "parse_duration_s",
     "parse_node",
     "parse_pod",
+    "placed_pod",
     "pod_affinity",
     "pod_command",
     "pod_image",

@@ -148,6 +148,28 @@ class Placed(NamedTuple):
     terms: tuple[PodAffinityTerm, ...]
 
 
+def placed_pod(obj: Mapping[str, Any]) -> Placed | None:
+    """Another scheduler's pod as the API returns it, as a placed pod (None: unbound or ended). Terms this
+    binder cannot read (it refuses them on its own pods) are left out: its own scheduler judged them."""
+    metadata = obj.get("metadata") or {}
+    node = str((obj.get("spec") or {}).get("nodeName") or "")
+    if not node or str((obj.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed"):
+        return None
+    namespace = str(metadata.get("namespace") or "default")
+    labels = metadata.get("labels") or {}
+    try:
+        terms = tuple(term for term in pod_affinity(obj.get("spec") or {}) if term.anti)
+    except PodSpecError:
+        terms = ()
+    return Placed(
+        f"{namespace}/{metadata.get('name') or ''}",
+        namespace,
+        {str(key): str(value) for key, value in labels.items()} if isinstance(labels, Mapping) else {},
+        node,
+        terms,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AffinityFilter:
     """A pod's affinity resolved against the placed pods: topology domains it must stay out of (`avoid`: key ->
