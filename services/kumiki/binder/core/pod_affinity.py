@@ -4,7 +4,8 @@ to (`affinity_filter`, symmetric: a placed pod's anti-affinity keeps matching po
 what a gang's own pods ask of each other turned into Placement's gang constraints (`gang_affinity`: distinct
 nodes, one node, one rack), since Placement places a gang's pods together and no pod of it is placed yet.
 
-Terms are matched against the pods the binder knows: those with `schedulerName: kumiki`.
+Terms are matched against the pods the binder knows: those with `schedulerName: kumiki`, and other
+schedulers' bound pods when it watches them too (`placed_pod`, KUMIKI_BINDER_OTHER_PODS).
 """
 
 from __future__ import annotations
