@@ -202,3 +202,33 @@ def test_another_schedulers_pod_is_placed_while_bound_and_not_ended() -> None:
     assert core.placed_pod({**obj, "spec": {}}) is None
     unreadable = {**obj, "spec": {"nodeName": "a1", "affinity": {"podAntiAffinity": {REQ: [{"labelSelector": {}}]}}}}
     assert core.placed_pod(unreadable) is not None and core.placed_pod(unreadable).terms == ()  # type: ignore[union-attr]
+
+
+def test_the_spread_replicas_example_is_read_as_written() -> None:
+    """docs/examples/spread-replicas.yaml: its pod template parses with its terms and constraint, and once one
+    replica and a cache are placed, the next replica keeps to the cache's zone and off the first one's node."""
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    manifest = yaml.safe_load((REPO_ROOT / "docs" / "examples" / "spread-replicas.yaml").read_text())
+    template = manifest["spec"]["template"]
+    labels = {**template["metadata"]["labels"], "pod-template-hash": "5d9f"}  # as the ReplicaSet adds it
+    obj = {"metadata": {"name": "llm-serve-1", "namespace": "inference", "labels": labels}, "spec": template["spec"]}
+    pod = core.parse_pod(obj)
+    assert not pod.invalid and len(pod.affinity) == 2 and len(pod.spread) == 1
+    assert pod.spread[0].selects(labels) and not pod.spread[0].selects({**labels, "pod-template-hash": "old"})
+    placed = [
+        Placed("inference/cache", "inference", {"app": "model-cache"}, "a1", ()),
+        Placed("inference/llm-serve-0", "inference", labels, "a2", pod.affinity),
+    ]
+    found = affinity_filter(str(pod.key), "inference", pod.labels, pod.affinity, placed, NODES)
+    found = found.also(core.spread_filter(str(pod.key), "inference", pod.labels, pod.spread, pod.rules, placed, NODES))
+    # the cache's zone is za (a1, a2); a2 holds a replica; the spread lets za take a second replica only while
+    # no zone is emptier by more than one, and zb and zc are at 0: za is at 1, so 1 + 1 - 0 > 1 bars it too
+    assert sorted(name for name, node in NODES.items() if not found.why_not(node)) == []
+    placed.append(Placed("inference/llm-serve-2", "inference", labels, "b1", pod.affinity))
+    placed.append(Placed("inference/llm-serve-3", "inference", labels, "c1", pod.affinity))
+    found = affinity_filter(str(pod.key), "inference", pod.labels, pod.affinity, placed, NODES)
+    found = found.also(core.spread_filter(str(pod.key), "inference", pod.labels, pod.spread, pod.rules, placed, NODES))
+    assert sorted(name for name, node in NODES.items() if not found.why_not(node)) == ["a1"]
