@@ -84,26 +84,26 @@ def test_record_and_replay_together_and_reused_record_folders_are_refused(
     assert "already holds a recording" in capsys.readouterr().err
 
 
-def test_an_empty_token_file_is_refused_before_anything_starts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("option", "content", "message"),
+    [
+        ("--token-file", "\n", "--token-file: {path!r} is empty"),
+        (
+            "--node-key-file",
+            "not-a-key\n",
+            "does not hold a node key (64 hex characters, from kumiki telemetry node-key)",
+        ),
+    ],
+)
+def test_a_proof_file_that_proves_nothing_is_refused_before_anything_starts(
+    option: str, content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("\n")
+    proof = tmp_path / "proof"
+    proof.write_text(content)
     with pytest.raises(SystemExit) as exited:
-        main(["--node", "n1", "--output", "kafka", "--token-file", str(token)])
+        main(["--node", "n1", "--output", "kafka", option, str(proof)])
     assert exited.value.code == 2
-    assert f"--token-file: {str(token)!r} is empty" in capsys.readouterr().err
-
-
-def test_a_node_key_file_must_hold_what_kumiki_telemetry_node_key_prints(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    key = tmp_path / "node.key"
-    key.write_text("not-a-key\n")
-    with pytest.raises(SystemExit) as exited:
-        main(["--node", "n1", "--output", "kafka", "--node-key-file", str(key)])
-    assert exited.value.code == 2
-    assert "does not hold a node key (64 hex characters, from kumiki telemetry node-key)" in capsys.readouterr().err
+    assert message.format(path=str(proof)) in capsys.readouterr().err
 
 
 # -- loops on a fake clock ------------------------------------------------------------------------

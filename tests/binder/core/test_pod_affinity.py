@@ -222,13 +222,11 @@ def test_the_spread_replicas_example_is_read_as_written() -> None:
         Placed("inference/cache", "inference", {"app": "model-cache"}, "a1", ()),
         Placed("inference/llm-serve-0", "inference", labels, "a2", pod.affinity),
     ]
-    found = affinity_filter(str(pod.key), "inference", pod.labels, pod.affinity, placed, NODES)
-    found = found.also(core.spread_filter(str(pod.key), "inference", pod.labels, pod.spread, pod.rules, placed, NODES))
+    found = core.pod_filter(pod, placed, NODES)
     # the cache's zone is za (a1, a2); a2 holds a replica; the spread lets za take a second replica only while
     # no zone is emptier by more than one, and zb and zc are at 0: za is at 1, so 1 + 1 - 0 > 1 bars it too
     assert sorted(name for name, node in NODES.items() if not found.why_not(node)) == []
     placed.append(Placed("inference/llm-serve-2", "inference", labels, "b1", pod.affinity))
     placed.append(Placed("inference/llm-serve-3", "inference", labels, "c1", pod.affinity))
-    found = affinity_filter(str(pod.key), "inference", pod.labels, pod.affinity, placed, NODES)
-    found = found.also(core.spread_filter(str(pod.key), "inference", pod.labels, pod.spread, pod.rules, placed, NODES))
+    found = core.pod_filter(pod, placed, NODES)
     assert sorted(name for name, node in NODES.items() if not found.why_not(node)) == ["a1"]

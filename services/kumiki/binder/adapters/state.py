@@ -132,7 +132,8 @@ class BinderState:
         """The placed pods (on a node or being bound to one, not ended) that `pods`' pod affinity is resolved
         against: every one when one of `pods` has terms, else only those with terms (symmetry), found through
         `affine_pods` without a walk over every pod."""
-        if any(pod.affinity or pod.spread for pod in pods):
+        every = any(pod.affinity or pod.spread for pod in pods)
+        if every:
             candidates: Iterable[Pod] = (pod for gang in self.gangs.values() for pod in gang.pods.values())
         else:
             candidates = (pod for uid in self.affine_pods if (pod := self._known_pods.get(uid)) is not None)
@@ -142,17 +143,14 @@ class BinderState:
             if node and not pod.ended:
                 out.append(core.Placed(str(pod.key), pod.key.namespace, pod.labels, node, pod.affinity))
         if self.other_pods:
-            every = any(pod.affinity or pod.spread for pod in pods)
             out.extend(other for other in self.other_pods.values() if every or other.terms)
         return out
 
     def affinity(self, pod: Pod, placed: list[core.Placed], gang: list[Pod]) -> core.AffinityFilter:
         """`pod`'s pod affinity and topology spread against the placed pods; `gang`: the pods placed with it
         (itself may be there)."""
-        name, namespace = str(pod.key), pod.key.namespace
         peers = [(other.key.namespace, other.labels) for other in gang if other.key != pod.key]
-        found = core.affinity_filter(name, namespace, pod.labels, pod.affinity, placed, self.nodes, peers)
-        return found.also(core.spread_filter(name, namespace, pod.labels, pod.spread, pod.rules, placed, self.nodes))
+        return core.pod_filter(pod, placed, self.nodes, peers)
 
     def pods_moved(self) -> None:
         """A pod was placed, or left a node: node lists resolved before are stale, and the gangs that waited

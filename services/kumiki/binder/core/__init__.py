@@ -101,6 +101,7 @@ from kumiki.binder.core.pods import (
     job_id_for,
     parse_pod,
     pod_command,
+    pod_filter,
     pod_image,
 )
 from kumiki.binder.core.quantities import (
@@ -202,6 +203,7 @@ __all__ = [
     "placed_pod",
     "pod_affinity",
     "pod_command",
+    "pod_filter",
     "pod_image",
     "pod_requests",
     "pod_resources",

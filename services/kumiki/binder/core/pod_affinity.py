@@ -316,9 +316,7 @@ def gang_affinity(members: Sequence[tuple[str, Mapping[str, str], tuple[PodAffin
                     f" {HOSTNAME_LABEL}{'' if term.anti else ' or a rack label'} only, not {term.topology_key}"
                 )
     level = "node" if "node" in levels else "rack" if levels else ""
-    if distinct and level == "node" and len(members) > 1:
-        return GangAffinity(refusal="the gang's pods ask both for one node (podAffinity) and for a node each")
-    return GangAffinity(distinct, level)
+    return GangAffinity(distinct_nodes=distinct).also(GangAffinity(level=level))
 
 
 STRICTNESS = {"nvlink_island": 0, "node": 1, "rack": 2}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,10 +16,11 @@ from kumiki.binder.core.names import (
     QUEUE_LABEL,
 )
 from kumiki.binder.core.node_rules import NodeRules, node_rules
-from kumiki.binder.core.pod_affinity import PodAffinityTerm, pod_affinity
+from kumiki.binder.core.nodes import Node
+from kumiki.binder.core.pod_affinity import AffinityFilter, Placed, PodAffinityTerm, affinity_filter, pod_affinity
 from kumiki.binder.core.quantities import PodSpecError
 from kumiki.binder.core.requests import Topology, pod_resources, time_limit_of, topology_of
-from kumiki.binder.core.topology_spread import SpreadConstraint, spread_constraints
+from kumiki.binder.core.topology_spread import SpreadConstraint, spread_constraints, spread_filter
 from kumiki.sched.jobs import PodRequest
 
 INT32_MAX = 2**31 - 1
@@ -175,3 +176,16 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
         command=pod_command(spec),
         time_limit_s=time_limit_s,
     )
+
+
+def pod_filter(
+    pod: Pod,
+    placed: Iterable[Placed],
+    nodes: Mapping[str, Node],
+    peers: Sequence[tuple[str, Mapping[str, str]]] = (),
+) -> AffinityFilter:
+    """Where the placed pods let `pod` go: its required pod (anti-)affinity, both ways round, and its topology
+    spread constraints, at once; `peers`: (namespace, labels) of the pods of its gang placed with it."""
+    name, namespace, placed = str(pod.key), pod.key.namespace, list(placed)
+    found = affinity_filter(name, namespace, pod.labels, pod.affinity, placed, nodes, peers)
+    return found.also(spread_filter(name, namespace, pod.labels, pod.spread, pod.rules, placed, nodes))

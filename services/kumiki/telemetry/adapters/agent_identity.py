@@ -82,18 +82,13 @@ class KeyGenerations:
             if found is None:
                 return False
             text, version = found
-        except OSError as error:  # mid-swap, or gone: looked at again next time
-            if force:
-                raise
-            log.error("node key generations not read; the last good ones stand", extra={"reason": error.strerror})
-            return False
-        self._file.accept(version)  # a bad edit is told once, not at every look until it is mended
-        try:
+            self._file.accept(version)  # a bad edit is told once, not at every look until it is mended
             generations = core.parse_generations(text, str(self.path))
-        except ValueError as error:
+        except (OSError, ValueError) as error:  # an OSError (mid-swap, gone) is looked at again next time
             if force:
                 raise
-            log.error("node key generations not read; the last good ones stand", extra={"reason": str(error)})
+            reason = error.strerror if isinstance(error, OSError) else str(error)
+            log.error("node key generations not read; the last good ones stand", extra={"reason": reason})
             return False
         changed = generations != self.generations
         self.generations = generations
