@@ -16,6 +16,7 @@ from kumiki.sched.jobs import PodRequest
         PodRequest(gpus=4, cpu_milli=8000, memory_mib=65536, gpu_model="H100-80GB"),
         PodRequest(gpu_fraction=0.25, gpu_memory_gb=12.5, nodes=frozenset({"b", "a"})),
         PodRequest(mig_profile="1g.10gb", avoid_nodes=frozenset({"n3"})),
+        PodRequest(gpus=1, node_preference=(("a", -300), ("b", 200))),
     ],
 )
 def test_a_request_round_trips_through_the_wire(request_: PodRequest) -> None:
@@ -34,6 +35,8 @@ def test_a_request_round_trips_through_the_wire(request_: PodRequest) -> None:
         (common_pb2.PodResources(mig_profile="big"), "pods[3].mig_profile"),
         (common_pb2.PodResources(gpus=1, nodes=["ok", ""]), "pods[3].nodes[1]"),
         (common_pb2.PodResources(cpu_milli=2**60), "pods[3].cpu_milli"),
+        (common_pb2.PodResources(gpus=1, node_preference={"n1": 100_001}), "pods[3].node_preference[n1]"),
+        (common_pb2.PodResources(gpus=1, node_preference={"": 5}), "pods[3].node_preference"),
     ],
 )
 def test_an_invalid_request_names_its_field(message: common_pb2.PodResources, field: str) -> None:
@@ -47,3 +50,9 @@ def test_topology_levels_map_both_ways() -> None:
         if name:
             assert requests.TOPOLOGY_TO_WIRE[name] == level
     assert requests.TOPOLOGY_FROM_WIRE[common_pb2.TOPOLOGY_LEVEL_UNSPECIFIED] == ""
+
+
+def test_node_preference_on_the_wire_keeps_only_scores_that_rank() -> None:
+    # a score of 0 is what an unnamed node has: dropped, so two encodings of one preference compare equal
+    message = common_pb2.PodResources(gpus=1, node_preference={"c": -2, "a": 0, "b": 7})
+    assert requests.pod_request(0, message).node_preference == (("b", 7), ("c", -2))

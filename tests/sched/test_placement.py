@@ -404,3 +404,65 @@ def test_distinct_nodes_cannot_share_one_node():
         replace(gang("s", 2, 2), distinct_nodes=True, required_topology="node")
     lone = replace(gang("s", 2), distinct_nodes=True, required_topology="node")  # one pod: nothing to spread
     assert lone.distinct_nodes
+
+
+def prefer(pod: PodRequest, **scores: int) -> PodRequest:
+    return replace(pod, node_preference=tuple(sorted(scores.items())))
+
+
+@pytest.mark.parametrize("strategy", ["best-fit", "spread", "first-fit", "kumiki"])
+def test_a_preferred_node_that_fits_wins_over_the_strategy_choice(strategy):
+    # node 1 half full: best-fit and kumiki pack onto it, spread and first-fit take node 0; the pod prefers
+    # node 2 (and would rather not use node 1), so every strategy takes node 2
+    state = ClusterState.empty(uniform_cluster(4, 8))
+    occupy(state, "x", 1, (0, 1, 2, 3))
+    names = [node.name for node in state.spec.nodes]
+    plain = place_gang(state, GangRequest("p", (PodRequest(gpus=2),)), strategy)
+    assert isinstance(plain, Placement) and plain.nodes != (2,)
+    pod = prefer(PodRequest(gpus=2), **{names[2]: 200, names[1]: -50})
+    placed = place_gang(state, GangRequest("q", (pod,)), strategy)
+    assert isinstance(placed, Placement) and placed.nodes == (2,), placed
+    # nodes of equal score: the strategy decides between them as before
+    equal = prefer(PodRequest(gpus=2), **{names[0]: 10, names[1]: 10, names[2]: 10, names[3]: 10})
+    assert place_gang(state, GangRequest("p", (equal,)), strategy) == plain
+
+
+@pytest.mark.parametrize("strategy", ["best-fit", "spread", "first-fit", "kumiki"])
+def test_a_preference_never_makes_a_pod_wait(strategy):
+    state = ClusterState.empty(uniform_cluster(3, 8))
+    occupy(state, "x", 2, tuple(range(8)))  # the preferred node is full
+    names = [node.name for node in state.spec.nodes]
+    pod = prefer(PodRequest(gpus=4), **{names[2]: 900, names[0]: -300})
+    placed = place_gang(state, GangRequest("q", (pod,)), strategy)
+    assert isinstance(placed, Placement) and placed.nodes == (1,)  # the next best that fits, not the disliked
+
+
+@pytest.mark.parametrize("strategy", ["best-fit", "spread", "first-fit", "kumiki"])
+def test_preferences_rank_shares_mig_slices_and_cpu_pods(strategy):
+    spec = ClusterSpec(
+        tuple(
+            NodeSpec(f"n{i}", 2, gpu_memory_gb=32.0, sharing=True, cpu_milli=16000, memory_mib=65536) for i in range(3)
+        )
+        + tuple(
+            NodeSpec(f"m{i}", 1, gpu_model="A100-40GB", gpu_memory_gb=40.0, mig_gpus=frozenset({0})) for i in range(3)
+        )
+    )
+    state = ClusterState.empty(spec)
+    share = prefer(PodRequest(gpu_fraction=0.5, gpu_memory_gb=1.0), n2=5)
+    mig = prefer(PodRequest(mig_profile="1g.5gb"), m1=5)
+    cpu = prefer(PodRequest(cpu_milli=1000), n1=7)
+    for pod, name in ((share, "n2"), (mig, "m1"), (cpu, "n1")):
+        placed = place_gang(state, GangRequest("s", (pod,)), strategy)
+        assert isinstance(placed, Placement) and spec.nodes[placed.nodes[0]].name == name, (pod, placed)
+        unpreferred = place_gang(state, GangRequest("s", (replace(pod, node_preference=()),)), strategy)
+        assert isinstance(unpreferred, Placement) and spec.nodes[unpreferred.nodes[0]].name != name
+
+
+def test_a_gang_with_preferences_is_scored_node_by_node():
+    # identical empty nodes are one occupancy class; preferences tell them apart
+    state = ClusterState.empty(uniform_cluster(4, 8))
+    names = [node.name for node in state.spec.nodes]
+    pods = tuple(prefer(PodRequest(gpus=8), **{names[3]: 3, names[1]: 2}) for _ in range(2))
+    placed = place_gang(state, GangRequest("g", pods), "kumiki")
+    assert isinstance(placed, Placement) and sorted(placed.nodes) == [1, 3]
+    assert place_gang(state, GangRequest("g", pods), "kumiki", by_class=False) == placed

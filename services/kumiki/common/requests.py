@@ -25,6 +25,7 @@ TOPOLOGY_TO_WIRE = {name: level for level, name in TOPOLOGY_FROM_WIRE.items() if
 
 
 MAX_NODE_NAMES = 20_000  # a pod's node rules as names: a cluster's worth, not unbounded
+MAX_NODE_PREFERENCE = 100_000  # a preference score's bound (the binder's reach 900: four plugins, weighted)
 
 
 def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
@@ -50,6 +51,17 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
         for number, node in enumerate(names):
             if not node or len(node) > 253:
                 raise InvalidRequest(f"{where}.{name}[{number}]", "a node name of 1 to 253 characters")
+    if len(pod.node_preference) > MAX_NODE_NAMES:
+        raise InvalidRequest(
+            f"{where}.node_preference", f"at most {MAX_NODE_NAMES} nodes, got {len(pod.node_preference)}"
+        )
+    for node, score in pod.node_preference.items():
+        if not node or len(node) > 253:
+            raise InvalidRequest(f"{where}.node_preference", f"a node name of 1 to 253 characters, got {node!r}")
+        if abs(score) > MAX_NODE_PREFERENCE:
+            raise InvalidRequest(
+                f"{where}.node_preference[{node}]", f"a score within +-{MAX_NODE_PREFERENCE}, got {score}"
+            )
     try:
         return PodRequest(
             gpus=pod.gpus,
@@ -61,6 +73,7 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
             gpu_model=pod.gpu_model,
             nodes=frozenset(pod.nodes),
             avoid_nodes=frozenset(pod.avoid_nodes),
+            node_preference=tuple(sorted((node, score) for node, score in pod.node_preference.items() if score)),
         )
     except RequestError as error:
         raise InvalidRequest(where, str(error)) from None
@@ -77,4 +90,5 @@ def pod_resources(pod: PodRequest) -> common_pb2.PodResources:
         gpu_model=pod.gpu_model,
         nodes=sorted(pod.nodes),
         avoid_nodes=sorted(pod.avoid_nodes),
+        node_preference=dict(pod.node_preference),
     )

@@ -35,6 +35,9 @@ class PodRequest:
     # nodes it may use (empty: any) and nodes it must not use
     nodes: frozenset[str] = frozenset()
     avoid_nodes: frozenset[str] = frozenset()
+    # scoring hints (preferred node and pod affinity, ScheduleAnyway spread, PreferNoSchedule taints, scored by
+    # the binder): (node name, score) sorted by name, higher better, a node not named 0. Never a reason to wait.
+    node_preference: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
@@ -50,6 +53,11 @@ class PodRequest:
     @property
     def node_rules(self) -> bool:
         return bool(self.nodes or self.avoid_nodes)
+
+    @property
+    def node_by_node(self) -> bool:
+        """Whether nodes alike in occupancy may differ for this pod (its node rules or preferences)."""
+        return bool(self.nodes or self.avoid_nodes or self.node_preference)
 
     def admits(self, node_name: str) -> bool:
         """Whether the pod's node rules let it run on the node."""

@@ -91,6 +91,7 @@ class _Placer:
         # answers that depend only on a node's occupancy class or on pure inputs, kept with the state per mix
         self.memo = state.memo.setdefault(mix, {})
         self._domain_levels: list[list[int]] | None = None
+        self._preferences: dict[int, dict[str, int]] = {}  # id(pod) -> its node_preference as a dict
 
     # ---- candidates ----------------------------------------------------------------------------
     def _skip(self, node: int) -> bool:
@@ -114,9 +115,22 @@ class _Placer:
         nodes.sort()
         return nodes
 
-    def candidate_nodes(self) -> list[int]:
-        """level_nodes over every level, ascending by node index."""
-        return sorted(node for level in range(self.state.max_gpus + 1) for node in self.level_nodes(level))
+    def candidate_nodes(self, pod: PodRequest) -> list[int]:
+        """level_nodes over every level, ascending by node index; the nodes `pod` prefers first."""
+        nodes = sorted(node for level in range(self.state.max_gpus + 1) for node in self.level_nodes(level))
+        if pod.node_preference:
+            nodes.sort(key=partial(self.rank, pod=pod))  # stable: node index between equals
+        return nodes
+
+    def rank(self, node: int, pod: PodRequest) -> int:
+        """The first key of every choice: minus the score the pod's preferences give the node (0 without), so a
+        preferred node that fits wins whatever the strategy, and the strategy decides between equals."""
+        if not pod.node_preference:
+            return 0
+        scores = self._preferences.get(id(pod))
+        if scores is None:
+            scores = self._preferences[id(pod)] = dict(pod.node_preference)
+        return -scores.get(self.state.spec.nodes[node].name, 0)
 
     # ---- helpers -------------------------------------------------------------------------------
     def free_gpus(self, node: int) -> set[int]:
@@ -158,7 +172,10 @@ class _Placer:
         levels = range(need, self.state.max_gpus + 1)
         ordered = reversed(levels) if self.strategy == "spread" else levels
         found: list[tuple[int, int]] = []
-        can_stop = self.strategy in ("best-fit", "spread", "kumiki") and not self.scratch.gpus
+        # stopping early at the level the strategy likes best is sound only while no node outranks another
+        can_stop = (
+            self.strategy in ("best-fit", "spread", "kumiki") and not self.scratch.gpus and not pod.node_preference
+        )
         for level in ordered:
             for node in self.level_nodes(level):
                 free = level - len(self.scratch.gpus.get(node, ()))
@@ -198,16 +215,24 @@ class _Placer:
         if not found:
             return None
         kept = self.state.kept_for_shares  # every strategy takes these last
+        rank = partial(self.rank, pod=pod)
         if self.strategy == "spread":
-            _, node = min(found, key=lambda item: (kept[item[1]], -item[0], item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], rank(item[1]), -item[0], item[1]))
         elif self.strategy == "first-fit":
-            _, node = min(found, key=lambda item: (kept[item[1]], item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], rank(item[1]), item[1]))
         elif self.strategy == "kumiki":
             _, node = min(
-                found, key=lambda item: (kept[item[1]], not self.island_fit(item[1], pod.gpus), item[0], item[1])
+                found,
+                key=lambda item: (
+                    kept[item[1]],
+                    rank(item[1]),
+                    not self.island_fit(item[1], pod.gpus),
+                    item[0],
+                    item[1],
+                ),
             )
         else:
-            _, node = min(found, key=lambda item: (kept[item[1]], item[0], item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], rank(item[1]), item[0], item[1]))
         return PodPlacement(
             index, node, self.pick_gpus(node, pod.gpus), cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib
         )
@@ -256,11 +281,11 @@ class _Placer:
 
     def place_share(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int] | None = None
-        for node in self.candidate_nodes():
+        for node in self.candidate_nodes(pod):
             if not self.state.spec.nodes[node].sharing:
                 continue
             for prefix, gpu in self.remembered(node, ("share", pod), partial(self.share_options, node, pod)):
-                key = (*prefix, node, gpu)
+                key = (self.rank(node, pod), *prefix, node, gpu)
                 if best is None or key < best[0]:
                     best = (key, node, gpu)
                 if self.strategy == "first-fit":
@@ -305,7 +330,7 @@ class _Placer:
         mig_mix = {kind.mig_profile: kind.weight for kind in self.mix.types if kind.mig_profile}
         # The choice on one GPU depends only on its model and occupancy, which repeat across a fleet:
         # (model, occupied) -> (fragmentation cost, start) of its best free start, or None when it is full.
-        for node in self.candidate_nodes():
+        for node in self.candidate_nodes(pod):
             spec = self.state.spec.nodes[node]
             if not spec.mig_gpus:
                 continue
@@ -325,14 +350,15 @@ class _Placer:
                     continue
                 cost, start = choice
                 used = bin(occupied).count("1")
+                rank = self.rank(node, pod)
                 if self.strategy == "spread":
-                    key: tuple[float, ...] = (used, node, gpu, start)
+                    key: tuple[float, ...] = (rank, used, node, gpu, start)
                 elif self.strategy == "first-fit":
-                    key = (node, gpu, start)
+                    key = (rank, node, gpu, start)
                 elif self.strategy == "best-fit":
-                    key = (-used, node, gpu, start)
+                    key = (rank, -used, node, gpu, start)
                 else:
-                    key = (cost, -used, node, gpu, start)
+                    key = (rank, cost, -used, node, gpu, start)
                 if best is None or key < best[0]:
                     best = (key, node, gpu, start)
             if self.strategy == "first-fit" and best is not None:
@@ -370,19 +396,20 @@ class _Placer:
     # ---- CPU-only ------------------------------------------------------------------------------
     def place_cpu(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int] | None = None
-        for node in self.candidate_nodes():
+        for node in self.candidate_nodes(pod):
             if not self.host_ok(node, pod):
                 continue
             cpu = self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0)
-            if self.strategy == "first-fit":
+            if self.strategy == "first-fit":  # candidates come preferred first
                 best = ((node,), node)
                 break
+            rank = self.rank(node, pod)
             if self.strategy == "spread":
-                key: tuple[float, ...] = (-cpu, node)
+                key: tuple[float, ...] = (rank, -cpu, node)
             elif self.strategy == "best-fit":
-                key = (cpu, node)
+                key = (rank, cpu, node)
             else:  # keep CPU on GPU nodes for GPU pods: least free GPU capacity, then best-fit CPU
-                key = (sum(self.node_free_shares(node)), cpu, node)
+                key = (rank, sum(self.node_free_shares(node)), cpu, node)
             if best is None or key < best[0]:
                 best = (key, node)
         if best is None:
@@ -472,8 +499,8 @@ def place_gang(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     order = sorted(range(len(request.pods)), key=lambda i: (-request.pods[i].gpu_demand, i))
-    if by_class and any(pod.node_rules for pod in request.pods):
-        by_class = False  # nodes of one occupancy class may differ in what the pod's rules admit: score each
+    if by_class and any(pod.node_by_node for pod in request.pods):
+        by_class = False  # nodes of one occupancy class may differ in what the pod's rules admit or prefer
     distinct = request.distinct_nodes
     for domain in _domains(state, request, strategy):
         placer = _Placer(state, strategy, mix, excluded_nodes, domain, by_class=by_class, distinct=distinct)

@@ -25,25 +25,29 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kumiki/v1/common.proto\x12\tkumiki.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbd\x01\n\x0cPodResources\x12\x0c\n\x04gpus\x18\x01 \x01(\r\x12\x13\n\x0bmig_profile\x18\x02 \x01(\t\x12\x14\n\x0cgpu_fraction\x18\x03 \x01(\x01\x12\x16\n\x0egpu_memory_mib\x18\x04 \x01(\x04\x12\x11\n\tcpu_milli\x18\x05 \x01(\x04\x12\x12\n\nmemory_mib\x18\x06 \x01(\x04\x12\x11\n\tgpu_model\x18\x07 \x01(\t\x12\r\n\x05nodes\x18\x08 \x03(\t\x12\x13\n\x0b\x61void_nodes\x18\t \x03(\t\"g\n\x12TopologyConstraint\x12\'\n\x05level\x18\x01 \x01(\x0e\x32\x18.kumiki.v1.TopologyLevel\x12\x10\n\x08required\x18\x02 \x01(\x08\x12\x16\n\x0e\x64istinct_nodes\x18\x03 \x01(\x08\"n\n\rPodAssignment\x12\x11\n\tpod_index\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x03 \x03(\r\x12\x11\n\tmig_slice\x18\x04 \x01(\t\x12\x14\n\x0cgpu_fraction\x18\x05 \x01(\x01\"T\n\rPendingReason\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x12\n\nnode_shape\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\",\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"Q\n\rEntityVersion\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12/\n\x0bobserved_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x83\x01\n\rTopologyLevel\x12\x1e\n\x1aTOPOLOGY_LEVEL_UNSPECIFIED\x10\x00\x12 \n\x1cTOPOLOGY_LEVEL_NVLINK_ISLAND\x10\x01\x12\x17\n\x13TOPOLOGY_LEVEL_NODE\x10\x02\x12\x17\n\x13TOPOLOGY_LEVEL_RACK\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kumiki/v1/common.proto\x12\tkumiki.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x02\n\x0cPodResources\x12\x0c\n\x04gpus\x18\x01 \x01(\r\x12\x13\n\x0bmig_profile\x18\x02 \x01(\t\x12\x14\n\x0cgpu_fraction\x18\x03 \x01(\x01\x12\x16\n\x0egpu_memory_mib\x18\x04 \x01(\x04\x12\x11\n\tcpu_milli\x18\x05 \x01(\x04\x12\x12\n\nmemory_mib\x18\x06 \x01(\x04\x12\x11\n\tgpu_model\x18\x07 \x01(\t\x12\r\n\x05nodes\x18\x08 \x03(\t\x12\x13\n\x0b\x61void_nodes\x18\t \x03(\t\x12\x44\n\x0fnode_preference\x18\n \x03(\x0b\x32+.kumiki.v1.PodResources.NodePreferenceEntry\x1a\x35\n\x13NodePreferenceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x11:\x02\x38\x01\"g\n\x12TopologyConstraint\x12\'\n\x05level\x18\x01 \x01(\x0e\x32\x18.kumiki.v1.TopologyLevel\x12\x10\n\x08required\x18\x02 \x01(\x08\x12\x16\n\x0e\x64istinct_nodes\x18\x03 \x01(\x08\"n\n\rPodAssignment\x12\x11\n\tpod_index\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x03 \x03(\r\x12\x11\n\tmig_slice\x18\x04 \x01(\t\x12\x14\n\x0cgpu_fraction\x18\x05 \x01(\x01\"T\n\rPendingReason\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x12\n\nnode_shape\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\",\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"Q\n\rEntityVersion\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12/\n\x0bobserved_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x83\x01\n\rTopologyLevel\x12\x1e\n\x1aTOPOLOGY_LEVEL_UNSPECIFIED\x10\x00\x12 \n\x1cTOPOLOGY_LEVEL_NVLINK_ISLAND\x10\x01\x12\x17\n\x13TOPOLOGY_LEVEL_NODE\x10\x02\x12\x17\n\x13TOPOLOGY_LEVEL_RACK\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kumiki.common.contracts.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOPOLOGYLEVEL']._serialized_start=695
-  _globals['_TOPOLOGYLEVEL']._serialized_end=826
+  _globals['_PODRESOURCES_NODEPREFERENCEENTRY']._loaded_options = None
+  _globals['_PODRESOURCES_NODEPREFERENCEENTRY']._serialized_options = b'8\001'
+  _globals['_TOPOLOGYLEVEL']._serialized_start=820
+  _globals['_TOPOLOGYLEVEL']._serialized_end=951
   _globals['_PODRESOURCES']._serialized_start=71
-  _globals['_PODRESOURCES']._serialized_end=260
-  _globals['_TOPOLOGYCONSTRAINT']._serialized_start=262
-  _globals['_TOPOLOGYCONSTRAINT']._serialized_end=365
-  _globals['_PODASSIGNMENT']._serialized_start=367
-  _globals['_PODASSIGNMENT']._serialized_end=477
-  _globals['_PENDINGREASON']._serialized_start=479
-  _globals['_PENDINGREASON']._serialized_end=563
-  _globals['_JOBREF']._serialized_start=565
-  _globals['_JOBREF']._serialized_end=609
-  _globals['_ENTITYVERSION']._serialized_start=611
-  _globals['_ENTITYVERSION']._serialized_end=692
+  _globals['_PODRESOURCES']._serialized_end=385
+  _globals['_PODRESOURCES_NODEPREFERENCEENTRY']._serialized_start=332
+  _globals['_PODRESOURCES_NODEPREFERENCEENTRY']._serialized_end=385
+  _globals['_TOPOLOGYCONSTRAINT']._serialized_start=387
+  _globals['_TOPOLOGYCONSTRAINT']._serialized_end=490
+  _globals['_PODASSIGNMENT']._serialized_start=492
+  _globals['_PODASSIGNMENT']._serialized_end=602
+  _globals['_PENDINGREASON']._serialized_start=604
+  _globals['_PENDINGREASON']._serialized_end=688
+  _globals['_JOBREF']._serialized_start=690
+  _globals['_JOBREF']._serialized_end=734
+  _globals['_ENTITYVERSION']._serialized_start=736
+  _globals['_ENTITYVERSION']._serialized_end=817
 # @@protoc_insertion_point(module_scope)

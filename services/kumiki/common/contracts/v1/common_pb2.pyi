@@ -58,6 +58,26 @@ class PodResources(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class NodePreferenceEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     GPUS_FIELD_NUMBER: _builtins.int
     MIG_PROFILE_FIELD_NUMBER: _builtins.int
     GPU_FRACTION_FIELD_NUMBER: _builtins.int
@@ -67,6 +87,7 @@ class PodResources(_message.Message):
     GPU_MODEL_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     AVOID_NODES_FIELD_NUMBER: _builtins.int
+    NODE_PREFERENCE_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     """Whole GPUs for the pod (0 for a CPU-only pod or when mig_profile or gpu_fraction is set)."""
     mig_profile: _builtins.str
@@ -91,6 +112,15 @@ class PodResources(_message.Message):
     def avoid_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Nodes the pod must never run on (the shorter form of the same rules when most nodes admit it)."""
 
+    @_builtins.property
+    def node_preference(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """How much the pod would rather run on a node: its preferred node affinity, preferred pod (anti-)affinity,
+        ScheduleAnyway topology spread and the nodes' PreferNoSchedule taints, scored by the caller against the
+        nodes and pods it knows. Node name -> score, higher is better, within +-100000; a node not named scores 0.
+        Placement takes a highest-scoring node that fits; its strategy decides between nodes of equal score.
+        A preference never makes a pod wait: a node with a lower score that fits is taken when no better one does.
+        """
+
     def __init__(
         self,
         *,
@@ -103,10 +133,11 @@ class PodResources(_message.Message):
         gpu_model: _builtins.str = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
         avoid_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        node_preference: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoid_nodes", b"avoid_nodes", "cpu_milli", b"cpu_milli", "gpu_fraction", b"gpu_fraction", "gpu_memory_mib", b"gpu_memory_mib", "gpu_model", b"gpu_model", "gpus", b"gpus", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoid_nodes", b"avoid_nodes", "cpu_milli", b"cpu_milli", "gpu_fraction", b"gpu_fraction", "gpu_memory_mib", b"gpu_memory_mib", "gpu_model", b"gpu_model", "gpus", b"gpus", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "node_preference", b"node_preference", "nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
