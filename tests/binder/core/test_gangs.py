@@ -33,6 +33,8 @@ def test_gang_outcomes_and_readiness() -> None:
 def test_same_requests_ignores_node_rules_and_refuses_what_it_cannot_compare() -> None:
     logged = PodRequest(gpus=2, cpu_milli=1000, nodes=frozenset({"n1"}), avoid_nodes=frozenset({"n2"}))
     assert core.same_requests([logged], [PodRequest(gpus=2, cpu_milli=1000)])
+    preferring = PodRequest(gpus=2, cpu_milli=1000, node_preference=(("n1", 200),))
+    assert core.same_requests([preferring], [PodRequest(gpus=2, cpu_milli=1000)])
     assert not core.same_requests([logged], [PodRequest(gpus=2, cpu_milli=2000)])
     assert not core.same_requests([None], [PodRequest(gpus=2)])  # a logged request that was not one
     assert not core.same_requests([logged], [None])  # an invalid pod

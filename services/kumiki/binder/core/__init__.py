@@ -15,8 +15,10 @@ One module per concept, each importing only those before it: `names` (labels, an
 `quantities` (Kubernetes quantities, PodSpecError), `nodes` (a Node, its taints),
 `node_rules` (nodeSelector, required affinity, tolerations, the nodes Placement is told), `capacity` (why a pod
 could never fit), `requests` (what a pod asks for), `pod_affinity` (required pod affinity and anti-affinity,
-resolved against the placed pods and between a gang's own pods), `topology_spread` (DoNotSchedule topology
-spread constraints, the same way), `pods` (a Pod and `parse_pod`), `gangs` (readiness, the
+resolved against the placed pods and between a gang's own pods; preferred terms read), `topology_spread`
+(topology spread constraints; DoNotSchedule ones resolved the same way), `preferences` (preferred node and pod
+affinity, ScheduleAnyway spread and PreferNoSchedule taints as a score per node, as kube-scheduler scores),
+`pods` (a Pod, `parse_pod`, `pod_filter`, `pod_scores`), `gangs` (readiness, the
 BindRequest, a gang's outcome), `writeback` (the Binding's annotations, the PodScheduled reason).
 This package re-exports all of their public names, so `core.Name` works whichever module holds it.
 """
@@ -86,11 +88,13 @@ from kumiki.binder.core.pod_affinity import (
     GangAffinity,
     Placed,
     PodAffinityTerm,
+    WeightedTerm,
     affinity_filter,
     gang_affinity,
     gang_topology,
     placed_pod,
     pod_affinity,
+    preferred_terms,
 )
 from kumiki.binder.core.pods import (
     COMMAND_MAX_CHARS,
@@ -103,6 +107,12 @@ from kumiki.binder.core.pods import (
     pod_command,
     pod_filter,
     pod_image,
+    pod_scores,
+)
+from kumiki.binder.core.preferences import (
+    Preferences,
+    node_scores,
+    preferences,
 )
 from kumiki.binder.core.quantities import (
     MIB,
@@ -177,11 +187,13 @@ __all__ = [
     "PodAssignment",
     "PodKey",
     "PodSpecError",
+    "Preferences",
     "Requirement",
     "SpreadConstraint",
     "Taint",
     "Toleration",
     "Topology",
+    "WeightedTerm",
     "affinity_filter",
     "assignment_annotations",
     "bind_request_fields",
@@ -196,6 +208,7 @@ __all__ = [
     "never_fits",
     "node_choice",
     "node_rules",
+    "node_scores",
     "node_taints",
     "parse_duration_s",
     "parse_node",
@@ -207,6 +220,9 @@ __all__ = [
     "pod_image",
     "pod_requests",
     "pod_resources",
+    "pod_scores",
+    "preferences",
+    "preferred_terms",
     "quantity",
     "reason_text",
     "same_requests",

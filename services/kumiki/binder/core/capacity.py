@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kumiki.binder.core.nodes import BLOCKING_EFFECTS, Node
+from kumiki.binder.core.nodes import BLOCKING_EFFECTS, PREFER_NO_SCHEDULE, Node
 from kumiki.sched.jobs import PodRequest
 
 
@@ -27,6 +27,7 @@ class ClusterCapacity:
     cpu_milli: int
     memory_mib: int
     tainted: bool = False  # some node has a NoSchedule / NoExecute taint: every pod's rules must be checked
+    prefer_tainted: bool = False  # some node has a PreferNoSchedule taint: every pod's nodes are scored
 
     @classmethod
     def of(cls, nodes: Iterable[Node]) -> ClusterCapacity:
@@ -40,6 +41,7 @@ class ClusterCapacity:
             cpu_milli=max((node.cpu_milli for node in candidates), default=0),
             memory_mib=max((node.memory_mib for node in candidates), default=0),
             tainted=any(taint.effect in BLOCKING_EFFECTS for node in candidates for taint in node.taints),
+            prefer_tainted=any(taint.effect == PREFER_NO_SCHEDULE for node in candidates for taint in node.taints),
         )
 
     def never_fits(self, resources: PodRequest) -> str:

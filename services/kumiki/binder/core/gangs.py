@@ -91,15 +91,16 @@ def bind_request_fields(gang: Gang, pods: Sequence[Pod]) -> dict[str, Any]:
 
 
 def same_requests(logged: Sequence[PodRequest | None], pods: Sequence[PodRequest | None]) -> bool:
-    """Whether Placement's logged request asks for what these pods ask for (node rules aside: they are
-    resolved against the nodes of the moment and change with them). None: a request that could not be read."""
+    """Whether Placement's logged request asks for what these pods ask for (node rules and preferences aside:
+    they are resolved against the nodes and pods of the moment and change with them). None: a request that could
+    not be read."""
     if len(logged) != len(pods):
         return False
     for before, now in zip(logged, pods, strict=True):
         if before is None or now is None:
             return False
-        if before.node_rules:
-            before = replace(before, nodes=frozenset(), avoid_nodes=frozenset())
+        if before.node_by_node:
+            before = replace(before, nodes=frozenset(), avoid_nodes=frozenset(), node_preference=())
         if before != now:
             return False
     return True

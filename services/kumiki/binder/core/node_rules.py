@@ -103,6 +103,33 @@ class NodeRules:
         return ""
 
 
+def node_selector_term(raw: Any, where: str) -> tuple[Requirement, ...]:
+    """A NodeSelectorTerm (required or preferred node affinity) as requirements, all of which must hold;
+    validated (PodSpecError names the field)."""
+    if not isinstance(raw, Mapping):
+        raise PodSpecError(where, "must be a node selector term")
+    requirements: list[Requirement] = []
+    for kind, is_field in (("matchExpressions", False), ("matchFields", True)):
+        expressions = raw.get(kind) or []
+        if not isinstance(expressions, list):
+            raise PodSpecError(f"{where}.{kind}", "must be a list")
+        for r, expression in enumerate(expressions):
+            at = f"{where}.{kind}[{r}]"
+            if not isinstance(expression, Mapping):
+                raise PodSpecError(at, "must be a node selector requirement")
+            operator = str(expression.get("operator") or "")
+            if operator not in NODE_OPERATORS:
+                raise PodSpecError(f"{at}.operator", f"expected one of {', '.join(NODE_OPERATORS)}, got {operator!r}")
+            key = str(expression.get("key") or "")
+            if is_field and key != "metadata.name":
+                raise PodSpecError(f"{at}.key", "matchFields supports only metadata.name")
+            values = expression.get("values") or []
+            if not isinstance(values, list):
+                raise PodSpecError(f"{at}.values", "must be a list")
+            requirements.append(Requirement(key, operator, tuple(str(value) for value in values), is_field))
+    return tuple(requirements)
+
+
 def node_rules(spec: Mapping[str, Any]) -> NodeRules:
     """A pod's nodeSelector, required node affinity and tolerations, validated (PodSpecError names the field)."""
     selector = spec.get("nodeSelector") or {}
@@ -113,20 +140,8 @@ def node_rules(spec: Mapping[str, Any]) -> NodeRules:
     terms: list[tuple[Requirement, ...]] = []
     affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED_AFFINITY) or {}
     for t, term in enumerate(affinity.get("nodeSelectorTerms") or []):
-        requirements: list[Requirement] = []
-        for kind, is_field in (("matchExpressions", False), ("matchFields", True)):
-            for r, expression in enumerate((term or {}).get(kind) or []):
-                where = f"spec.affinity.nodeAffinity.{REQUIRED_AFFINITY}.nodeSelectorTerms[{t}].{kind}[{r}]"
-                operator = str(expression.get("operator") or "")
-                if operator not in NODE_OPERATORS:
-                    raise PodSpecError(
-                        f"{where}.operator", f"expected one of {', '.join(NODE_OPERATORS)}, got {operator!r}"
-                    )
-                values = tuple(str(value) for value in expression.get("values") or [])
-                if is_field and str(expression.get("key") or "") != "metadata.name":
-                    raise PodSpecError(f"{where}.key", "matchFields supports only metadata.name")
-                requirements.append(Requirement(str(expression.get("key") or ""), operator, values, is_field))
-        terms.append(tuple(requirements))
+        where = f"spec.affinity.nodeAffinity.{REQUIRED_AFFINITY}.nodeSelectorTerms[{t}]"
+        terms.append(node_selector_term(term or {}, where))
     tolerations = tuple(
         Toleration(
             str(item.get("key") or ""),
@@ -150,6 +165,7 @@ class NodeChoice:
     nodes: tuple[str, ...] = ()
     avoid: tuple[str, ...] = ()
     none_because: str = ""
+    prefer: tuple[tuple[str, int], ...] = ()  # (node, score) sorted by node: the pod's scoring hints (preferences)
 
 
 def node_choice(
@@ -179,11 +195,13 @@ def node_choice(
 
 
 def with_choice(resources: PodRequest, choice: NodeChoice) -> PodRequest:
-    """The pod's request as Placement gets it: its resources and its node rules as node names."""
-    if not choice.nodes and not choice.avoid:
+    """The pod's request as Placement gets it: its resources, its node rules as node names and its preferences
+    as node scores."""
+    if not choice.nodes and not choice.avoid and not choice.prefer:
         return resources
     return replace(
         resources,
         nodes=resources.nodes | frozenset(choice.nodes),
         avoid_nodes=resources.avoid_nodes | frozenset(choice.avoid),
+        node_preference=choice.prefer or resources.node_preference,
     )

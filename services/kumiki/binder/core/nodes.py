@@ -20,6 +20,7 @@ from kumiki.binder.core.names import (
 from kumiki.binder.core.quantities import MIB, PodSpecError, quantity
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule is a preference: never a reason to refuse
+PREFER_NO_SCHEDULE = "PreferNoSchedule"  # lowers the score of a node for pods that do not tolerate it
 
 
 @dataclass(frozen=True, slots=True)

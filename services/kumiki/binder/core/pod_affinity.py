@@ -5,7 +5,8 @@ what a gang's own pods ask of each other turned into Placement's gang constraint
 nodes, one node, one rack), since Placement places a gang's pods together and no pod of it is placed yet.
 
 Terms are matched against the pods the binder knows: those with `schedulerName: kumiki`, and other
-schedulers' bound pods when it watches them too (`placed_pod`, KUMIKI_BINDER_OTHER_PODS).
+schedulers' bound pods when it watches them too (`placed_pod`, KUMIKI_BINDER_OTHER_PODS). Preferred terms
+(`preferred_terms`, `WeightedTerm`) are read here too, since a placed pod carries them, and scored in `preferences`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kumiki.binder.core.quantities import PodSpecError
 from kumiki.binder.core.requests import Topology
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 KINDS = (("podAffinity", False), ("podAntiAffinity", True))
@@ -28,7 +30,7 @@ KINDS = (("podAffinity", False), ("podAntiAffinity", True))
 
 @dataclass(frozen=True, slots=True)
 class PodAffinityTerm:
-    """One required term: the pods it selects (labels, namespaces) and the topology domain it is about."""
+    """One term: the pods it selects (labels, namespaces) and the topology domain it is about."""
 
     anti: bool
     topology_key: str
@@ -121,22 +123,60 @@ def _term(raw: Any, anti: bool, where: str) -> PodAffinityTerm:
     )
 
 
-def pod_affinity(spec: Mapping[str, Any]) -> tuple[PodAffinityTerm, ...]:
-    """A pod's required podAffinity and podAntiAffinity terms, validated (PodSpecError names the field).
-    Preferred terms are scoring hints and not read."""
+def _blocks(spec: Mapping[str, Any], which: str) -> list[tuple[bool, str, list[Any]]]:
+    """(anti, field path, raw terms) of podAffinity and podAntiAffinity's `which` list, the shapes validated."""
     affinity = spec.get("affinity") or {}
     if not isinstance(affinity, Mapping):
         raise PodSpecError("spec.affinity", "must be an object")
-    terms: list[PodAffinityTerm] = []
+    found: list[tuple[bool, str, list[Any]]] = []
     for kind, anti in KINDS:
         block = affinity.get(kind) or {}
         if not isinstance(block, Mapping):
             raise PodSpecError(f"spec.affinity.{kind}", "must be an object")
-        required = block.get(REQUIRED) or []
-        if not isinstance(required, list):
-            raise PodSpecError(f"spec.affinity.{kind}.{REQUIRED}", "must be a list of terms")
-        terms.extend(_term(raw, anti, f"spec.affinity.{kind}.{REQUIRED}[{t}]") for t, raw in enumerate(required))
-    return tuple(terms)
+        raw = block.get(which) or []
+        if not isinstance(raw, list):
+            raise PodSpecError(f"spec.affinity.{kind}.{which}", "must be a list of terms")
+        found.append((anti, f"spec.affinity.{kind}.{which}", raw))
+    return found
+
+
+def pod_affinity(spec: Mapping[str, Any]) -> tuple[PodAffinityTerm, ...]:
+    """A pod's required podAffinity and podAntiAffinity terms, validated (PodSpecError names the field).
+    Preferred terms are scoring hints, read by `preferred_terms` (for `preferences`)."""
+    return tuple(
+        _term(raw, anti, f"{where}[{t}]")
+        for anti, where, terms in _blocks(spec, REQUIRED)
+        for t, raw in enumerate(terms)
+    )
+
+
+class WeightedTerm(NamedTuple):
+    """A preferred pod (anti-)affinity term: scores `weight` for (affinity) or against (anti) a node."""
+
+    weight: int
+    term: PodAffinityTerm
+
+
+def term_weight(raw: Any, where: str) -> int:
+    """A preferred term's weight: a whole number 1-100, as the API server allows."""
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 100:
+        raise PodSpecError(where, f"must be 1-100, got {raw!r}")
+    return raw
+
+
+def preferred_terms(spec: Mapping[str, Any]) -> tuple[WeightedTerm, ...]:
+    """A pod's preferred podAffinity and podAntiAffinity terms, validated (PodSpecError names the field)."""
+    weighted: list[WeightedTerm] = []
+    for anti, where, terms in _blocks(spec, PREFERRED):
+        for t, raw in enumerate(terms):
+            at = f"{where}[{t}]"
+            if not isinstance(raw, Mapping):
+                raise PodSpecError(at, "must be a weighted pod affinity term")
+            weight = term_weight(raw.get("weight"), f"{at}.weight")
+            if raw.get("podAffinityTerm") is None:
+                raise PodSpecError(f"{at}.podAffinityTerm", "required")
+            weighted.append(WeightedTerm(weight, _term(raw["podAffinityTerm"], anti, f"{at}.podAffinityTerm")))
+    return tuple(weighted)
 
 
 class Placed(NamedTuple):
@@ -146,12 +186,15 @@ class Placed(NamedTuple):
     namespace: str
     labels: Mapping[str, str]
     node: str
-    terms: tuple[PodAffinityTerm, ...]
+    terms: tuple[PodAffinityTerm, ...]  # required ones (another scheduler's pod: only anti-affinity)
+    preferred: tuple[WeightedTerm, ...] = ()  # scored: symmetry of preferred (anti-)affinity
 
 
 def placed_pod(obj: Mapping[str, Any]) -> Placed | None:
     """Another scheduler's pod as the API returns it, as a placed pod (None: unbound or ended). Terms this
-    binder cannot read (it refuses them on its own pods) are left out: its own scheduler judged them."""
+    binder cannot read (it refuses them on its own pods) are left out: its own scheduler judged them. Of its
+    required terms only anti-affinity is kept (all the filter's symmetry needs); its preferred ones are kept for
+    scoring, which counts them both ways round."""
     metadata = obj.get("metadata") or {}
     node = str((obj.get("spec") or {}).get("nodeName") or "")
     if not node or str((obj.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed"):
@@ -162,12 +205,17 @@ def placed_pod(obj: Mapping[str, Any]) -> Placed | None:
         terms = tuple(term for term in pod_affinity(obj.get("spec") or {}) if term.anti)
     except PodSpecError:
         terms = ()
+    try:
+        preferred = preferred_terms(obj.get("spec") or {})
+    except PodSpecError:
+        preferred = ()
     return Placed(
         f"{namespace}/{metadata.get('name') or ''}",
         namespace,
         {str(key): str(value) for key, value in labels.items()} if isinstance(labels, Mapping) else {},
         node,
         terms,
+        preferred,
     )
 
 

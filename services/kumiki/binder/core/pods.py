@@ -1,5 +1,6 @@
-"""A pod as the binder keeps it: its key, gang, phase, validated request, node rules and forecasting features
-(`parse_pod`)."""
+"""A pod as the binder keeps it: its key, gang, phase, validated request, node rules, scoring preferences and
+forecasting features (`parse_pod`); where the placed pods let it go (`pod_filter`) and how they score the nodes
+for it (`pod_scores`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kumiki.binder.core.names import (
 from kumiki.binder.core.node_rules import NodeRules, node_rules
 from kumiki.binder.core.nodes import Node
 from kumiki.binder.core.pod_affinity import AffinityFilter, Placed, PodAffinityTerm, affinity_filter, pod_affinity
+from kumiki.binder.core.preferences import Preferences, node_scores, preferences
 from kumiki.binder.core.quantities import PodSpecError
 from kumiki.binder.core.requests import Topology, pod_resources, time_limit_of, topology_of
 from kumiki.binder.core.topology_spread import SpreadConstraint, spread_constraints, spread_filter
@@ -59,6 +61,7 @@ class Pod:
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)  # what others' pod affinity selects
     affinity: tuple[PodAffinityTerm, ...] = ()  # required pod affinity and anti-affinity terms
     spread: tuple[SpreadConstraint, ...] = ()  # DoNotSchedule topology spread constraints
+    preferences: Preferences = field(default_factory=Preferences)  # what it prefers: scoring, not filtering
     # forecasting features, passed to Placement in the BindRequest
     image: str = ""  # spec.containers[0].image
     command: str = ""  # spec.containers[0] command + args, space-joined, at most COMMAND_MAX_CHARS
@@ -132,17 +135,21 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
     rules = NodeRules()
     affinity: tuple[PodAffinityTerm, ...] = ()
     spread: tuple[SpreadConstraint, ...] = ()
+    preferred = Preferences()
     time_limit_s: float | None = None
     if known is not None and uid and known.uid == uid:
         resources, invalid, topology, rules = known.resources, known.invalid, known.topology, known.rules
         time_limit_s, affinity, spread = known.time_limit_s, known.affinity, known.spread
+        preferred = known.preferences
     else:
         try:
             resources = pod_resources(metadata, spec)
             topology = topology_of(annotations)
             rules = node_rules(spec)
             affinity = pod_affinity(spec)
-            spread = spread_constraints(spec, labels if isinstance(labels, Mapping) else {})
+            own_labels = labels if isinstance(labels, Mapping) else {}
+            spread = spread_constraints(spec, own_labels)
+            preferred = preferences(spec, own_labels)
             time_limit_s = time_limit_of(annotations, spec)
         except PodSpecError as error:
             invalid = str(error)
@@ -172,6 +179,7 @@ def parse_pod(obj: Mapping[str, Any], known: Pod | None = None) -> Pod:
         labels={str(key): str(value) for key, value in labels.items()} if isinstance(labels, Mapping) else {},
         affinity=affinity,
         spread=spread,
+        preferences=preferred,
         image=pod_image(spec),
         command=pod_command(spec),
         time_limit_s=time_limit_s,
@@ -189,3 +197,9 @@ def pod_filter(
     name, namespace, placed = str(pod.key), pod.key.namespace, list(placed)
     found = affinity_filter(name, namespace, pod.labels, pod.affinity, placed, nodes, peers)
     return found.also(spread_filter(name, namespace, pod.labels, pod.spread, pod.rules, placed, nodes))
+
+
+def pod_scores(pod: Pod, placed: Iterable[Placed], nodes: Sequence[Node]) -> dict[str, int]:
+    """How `pod`'s preferences, the placed pods' preferences about it and the nodes' PreferNoSchedule taints
+    score `nodes` (`node_scores`: relative to the most common score, which is left out)."""
+    return node_scores(str(pod.key), pod.key.namespace, pod.labels, pod.rules, pod.preferences, placed, nodes)

@@ -2,7 +2,8 @@
 kube-scheduler's PodTopologySpread filter: a pod may go only to a domain (the nodes sharing the `topologyKey`
 label's value) where the matching pods, it included, would exceed the emptiest eligible domain by at most
 `maxSkew`. Resolved by the binder against the placed pods into the same kind of node lists as pod affinity
-(`AffinityFilter.keep`); `ScheduleAnyway` constraints are scoring hints and not read.
+(`AffinityFilter.keep`). `ScheduleAnyway` constraints are scoring hints: `spread_constraints(..., when=
+"ScheduleAnyway")` reads them for `preferences`, which scores nodes with them as kube-scheduler's Score does.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from kumiki.binder.core.pod_affinity import (
 from kumiki.binder.core.quantities import PodSpecError
 
 POLICIES = ("Honor", "Ignore")
+WHEN = ("DoNotSchedule", "ScheduleAnyway")
 
 
 @dataclass(frozen=True, slots=True)
 class SpreadConstraint:
-    """One DoNotSchedule constraint; `selector` already holds the pod's own values of `matchLabelKeys`."""
+    """One constraint (of the kind asked of `spread_constraints`); `selector` already holds the pod's own
+    values of `matchLabelKeys`."""
 
     max_skew: int
     topology_key: str
@@ -55,8 +58,14 @@ def _policy(raw: Any, where: str, default: str) -> bool:
     return bool(value == "Honor")
 
 
-def spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[SpreadConstraint, ...]:
-    """A pod's DoNotSchedule topology spread constraints, validated (PodSpecError names the field)."""
+def spread_constraints(
+    spec: Mapping[str, Any], labels: Mapping[str, str], *, when: str = "DoNotSchedule"
+) -> tuple[SpreadConstraint, ...]:
+    """A pod's topology spread constraints of one kind (`when`: their whenUnsatisfiable), validated
+    (PodSpecError names the field). Every entry is validated whichever kind is asked, so a bad constraint makes
+    the pod invalid however it is read."""
+    if when not in WHEN:
+        raise ValueError(f"when: expected DoNotSchedule or ScheduleAnyway, got {when!r}")
     raw = spec.get("topologySpreadConstraints") or []
     if not isinstance(raw, list):
         raise PodSpecError("spec.topologySpreadConstraints", "must be a list")
@@ -65,15 +74,13 @@ def spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, str]) -> tu
         where = f"spec.topologySpreadConstraints[{index}]"
         if not isinstance(item, Mapping):
             raise PodSpecError(where, "must be a topology spread constraint")
-        when = item.get("whenUnsatisfiable")
-        if when not in ("DoNotSchedule", "ScheduleAnyway"):
-            raise PodSpecError(f"{where}.whenUnsatisfiable", f"expected DoNotSchedule or ScheduleAnyway, got {when!r}")
+        kind = item.get("whenUnsatisfiable")
+        if kind not in WHEN:
+            raise PodSpecError(f"{where}.whenUnsatisfiable", f"expected DoNotSchedule or ScheduleAnyway, got {kind!r}")
         key = item.get("topologyKey")
         if not isinstance(key, str) or not key:
             raise PodSpecError(f"{where}.topologyKey", "required")
         max_skew = _whole(item.get("maxSkew"), f"{where}.maxSkew", 1)
-        if when == "ScheduleAnyway":
-            continue  # a preference: scoring, not read
         selector = label_selector(item.get("labelSelector"), f"{where}.labelSelector")
         keys = item.get("matchLabelKeys") or []
         if not isinstance(keys, list):
@@ -82,17 +89,17 @@ def spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, str]) -> tu
             own = tuple(Requirement(str(name), "In", (labels[str(name)],)) for name in keys if str(name) in labels)
             selector = selector + own
         min_domains = item.get("minDomains")
-        constraints.append(
-            SpreadConstraint(
-                max_skew=max_skew,
-                topology_key=key,
-                selector=selector,
-                min_domains=1 if min_domains is None else _whole(min_domains, f"{where}.minDomains", 1),
-                honor_affinity=_policy(item.get("nodeAffinityPolicy"), f"{where}.nodeAffinityPolicy", "Honor"),
-                honor_taints=_policy(item.get("nodeTaintsPolicy"), f"{where}.nodeTaintsPolicy", "Ignore"),
-                where=where,
-            )
+        constraint = SpreadConstraint(
+            max_skew=max_skew,
+            topology_key=key,
+            selector=selector,
+            min_domains=1 if min_domains is None else _whole(min_domains, f"{where}.minDomains", 1),
+            honor_affinity=_policy(item.get("nodeAffinityPolicy"), f"{where}.nodeAffinityPolicy", "Honor"),
+            honor_taints=_policy(item.get("nodeTaintsPolicy"), f"{where}.nodeTaintsPolicy", "Ignore"),
+            where=where,
         )
+        if kind == when:
+            constraints.append(constraint)
     return tuple(constraints)
 
 
