@@ -796,6 +796,88 @@ async def test_other_schedulers_pods_count_when_the_binder_watches_them(
     assert placed["near"] == "o2" and placed["apart"] != "o2" and placed["noisy"] != "o3", placed
 
 
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+PREFER_NO_SCHEDULE_TOLERATION = [{"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"}]
+
+
+async def test_preferences_rank_nodes_and_never_make_a_pod_wait(kube: AsyncClient, processes: Processes) -> None:
+    nodes = zoned_nodes("p")
+    nodes[0]["spec"]["taints"] = [{"key": "spot", "value": "true", "effect": "PreferNoSchedule"}]
+    await start(processes, kube, nodes)
+    ns = await namespace(kube)
+
+    def pod(name: str, gpus: int = 1, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+        obj = pod_object(ns, name, gpus=gpus, labels=labels)
+        obj["spec"].update(spec)
+        return obj
+
+    async def one_by_one(pods: list[dict[str, Any]]) -> dict[str, str]:
+        """Each pod created once the one before it is bound (so each is scored against those before it)."""
+        for obj in pods:
+            await create_all(kube, [obj])
+            count = len(await pods_in(kube, ns))
+            await until(
+                lambda count=count: all_bound(kube, ns, count), timeout_s=60, what=f"{obj['metadata']['name']} bound"
+            )
+        return {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
+
+    # p1 has a PreferNoSchedule taint: a pod that does not tolerate it goes elsewhere while it can (kumiki alone
+    # would pack it on p1, the first of three empty nodes)
+    placed = await one_by_one([pod("plain")])
+    assert placed["plain"] != "p1", placed
+    # replicas with preferred anti-affinity on the hostname, one after another: a node each (kumiki alone packs
+    # them on the node already in use)
+    web = {"app": "web"}
+    apart = {
+        "podAntiAffinity": {
+            PREFERRED: [
+                {"weight": 100, "podAffinityTerm": _pod_term(True, web)["podAntiAffinity"][core.REQUIRED_AFFINITY][0]}
+            ]
+        }
+    }
+    replicas = [
+        pod(f"web-{i}", labels=web, affinity=apart, tolerations=PREFER_NO_SCHEDULE_TOLERATION) for i in range(3)
+    ]
+    placed = await one_by_one(replicas)
+    assert len({placed[f"web-{i}"] for i in range(3)}) == 3, placed
+    # ScheduleAnyway spread over zones, one after another: two in each zone
+    api = {"app": "api"}
+    skew = [
+        {
+            "maxSkew": 1,
+            "topologyKey": ZONE_LABEL,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": api},
+        }
+    ]
+    placed = await one_by_one(
+        [
+            pod(f"api-{i}", labels=api, topologySpreadConstraints=skew, tolerations=PREFER_NO_SCHEDULE_TOLERATION)
+            for i in range(4)
+        ]
+    )
+    zones = sorted("zb" if placed[f"api-{i}"] == "p3" else "za" for i in range(4))
+    assert zones == ["za", "za", "zb", "zb"], placed
+    # preferred node affinity: to zone zb (p3) when it fits there, and elsewhere when it does not: a preference
+    # never makes a pod wait
+    to_zb = {
+        "nodeAffinity": {
+            PREFERRED: [
+                {
+                    "weight": 50,
+                    "preference": {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": ["zb"]}]},
+                }
+            ]
+        }
+    }
+    placed = await one_by_one([pod("near", affinity=to_zb)])
+    assert placed["near"] == "p3", placed
+    free_on_p3 = 8 - list(placed.values()).count("p3")
+    placed = await one_by_one([pod("wide", free_on_p3 + 1, affinity=to_zb, tolerations=PREFER_NO_SCHEDULE_TOLERATION)])
+    assert placed["wide"] != "p3", placed
+    assert over_commits(await pods_in(kube, ns)) == []
+
+
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:
     await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
     ns = await namespace(kube)

@@ -92,7 +92,7 @@ def test_pod_resources_round_trip_through_the_cores_pod_request() -> None:
             avoid_nodes=["n3"],
         ),
         common_pb2.PodResources(mig_profile="1g.10gb", cpu_milli=500, memory_mib=1024),
-        common_pb2.PodResources(gpu_fraction=0.3, gpu_memory_mib=12345),
+        common_pb2.PodResources(gpu_fraction=0.3, gpu_memory_mib=12345, node_preference={"n1": 300, "n2": -200}),
     ]
     # every field is set in some sample: one the conversion dropped would fail the round trip
     assert _set_fields(samples) == {field.name for field in common_pb2.PodResources.DESCRIPTOR.fields}

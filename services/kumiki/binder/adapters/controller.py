@@ -178,10 +178,13 @@ class Binder(Submissions, Eviction):
         if kind == "DELETED":
             self._known_pods.pop(pod.uid, None)
             self.affine_pods.discard(pod.uid)
+            self.scoring_pods.discard(pod.uid)
         elif pod.uid:
             self._known_pods[pod.uid] = pod
             if pod.affinity or pod.spread:
                 self.affine_pods.add(pod.uid)
+            if pod.preferences.pod_terms:
+                self.scoring_pods.add(pod.uid)
         self._track_placed(kind, known, pod)
         gang = self._gang_for(pod)
         if kind == "DELETED":

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("kumiki.binder")
 
 
+def counts_other_pods(pod: Pod) -> bool:
+    """Whether the pod's terms or constraints (required or preferred) are matched against other placed pods."""
+    return bool(pod.affinity or pod.spread or pod.preferences.pod_terms or pod.preferences.spread)
+
+
 def gang_attributes(gang: Gang, generation: int, pods: int, trigger: str) -> dict[str, str | int]:
     """The binder's span for a gang: the same job keys as Placement's `schedule` span, and what started it
     (`submit`: the binder asked Placement; `cycle`: Placement's scheduling pass bound it later, on job.lifecycle;
@@ -111,6 +116,8 @@ class BinderState:
         # that wait for a pod to be placed or to leave
         self.assumed: dict[PodKey, str] = {}
         self.affine_pods: set[str] = set()
+        # the known pods with preferred pod (anti-)affinity terms (by uid): they score the nodes of pods they select
+        self.scoring_pods: set[str] = set()
         # other schedulers' bound pods by uid (KUMIKI_BINDER_OTHER_PODS; None: not watched), with terms or not
         self.other_pods: dict[str, core.Placed] | None = {} if other_pods else None
         self.placed_changes = 0
@@ -129,21 +136,28 @@ class BinderState:
             self.wake.set()
 
     def placed(self, pods: list[Pod]) -> list[core.Placed]:
-        """The placed pods (on a node or being bound to one, not ended) that `pods`' pod affinity is resolved
-        against: every one when one of `pods` has terms, else only those with terms (symmetry), found through
-        `affine_pods` without a walk over every pod."""
-        every = any(pod.affinity or pod.spread for pod in pods)
+        """The placed pods (on a node or being bound to one, not ended) that `pods`' pod affinity, topology
+        spread and preferences are resolved against: every one when one of `pods` has terms or constraints that
+        count other pods, else only those with terms (symmetry), found through `affine_pods` and `scoring_pods`
+        without a walk over every pod."""
+        every = any(counts_other_pods(pod) for pod in pods)
         if every:
             candidates: Iterable[Pod] = (pod for gang in self.gangs.values() for pod in gang.pods.values())
         else:
-            candidates = (pod for uid in self.affine_pods if (pod := self._known_pods.get(uid)) is not None)
+            candidates = (
+                pod for uid in self.affine_pods | self.scoring_pods if (pod := self._known_pods.get(uid)) is not None
+            )
         out: list[core.Placed] = []
         for pod in candidates:
             node = pod.node or self.assumed.get(pod.key, "")
             if node and not pod.ended:
-                out.append(core.Placed(str(pod.key), pod.key.namespace, pod.labels, node, pod.affinity))
+                out.append(
+                    core.Placed(
+                        str(pod.key), pod.key.namespace, pod.labels, node, pod.affinity, pod.preferences.pod_terms
+                    )
+                )
         if self.other_pods:
-            out.extend(other for other in self.other_pods.values() if every or other.terms)
+            out.extend(other for other in self.other_pods.values() if every or other.terms or other.preferred)
         return out
 
     def affinity(self, pod: Pod, placed: list[core.Placed], gang: list[Pod]) -> core.AffinityFilter:

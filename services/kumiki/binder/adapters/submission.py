@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 
 from kumiki.binder import core
 from kumiki.binder.adapters import convert
 from kumiki.binder.adapters.binding import Binding
 from kumiki.binder.adapters.metrics import AFFINITY_REFRESHED, BIND_SECONDS, GANGS, PENDING, REASONS_REFRESHED
 from kumiki.binder.adapters.placement import PlacementUnavailable
-from kumiki.binder.adapters.state import gang_attributes, tracer
+from kumiki.binder.adapters.state import counts_other_pods, gang_attributes, tracer
 from kumiki.binder.core import Gang, Pod
 from kumiki.common import requests
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
@@ -246,21 +247,29 @@ class Submissions(Binding):
 
     def _node_choices(self, pods: list[Pod], candidates: list[core.Node]) -> tuple[list[core.NodeChoice], bool]:
         """Each pod's node rules, pod (anti-)affinity and topology spread resolved against the schedulable nodes
-        and the placed pods, and whether the placed pods shaped them (the pods have terms or constraints, or a
-        placed pod's anti-affinity restricts them): only then are they resolved again when pods move. A gang
-        that a pod placed later restricts is caught at its bind instead."""
+        and the placed pods, its preferences scored over the nodes left, and whether the placed pods shaped them
+        (the pods have terms or constraints, or a placed pod's terms restrict or score them): only then are they
+        resolved again when pods move. A gang that a pod placed later restricts is caught at its bind instead."""
         assert self.capacity is not None
         tainted = self.capacity.tainted
-        if not self.affine_pods:
+        scoring = self.capacity.prefer_tainted or bool(self.scoring_pods) or any(pod.preferences.any for pod in pods)
+        if not self.affine_pods and not scoring:
             return [core.node_choice(pod.rules, candidates, tainted) for pod in pods], False
         placed = self.placed(pods)
         choices = []
         shaped = False
         for pod in pods:
-            affinity = self.affinity(pod, placed, pods)
-            shaped = shaped or affinity.restricts or bool(pod.affinity or pod.spread)
-            refuse = affinity.why_not if affinity.restricts else None
-            choices.append(core.node_choice(pod.rules, candidates, tainted, refuse))
+            refuse = None
+            if self.affine_pods:
+                affinity = self.affinity(pod, placed, pods)
+                shaped = shaped or affinity.restricts or bool(pod.affinity or pod.spread)
+                refuse = affinity.why_not if affinity.restricts else None
+            choice = core.node_choice(pod.rules, candidates, tainted, refuse)
+            if scoring and not choice.none_because:  # over every schedulable node: pods count wherever they are
+                scores = core.pod_scores(pod, placed, candidates)
+                choice = replace(choice, prefer=tuple(sorted(scores.items())))
+                shaped = shaped or bool(self.scoring_pods) or counts_other_pods(pod)
+            choices.append(choice)
         return choices, shaped
 
     def _affinity_stale(self, gang: Gang) -> bool:
