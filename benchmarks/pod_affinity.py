@@ -1,4 +1,4 @@
-"""What resolving pod affinity costs the binder per pod submitted, against resolving node rules for the same nodes.
+"""What resolving pod affinity and scoring preferences cost the binder per pod, against resolving node rules alone.
 
     .venv/bin/python benchmarks/pod_affinity.py [--nodes 500] [--placed 5000] [--repeat 5]
 
@@ -11,7 +11,11 @@ at each submission; with pod affinity it also matches the pod's terms against th
 - `affinity, zone`: one affinity term keeping the pod to the zones of a few placed pods;
 - `topology spread, zone`: one DoNotSchedule constraint over the zones (`binder.core.topology_spread`);
 - `symmetry only`: a pod without terms against the placed pods that carry them (a tenth of `--placed`), what
-  every submission pays once any pod in the cluster has a term.
+  every submission pays once any pod in the cluster has a term;
+- `preferred: ...`: scoring the nodes for a pod's preferences (`binder.core.preferences.node_scores`, on top of
+  its node rules): one preferred anti-affinity term on the hostname, one ScheduleAnyway spread constraint over
+  the zones, one preferred node affinity term, and all three with a PreferNoSchedule taint on a tenth of the
+  nodes.
 
 Prints microseconds per pod and the ratio to the baseline (best of --repeat runs), as a markdown table.
 """
@@ -21,12 +25,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kumiki.binder import core
 from kumiki.binder.core import Placed
 
 REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+PREF = "preferredDuringSchedulingIgnoredDuringExecution"
 ZONE = "topology.kubernetes.io/zone"
 
 
@@ -69,6 +75,10 @@ def main() -> None:
             parser.error(f"--{option}: must be at least 1, got {getattr(args, option)}")
     nodes = {f"n{i}": node(f"n{i}", f"z{i % 8}") for i in range(args.nodes)}
     candidates = list(nodes.values())
+    spot = [
+        replace(item, taints=(*item.taints, core.Taint("spot", "true", "PreferNoSchedule"))) if i % 10 == 0 else item
+        for i, item in enumerate(candidates)
+    ]
     anti_web = terms("podAntiAffinity", {"app": "web-0"}, core.HOSTNAME_LABEL)
     placed = [
         Placed(f"ns/p{i}", "ns", {"app": f"web-{i % 50}"}, f"n{i % args.nodes}", anti_web if i % 10 == 0 else ())
@@ -100,12 +110,46 @@ def main() -> None:
         {"app": "web-0"},
     )  # fmt: skip
 
+    def preferred(
+        spec: dict[str, Any], labels: dict[str, str], against: list[Placed], on: list[core.Node]
+    ) -> Callable[[], None]:
+        prefs = core.preferences(spec, labels)
+
+        def run() -> None:
+            core.node_choice(rules, on, False)
+            core.node_scores("ns/new", "ns", labels, rules, prefs, against, on)
+
+        return run
+
+    web = {"labelSelector": {"matchLabels": {"app": "web-0"}}, "topologyKey": core.HOSTNAME_LABEL}
+    prefer_apart = {"affinity": {"podAntiAffinity": {PREF: [{"weight": 100, "podAffinityTerm": web}]}}}
+    prefer_spread = {
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": ZONE,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app": "web-0"}},
+            }
+        ]
+    }
+    prefer_zone = {"affinity": {"nodeAffinity": {PREF: [{"weight": 50, "preference": {"matchExpressions": [
+        {"key": ZONE, "operator": "In", "values": ["z3"]}]}}]}}}  # fmt: skip
+    prefer_all = {
+        "affinity": {**prefer_apart["affinity"], **prefer_zone["affinity"]},
+        **prefer_spread,
+    }
+
     base_us = best_us(baseline, count, args.repeat)
     cases = [
         ("anti, hostname", resolved(anti_web, {"app": "web-0"}, placed), len(placed)),
         ("affinity, zone", resolved(terms("podAffinity", {"app": "web-7"}, ZONE), {}, placed), len(placed)),
         ("topology spread, zone", resolved((), {"app": "web-0"}, placed, zone_spread), len(placed)),
         ("symmetry only", resolved((), {"app": "web-0"}, with_terms), len(with_terms)),
+        ("preferred: anti, hostname", preferred(prefer_apart, {"app": "web-0"}, placed, candidates), len(placed)),
+        ("preferred: spread, zone", preferred(prefer_spread, {"app": "web-0"}, placed, candidates), len(placed)),
+        ("preferred: node affinity", preferred(prefer_zone, {}, [], candidates), 0),
+        ("preferred: all three, spot taints", preferred(prefer_all, {"app": "web-0"}, placed, spot), len(placed)),
     ]
     print(f"{args.nodes} nodes, {args.placed} placed pods; baseline: node rules alone, {base_us:,.0f} µs a pod\n")
     print("| case | placed pods matched | µs a pod | / node rules alone |")
