@@ -123,6 +123,11 @@ def test_a_nul_in_any_string_is_refused_naming_the_field() -> None:
     assert rejected.reason == "pods[1].gpu_model: contains a NUL character (U+0000), which no Kumiki name may hold"
     del request.pods[1]  # a zero byte in a double is not a NUL in a string
     assert isinstance(deserialize(request.SerializeToString()), placement_pb2.BindRequest)
+    # in a map's key the map is named: a key is no field path
+    request.pods.add(gpus=1, node_preference={"n\x00.x; y": 5})
+    rejected = deserialize(request.SerializeToString())
+    assert isinstance(rejected, Undecodable)
+    assert rejected.reason.startswith("pods[1].node_preference: contains a NUL character")
 
 
 async def test_a_handler_that_loses_its_database_answers_unavailable(database_settings: DatabaseSettings) -> None:

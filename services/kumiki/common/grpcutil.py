@@ -208,13 +208,12 @@ def nul_field(message: Message, path: str = "") -> str | None:
         where = f"{path}.{field.name}" if path else field.name
         items = value if field.is_repeated else [value]
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            # the map's own field names the problem: a key is no field path (it may hold '.', '; ' or NUL)
             items = list(value.items()) if hasattr(value, "items") else []
             for key, item in items:
-                if isinstance(key, str) and "\x00" in key:
-                    return f"{where}[{key!r}]"
-                if isinstance(item, str) and "\x00" in item:
-                    return f"{where}[{key!r}]"
-                if isinstance(item, Message) and (found := nul_field(item, f"{where}[{key!r}]")) is not None:
+                if (isinstance(key, str) and "\x00" in key) or (isinstance(item, str) and "\x00" in item):
+                    return where
+                if isinstance(item, Message) and (found := nul_field(item, where)) is not None:
                     return found
             continue
         for index, item in enumerate(items):

@@ -56,11 +56,12 @@ def pod_request(index: int, pod: common_pb2.PodResources) -> PodRequest:
             f"{where}.node_preference", f"at most {MAX_NODE_NAMES} nodes, got {len(pod.node_preference)}"
         )
     for node, score in pod.node_preference.items():
+        shown = repr(node[:64]).replace("; ", ";")  # one problem per '; ' in a reason: a name must not add one
         if not node or len(node) > 253:
-            raise InvalidRequest(f"{where}.node_preference", f"a node name of 1 to 253 characters, got {node!r}")
+            raise InvalidRequest(f"{where}.node_preference", f"a node name of 1 to 253 characters, got {shown}")
         if abs(score) > MAX_NODE_PREFERENCE:
             raise InvalidRequest(
-                f"{where}.node_preference[{node}]", f"a score within +-{MAX_NODE_PREFERENCE}, got {score}"
+                f"{where}.node_preference", f"a score within +-{MAX_NODE_PREFERENCE}, got {score} for node {shown}"
             )
     try:
         return PodRequest(
