@@ -466,3 +466,26 @@ def test_a_gang_with_preferences_is_scored_node_by_node():
     placed = place_gang(state, GangRequest("g", pods), "kumiki")
     assert isinstance(placed, Placement) and sorted(placed.nodes) == [1, 3]
     assert place_gang(state, GangRequest("g", pods), "kumiki", by_class=False) == placed
+
+
+def test_a_gangs_preferences_choose_the_node_or_rack_it_is_kept_in():
+    # 4 nodes in 2 racks; node 0 half full, the fullest that fits: kumiki keeps a small gang on it, unless the
+    # pods prefer node 3; a gang spanning nodes goes to the fuller rack-0, or to rack-1 when they prefer a node
+    # there
+    spec = ClusterSpec(tuple(NodeSpec(f"n{i}", 8, rack=f"rack-{i // 2}") for i in range(4)))
+    state = ClusterState.empty(spec)
+    occupy(state, "x", 0, (0, 1, 2, 3))
+    small = GangRequest("s", (PodRequest(gpus=2), PodRequest(gpus=2)))
+    assert place_gang(state, small, "kumiki").nodes == (0,)
+    preferring = GangRequest("s", tuple(prefer(pod, n3=10) for pod in small.pods))
+    assert place_gang(state, preferring, "kumiki").nodes == (3,)
+    wide = GangRequest("w", (PodRequest(gpus=4), PodRequest(gpus=4)), distinct_nodes=True)  # no single node
+    placed = place_gang(state, wide, "kumiki")
+    assert isinstance(placed, Placement) and sorted(placed.nodes) == [0, 1]  # the fuller rack
+    wide_preferring = replace(wide, pods=tuple(prefer(pod, n2=5) for pod in wide.pods))
+    placed_there = place_gang(state, wide_preferring, "kumiki")
+    assert isinstance(placed_there, Placement) and sorted(placed_there.nodes) == [2, 3]
+    # a required single node: the preferred node that fits, before the fullest
+    one = replace(preferring, required_topology="node")
+    assert place_gang(state, one, "kumiki").nodes == (3,)
+    assert place_gang(state, replace(small, required_topology="node"), "kumiki").nodes == (0,)

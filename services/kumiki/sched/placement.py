@@ -430,32 +430,49 @@ class _Placer:
         return placed
 
 
+def _gang_preference(state: ClusterState, request: GangRequest) -> Callable[[int], int]:
+    """Node index -> minus the score the gang's pods give the node, summed (0 for every node without
+    preferences): the first key when choosing which node or rack to keep a gang in."""
+    scores: dict[str, int] = {}
+    for pod in request.pods:
+        for name, score in pod.node_preference:
+            scores[name] = scores.get(name, 0) + score
+    if not scores:
+        return lambda node: 0
+    return lambda node: -scores.get(state.spec.nodes[node].name, 0)
+
+
 def _domains(state: ClusterState, request: GangRequest, strategy: str) -> list[frozenset[int] | None]:
     """Topology domains to try in order: one node, then one rack (fullest that could fit), then all (a gang
-    whose pods need distinct nodes skips the single nodes).
+    whose pods need distinct nodes skips the single nodes). The pods' preferences come before fullness: the
+    nodes they prefer most, and the racks holding the node they prefer most.
 
     A required topology keeps only the domains that honour it, all of them, fullest first."""
     required = request.required_topology
     whole = sum(pod.gpus for pod in request.pods)
+    rank = _gang_preference(state, request)
     if required in ("node", "nvlink_island"):
-        return [
-            frozenset((node,))
+        singles = [
+            node
             for level in range(min(whole, state.max_gpus + 1), state.max_gpus + 1)
             for node in sorted(state.by_free[level])
         ]
+        return [frozenset((node,)) for node in sorted(singles, key=rank)]  # stable: fullest first between equals
     if required != "rack" and (strategy != "kumiki" or len(request.pods) < 2):
         return [None]
     domains: list[frozenset[int] | None] = []
     if required != "rack" and whole and whole <= state.max_gpus and not request.distinct_nodes:
-        fullest = sorted((level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level])
-        domains.extend(frozenset((node,)) for _, node in fullest[:3])
+        fullest = sorted(
+            (rank(node), level, node) for level in range(whole, state.max_gpus + 1) for node in state.by_free[level]
+        )
+        domains.extend(frozenset((node,)) for _, _, node in fullest[:3])
     if len(state.racks) > 1 or required == "rack":
         racks = []
         for nodes in state.racks.values():
             free = sum(state.free_count(node) for node in nodes)
             if free >= whole:
-                racks.append((free, nodes[0], frozenset(nodes)))
-        domains.extend(nodes for _, _, nodes in sorted(racks, key=lambda item: (item[0], item[1])))
+                racks.append((min(rank(node) for node in nodes), free, nodes[0], frozenset(nodes)))
+        domains.extend(nodes for *_, nodes in sorted(racks, key=lambda item: item[:3]))
     if not required:
         domains.append(None)
     return domains
