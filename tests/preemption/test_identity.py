@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from kumiki.cli.main import main as cli_main
 from kumiki.common.config import ConfigError, DatabaseSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2
 from kumiki.common.db import apply_migrations, create_pool
@@ -82,6 +83,20 @@ async def test_a_job_reports_with_its_own_token(served: Served) -> None:
     await _report(served.plain, report("team/a"), job_token(KEY, "team/a"))
     latest = await served.registry.latest("team/a")
     assert latest is not None and latest.uri == "s3://ckpt/team/a/100"
+
+
+async def test_the_token_kumiki_checkpoints_job_token_prints_is_taken_for_its_job_alone(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "jobs.key"
+    key_file.write_bytes(KEY)
+    assert cli_main(["checkpoints", "job-token", "--key-file", str(key_file), "--job", "team/cli"]) == 0
+    printed = capsys.readouterr().out.strip()
+    await _report(served.plain, report("team/cli"), printed)
+    assert await served.registry.latest("team/cli") is not None
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _report(served.plain, report("team/other"), printed)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_another_jobs_token_is_permission_denied_and_logged_once(

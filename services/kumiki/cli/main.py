@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "kumiki.cli.trace",
     "kumiki.cli.kafka",
     "kumiki.cli.telemetry",
+    "kumiki.cli.checkpoints",
 )
 
 

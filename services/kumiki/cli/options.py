@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 from kumiki.cli.main import UsageError
 
 
@@ -47,3 +50,25 @@ def seeds_option(value: str) -> list[int]:
         return whole_numbers(value, "--seeds", minimum=0)
     except ConfigError as error:
         raise UsageError(str(error)) from None
+
+
+def key_file_option(path: str | None, variable: str) -> bytes:
+    """The HMAC key in `--key-file` (default: the file $variable names), at least MIN_KEY_BYTES."""
+    from pathlib import Path
+
+    from kumiki.common.config import ConfigError, read_key
+
+    if not path:
+        raise UsageError(f"--key-file: required (or set {variable})")
+    try:
+        return read_key(Path(path), "--key-file")
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+def print_secrets(names: list[str], secret: Callable[[str], str]) -> None:
+    """One name: its secret alone, to redirect into a file; several: `name<TAB>secret` a line."""
+    if len(names) == 1:
+        sys.stdout.write(secret(names[0]) + "\n")
+    else:
+        sys.stdout.writelines(f"{name}\t{secret(name)}\n" for name in names)

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from kumiki.agent.core import node_name_error
 from kumiki.cli.main import UsageError
-from kumiki.common.config import ConfigError, read_key
+from kumiki.cli.options import key_file_option, print_secrets
 from kumiki.telemetry.core import GENERATIONS_VARIABLE, KEY_VARIABLE, MAX_GENERATION, node_key, parse_generations
 
 
@@ -52,12 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _node_key(args: argparse.Namespace) -> int:
-    if not args.key_file:
-        raise UsageError(f"--key-file: required (or set {KEY_VARIABLE})")
-    try:
-        master = read_key(Path(args.key_file), "--key-file")
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
+    master = key_file_option(args.key_file, KEY_VARIABLE)
     for node in args.node:
         problem = node_name_error(node)
         if problem:
@@ -77,8 +71,5 @@ def _node_key(args: argparse.Namespace) -> int:
         generation = args.generation if args.generation is not None else generations.get(node, 0)
         return node_key(master, node, generation).decode()
 
-    if len(args.node) == 1:  # the key alone, to redirect into the node's file
-        sys.stdout.write(key(args.node[0]) + "\n")
-    else:
-        sys.stdout.writelines(f"{node}\t{key(node)}\n" for node in args.node)
+    print_secrets(args.node, key)
     return 0
