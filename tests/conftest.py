@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -18,6 +19,8 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.devstack.broker import start_noida
@@ -146,6 +149,16 @@ async def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.0
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+def metric_samples(port: int) -> list[Sample]:
+    """Every sample a service's /metrics on loopback serves now ([] while it does not answer yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:  # URLError, ConnectionRefusedError: not listening yet
+        return []
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 async def read_records(

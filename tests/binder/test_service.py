@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import urllib.request
 from typing import Any
 
 import grpc
@@ -15,7 +14,6 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
-from prometheus_client.parser import text_string_to_metric_families
 
 from kumiki.binder import core
 from kumiki.common.bus import EventProducer
@@ -34,7 +32,7 @@ from tests.binder.support import (
     podgroup_object,
     pods_in,
 )
-from tests.conftest import wait_until
+from tests.conftest import metric_samples, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -398,13 +396,9 @@ async def test_evict_command_uses_the_eviction_api_and_respects_a_budget(
 
 def binder_metrics(processes: Processes, *prefixes: str) -> dict[str, float]:
     """The first binder's samples whose names start with one of `prefixes` (histograms: count, sum, +Inf)."""
-    url = f"http://127.0.0.1:{processes.binder_http[0]}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
     return {
         sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
+        for sample in metric_samples(processes.binder_http[0])
         if sample.name.startswith(prefixes) and sample.labels.get("le", "") in ("", "+Inf")
     }
 

@@ -16,16 +16,16 @@ import yaml
 from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer, ensure_topics
-from kumiki.common.bus.topics import JOB_LIFECYCLE, QUOTA_STATE, SCHEDULING_DECISIONS
+from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE, QUOTA_STATE, SCHEDULING_DECISIONS
 from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
-from kumiki.common.contracts.v1 import common_pb2, events_pb2, quota_pb2_grpc
+from kumiki.common.contracts.v1 import common_pb2, events_pb2, quota_pb2, quota_pb2_grpc
 from kumiki.devstack.processes import free_port
 from kumiki.quota.adapters.auth import Authenticator, QuotaSettings, token_digest
 from kumiki.quota.adapters.grpc import QuotaServicer
 from kumiki.quota.adapters.publisher import Publisher
 from kumiki.quota.adapters.store import QuotaStore, write_config
 from kumiki.quota.core import AdmitRequest, parse_config
-from tests.conftest import REPO_ROOT, read_records, wait_until
+from tests.conftest import REPO_ROOT, metric_samples, read_records, wait_until
 from tests.quota.helpers import TOKENS, admit_request, bearer, migrated_pool, tree
 
 
@@ -180,38 +180,12 @@ async def test_service_process_end_to_end(
     queue's state on quota.state."""
     if broker_kind == "noida":
         pytest.skip("checked on Apache Kafka")
-    (tmp_path / "queues.yaml").write_text(yaml.safe_dump(tree(capacity=16)))
-    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({token_digest(token): who for who, token in TOKENS.items()}))
-    grpc_port, http_port = free_port(), free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")},
-        "PYTHONPATH": f"{REPO_ROOT / 'services'}:{REPO_ROOT}",
-        "KUMIKI_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
-        "KUMIKI_TOPIC_PREFIX": kafka_settings.topic_prefix,
-        "KUMIKI_DATABASE_URL": database_settings.url,
-        "KUMIKI_QUOTA_GRPC_PORT": str(grpc_port),
-        "KUMIKI_QUOTA_HTTP_PORT": str(http_port),
-        "KUMIKI_QUOTA_TOKENS_FILE": str(tmp_path / "tokens.yaml"),
-        "KUMIKI_QUOTA_CONFIG_FILE": str(tmp_path / "queues.yaml"),
-        "KUMIKI_QUOTA_STATE_INTERVAL_S": "0.2",
-    }
-    log = tmp_path / "quota.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "kumiki.quota"], env=env, stdout=out, stderr=out)
+    process, grpc_port, _, log = start_quota_process(kafka_settings, database_settings, tmp_path)
     pool = await migrated_pool(database_settings)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-            stub = quota_pb2_grpc.QuotaStub(channel)
-            reply = None
-            for _ in range(300):
-                try:
-                    reply = await stub.Admit(admit_request("job-1", "org/team-a", 4), metadata=bearer("alice"))
-                    break
-                except grpc.aio.AioRpcError as error:
-                    if error.code() != grpc.StatusCode.UNAVAILABLE or process.poll() is not None:
-                        raise AssertionError(f"{error.details()} (log: {log.read_text()[-2000:]})") from None
-                    await asyncio.sleep(0.1)
-            assert reply is not None and reply.admitted
+            reply = await admit_when_up(quota_pb2_grpc.QuotaStub(channel), process, log, "job-1", "org/team-a", 4)
+            assert reply.admitted
         async with EventProducer(kafka_settings, "//kumiki/test") as producer:
             for state, seconds in (
                 (events_pb2.JOB_STATE_RUNNING, 1_800_000_000),
@@ -239,6 +213,110 @@ async def test_service_process_end_to_end(
         process.terminate()
         process.wait(timeout=30)
         await pool.close()
+
+
+def start_quota_process(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
+) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+    """`python -m kumiki.quota` configured by environment variables only (tree(capacity=16), the test tokens)."""
+    (tmp_path / "queues.yaml").write_text(yaml.safe_dump(tree(capacity=16)))
+    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({token_digest(token): who for who, token in TOKENS.items()}))
+    grpc_port, http_port = free_port(), free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")},
+        "PYTHONPATH": f"{REPO_ROOT / 'services'}:{REPO_ROOT}",
+        "KUMIKI_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "KUMIKI_TOPIC_PREFIX": kafka.topic_prefix,
+        "KUMIKI_DATABASE_URL": database.url,
+        "KUMIKI_QUOTA_GRPC_PORT": str(grpc_port),
+        "KUMIKI_QUOTA_HTTP_PORT": str(http_port),
+        "KUMIKI_QUOTA_TOKENS_FILE": str(tmp_path / "tokens.yaml"),
+        "KUMIKI_QUOTA_CONFIG_FILE": str(tmp_path / "queues.yaml"),
+        "KUMIKI_QUOTA_STATE_INTERVAL_S": "0.2",
+    }
+    log = tmp_path / "quota.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "kumiki.quota"], env=env, stdout=out, stderr=out)
+    return process, grpc_port, http_port, log
+
+
+async def admit_when_up(
+    stub: quota_pb2_grpc.QuotaStub,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    job: str,
+    queue: str,
+    gpus: float,
+    *,
+    identity: str = "alice",
+    preemptible: bool = False,
+) -> quota_pb2.AdmitResponse:
+    """Admit, asked again while the service is still starting (UNAVAILABLE); any other error fails the test."""
+    for _ in range(300):
+        try:
+            reply: quota_pb2.AdmitResponse = await stub.Admit(
+                admit_request(job, queue, gpus, preemptible=preemptible), metadata=bearer(identity)
+            )
+            return reply
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or process.poll() is not None:
+                raise AssertionError(f"{error.details()} (log: {log.read_text()[-2000:]})") from None
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"quota never answered (log: {log.read_text()[-2000:]})")
+
+
+def scraped(port: int, name: str, labels: dict[str, str]) -> float | None:
+    return next((s.value for s in metric_samples(port) if s.name == name and labels.items() <= s.labels.items()), None)
+
+
+def node_state(name: str, healthy: bool = True, gpus: int = 8) -> events_pb2.NodeState:
+    return events_pb2.NodeState(
+        node=name,
+        healthy=healthy,
+        gpus=[events_pb2.GpuState(index=index, model="A100", healthy=True) for index in range(gpus)],
+    )
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+async def test_a_failed_node_is_not_lent_until_it_is_back(
+    kafka_settings: KafkaSettings, database_settings: DatabaseSettings, tmp_path: Path, broker_kind: str
+) -> None:
+    """The quota process reads cluster.state: with one of its two 8-GPU nodes unhealthy, the 16 GPUs of the
+    queue file lend only 8 to borrowers (a guarantee is still admitted), and all 16 again once it is back."""
+    if broker_kind == "noida":
+        pytest.skip("checked on Apache Kafka")
+    await ensure_topics(kafka_settings, [CLUSTER_STATE])
+    async with EventProducer(kafka_settings, "//kumiki/test") as producer:
+        for name in ("n1", "n2"):  # before quota starts: read while it catches up
+            await producer.publish(CLUSTER_STATE, name, node_state(name))
+        process, grpc_port, http_port, log = start_quota_process(kafka_settings, database_settings, tmp_path)
+
+        async def live_gpus(expected: float) -> bool:
+            return scraped(http_port, "kumiki_quota_live_gpus", {"model": "A100"}) == expected
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = quota_pb2_grpc.QuotaStub(channel)
+
+                async def borrow(job: str) -> quota_pb2.AdmitResponse:
+                    return await admit_when_up(
+                        stub, process, log, job, "org/batch", 1, identity="erin", preemptible=True
+                    )
+
+                for index in range(8):
+                    assert (await borrow(f"b-{index}")).admitted
+                await producer.publish(CLUSTER_STATE, "n2", node_state("n2", healthy=False))
+                await wait_until(lambda: live_gpus(8.0), timeout_s=30, what=f"n2 no longer counted (log: {log})")
+                denied = await borrow("b-8")  # 8 borrowed on the 8 GPUs left: nothing idle to lend
+                assert not denied.admitted and denied.reason.code == "insufficient_gpus", denied
+                assert (await admit_when_up(stub, process, log, "owned", "org/team-a", 4)).admitted  # guaranteed
+                await producer.publish(CLUSTER_STATE, "n2", node_state("n2"))
+                await wait_until(lambda: live_gpus(16.0), timeout_s=30, what=f"n2 counted again (log: {log})")
+                assert (await borrow("b-9")).admitted  # 13 of 16 held
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def test_a_queue_gone_from_the_tree_loses_its_gauges() -> None:

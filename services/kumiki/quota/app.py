@@ -17,13 +17,15 @@ import os
 import grpc
 import yaml
 
-from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.bus.replay import TopicReader
+from kumiki.common.bus.topics import CLUSTER_STATE, JOB_LIFECYCLE
 from kumiki.common.config import ConfigError, one_line
 from kumiki.common.contracts.v1 import quota_pb2_grpc
 from kumiki.common.service import Runtime, ServiceSpec
 from kumiki.quota.adapters.auth import ALLOW_ANONYMOUS, Authenticator, QuotaSettings
 from kumiki.quota.adapters.grpc import QuotaServicer
 from kumiki.quota.adapters.ledger import LedgerHandler
+from kumiki.quota.adapters.nodes import LiveNodes
 from kumiki.quota.adapters.publisher import Publisher
 from kumiki.quota.adapters.store import QuotaStore, write_config
 from kumiki.quota.core import parse_config
@@ -48,7 +50,13 @@ async def wire(runtime: Runtime, server: grpc.aio.Server) -> None:
             raise ConfigError(f"KUMIKI_QUOTA_CONFIG_FILE: {one_line(error)}") from None
         version = await write_config(runtime.pool, config, str(settings.config_file))
         log.info("queue file applied", extra={"file": str(settings.config_file), "version": version})
-    store = QuotaStore(runtime.pool)
+    nodes = LiveNodes()  # what quota lends shrinks with the nodes that fail (docs/quota.md, "Live capacity")
+    reader = TopicReader(runtime.settings.kafka, CLUSTER_STATE, nodes)
+    await reader.start()
+    await reader.catch_up()
+    runtime.background.append(asyncio.create_task(reader.follow(runtime.stopping), name="follow-cluster-state"))
+    runtime.closers.append(reader.stop)
+    store = QuotaStore(runtime.pool, live=nodes.capacity)
     changed = asyncio.Event()
     quota_pb2_grpc.add_QuotaServicer_to_server(QuotaServicer(store, Authenticator(settings), changed), server)
     runtime.consume([JOB_LIFECYCLE], CONSUMER_GROUP, LedgerHandler(), exactly_once=True)

@@ -87,9 +87,10 @@ ACCESS: dict[str, Access] = {
             reads=(JOB_LIFECYCLE, CLUSTER_STATE, CHECKPOINTS, JOB_FORECAST, GPU_IDLE),
             writes=(SCHEDULING_DECISIONS, JOB_LIFECYCLE),
         ),
+        # meters lifecycle in its group; follows nodes with a group-less reader (the capacity it lends)
         Access(
             "quota",
-            reads=(JOB_LIFECYCLE,),
+            reads=(JOB_LIFECYCLE, CLUSTER_STATE),
             writes=(QUOTA_STATE, SCHEDULING_DECISIONS, DEAD_LETTER),
             groups=("kumiki-quota",),
         ),

@@ -24,6 +24,14 @@ LIFECYCLE_FROM_WIRE: dict[int, LifecycleState] = {
 }
 
 
+def node_gpus(state: events_pb2.NodeState) -> tuple[str, float]:
+    """A cluster.state record as (GPU model, GPUs that can take work): none while the node or any of its GPUs is
+    unhealthy, as Placement gives such a node no new work. A node of several models counts under the first."""
+    usable = state.healthy and all(gpu.healthy for gpu in state.gpus)
+    model = state.gpus[0].model if state.gpus else ""
+    return model, float(len(state.gpus)) if usable else 0.0
+
+
 def lifecycle_state(state: int) -> LifecycleState:
     """The core's state for a job.lifecycle `state` (an int: unknown enum values arrive as plain numbers)."""
     return LIFECYCLE_FROM_WIRE.get(state, LifecycleState.OTHER)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -32,6 +32,7 @@ from kumiki.quota.core import (
     decide_admission,
     may_submit,
     reclaim_decision_id,
+    with_live_capacity,
 )
 
 log = logging.getLogger(__name__)
@@ -169,14 +170,22 @@ def _holding(row: asyncpg.Record) -> Holding:
 
 
 class QuotaStore:
-    def __init__(self, pool: asyncpg.Pool, *, pending_window_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        pending_window_s: float = 300.0,
+        live: Callable[[], Mapping[str, float] | None] | None = None,
+    ) -> None:
         self.pool = pool
         self.pending_window_s = pending_window_s
+        self.live = live  # usable GPUs per model now (cluster.state); None, or answering None: the file alone
         self._cached: tuple[int, QuotaConfig] | None = None
         self._pending: dict[str, tuple[float, float]] = {}  # queue -> (GPUs denied, monotonic time)
 
     async def config(self, connection: asyncpg.Connection | None = None) -> QuotaConfig:
-        """The tree, reloaded only when `kumiki quota load` bumped the version."""
+        """The tree, reloaded only when `kumiki quota load` bumped the version, with its capacity shrunk to the
+        GPUs the cluster can run work on now."""
         if connection is None:
             async with self.pool.acquire() as acquired:
                 return await self.config(acquired)
@@ -185,7 +194,7 @@ class QuotaStore:
             raise NoConfig("no queue file loaded yet: run `kumiki quota load --file queues.yaml`")
         if self._cached is None or self._cached[0] != version:
             self._cached = await read_config(connection)
-        return self._cached[1]
+        return with_live_capacity(self._cached[1], self.live() if self.live is not None else None)
 
     async def admit(self, request: AdmitRequest, identity: str | None) -> AdmitResult:
         """Decide and record in one transaction; identity None skips the owner check (anonymous mode)."""

@@ -15,7 +15,8 @@ Semantics in one place:
   the victim's paths diverge (the victim's side must be above its guarantee there). A queue within its
   guarantee is protected and never a reason to stop looking elsewhere (kai-scheduler/KAI-Scheduler#1750).
 
-Modules: resources (ANY_MODEL, EPSILON, Resources), tree (the queue file and its invariants), admission,
+Modules: resources (ANY_MODEL, EPSILON, Resources), tree (the queue file and its invariants), capacity (the
+file's capacity shrunk to the GPUs up now), admission,
 reclaim, fairshare, status (what quota.state publishes), ledger (with its own LifecycleState). Nothing here
 reads or builds wire messages (protobuf): quota.adapters.convert turns requests, responses and lifecycle states
 into these values and back.
@@ -35,6 +36,7 @@ from kumiki.quota.core.admission import (
     may_submit,
     usage_view,
 )
+from kumiki.quota.core.capacity import effective_capacity, with_live_capacity
 from kumiki.quota.core.fairshare import decay_factor, decayed_usage, fair_shares, usage_factor
 from kumiki.quota.core.ledger import (
     CLOSING_STATES,
@@ -87,6 +89,7 @@ __all__ = [
     "decay_factor",
     "decayed_usage",
     "decide_admission",
+    "effective_capacity",
     "fair_shares",
     "flat_config",
     "gpu_seconds",
@@ -103,5 +106,6 @@ __all__ = [
     "timestamp_micros",
     "usage_factor",
     "usage_view",
+    "with_live_capacity",
     "with_reclaiming",
 ]
