@@ -164,19 +164,25 @@ def term_weight(raw: Any, where: str) -> int:
     return raw
 
 
+def weighted(raw: Any, at: str, kind: str, field_name: str) -> tuple[int, Any]:
+    """A preferred item (`weight` and its `field_name`: a pod affinity term or a node preference), checked."""
+    if not isinstance(raw, Mapping):
+        raise PodSpecError(at, f"must be a {kind}")
+    weight = term_weight(raw.get("weight"), f"{at}.weight")
+    if raw.get(field_name) is None:
+        raise PodSpecError(f"{at}.{field_name}", "required")
+    return weight, raw[field_name]
+
+
 def preferred_terms(spec: Mapping[str, Any]) -> tuple[WeightedTerm, ...]:
     """A pod's preferred podAffinity and podAntiAffinity terms, validated (PodSpecError names the field)."""
-    weighted: list[WeightedTerm] = []
+    terms_read: list[WeightedTerm] = []
     for anti, where, terms in _blocks(spec, PREFERRED):
         for t, raw in enumerate(terms):
             at = f"{where}[{t}]"
-            if not isinstance(raw, Mapping):
-                raise PodSpecError(at, "must be a weighted pod affinity term")
-            weight = term_weight(raw.get("weight"), f"{at}.weight")
-            if raw.get("podAffinityTerm") is None:
-                raise PodSpecError(f"{at}.podAffinityTerm", "required")
-            weighted.append(WeightedTerm(weight, _term(raw["podAffinityTerm"], anti, f"{at}.podAffinityTerm")))
-    return tuple(weighted)
+            weight, term = weighted(raw, at, "weighted pod affinity term", "podAffinityTerm")
+            terms_read.append(WeightedTerm(weight, _term(term, anti, f"{at}.podAffinityTerm")))
+    return tuple(terms_read)
 
 
 class Placed(NamedTuple):

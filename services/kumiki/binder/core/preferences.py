@@ -15,7 +15,7 @@ from typing import Any
 
 from kumiki.binder.core.node_rules import NodeRules, Requirement, node_selector_term
 from kumiki.binder.core.nodes import PREFER_NO_SCHEDULE, Node
-from kumiki.binder.core.pod_affinity import PREFERRED, Placed, WeightedTerm, preferred_terms, term_weight
+from kumiki.binder.core.pod_affinity import PREFERRED, Placed, WeightedTerm, preferred_terms, weighted
 from kumiki.binder.core.quantities import PodSpecError
 from kumiki.binder.core.topology_spread import SpreadConstraint, spread_constraints
 
@@ -60,12 +60,8 @@ def preferences(spec: Mapping[str, Any], labels: Mapping[str, str]) -> Preferenc
     node_terms: list[NodeTerm] = []
     for t, item in enumerate(raw):
         where = f"spec.affinity.nodeAffinity.{PREFERRED}[{t}]"
-        if not isinstance(item, Mapping):
-            raise PodSpecError(where, "must be a preferred scheduling term")
-        weight = term_weight(item.get("weight"), f"{where}.weight")
-        if item.get("preference") is None:
-            raise PodSpecError(f"{where}.preference", "required")
-        node_terms.append((weight, node_selector_term(item["preference"], f"{where}.preference")))
+        weight, preference = weighted(item, where, "preferred scheduling term", "preference")
+        node_terms.append((weight, node_selector_term(preference, f"{where}.preference")))
     return Preferences(
         tuple(node_terms), preferred_terms(spec), spread_constraints(spec, labels, when="ScheduleAnyway")
     )
