@@ -290,3 +290,35 @@ def test_parse_pod_keeps_the_preferences_and_reports_a_bad_one_on_the_pod() -> N
     obj["spec"]["affinity"] = {"nodeAffinity": {PREF: [node_term(0, ZONE, "za")]}}
     bad = core.parse_pod(obj)
     assert f"{NODE_PREF}.weight" in bad.invalid and bad.resources is None
+
+
+def test_the_prefer_replicas_example_is_read_as_written() -> None:
+    """docs/examples/prefer-replicas.yaml: its pod template parses with its three preferences; with one replica
+    placed on a1 (zone za) the next goes to the spot node c1 last (its taint untolerated), likes a1 least of the
+    others, and a2 and b1 tie (zone za's pull and the spread's push away from it weigh the same). Tolerating the
+    taint puts c1 level with them."""
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    manifest = yaml.safe_load((REPO_ROOT / "docs" / "examples" / "prefer-replicas.yaml").read_text())
+    template = manifest["spec"]["template"]
+    labels = {**template["metadata"]["labels"], "pod-template-hash": "7c4b"}  # as the ReplicaSet adds it
+    obj = {"metadata": {"name": "embed-serve-1", "namespace": "inference", "labels": labels}, "spec": template["spec"]}
+    pod = core.parse_pod(obj)
+    assert not pod.invalid and pod.affinity == () and pod.spread == ()
+    wants = pod.preferences
+    assert len(wants.node_terms) == 1 and len(wants.pod_terms) == 1 and len(wants.spread) == 1
+    spot = [{"key": "spot", "value": "true", "effect": "PreferNoSchedule"}]
+    nodes = [*NODES[:3], node_named("c1", {HOST: "c1", ZONE: "zc"}, taints=spot)]
+    placed = [Placed("inference/embed-serve-0", "inference", labels, "a1", (), wants.pod_terms)]
+
+    def ranked(candidate: core.Pod) -> dict[str, int]:
+        found = core.pod_scores(candidate, placed, nodes)
+        return {node.name: found.get(node.name, 0) for node in nodes}
+
+    score = ranked(pod)
+    assert score["c1"] < score["a1"] < score["a2"] == score["b1"], score
+    toleration = {"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"}
+    score = ranked(core.parse_pod({**obj, "spec": {**template["spec"], "tolerations": [toleration]}}))
+    assert score["a1"] < score["a2"] == score["b1"] == score["c1"], score
