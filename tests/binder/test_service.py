@@ -790,6 +790,57 @@ async def test_other_schedulers_pods_count_when_the_binder_watches_them(
     assert placed["near"] == "o2" and placed["apart"] != "o2" and placed["noisy"] != "o3", placed
 
 
+async def test_a_waiting_pod_a_later_placed_pods_anti_affinity_restricts_is_resolved_again(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    """Symmetry while a gang waits: a pod placed after it was queued, whose anti-affinity selects it, changes
+    its lists at once, so Placement never places it where the bind would refuse it. The pod placed later is
+    another scheduler's (it can take a node while kumiki's queue waits; a pod kumiki binds goes through the
+    same step, `restrict_waiting`, at its bind)."""
+    await start(processes, kube, zoned_nodes("y"), KUMIKI_BINDER_OTHER_PODS="true")
+    ns = await namespace(kube)
+
+    def pod(name: str, gpus: int, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+        obj = pod_object(ns, name, gpus=gpus, labels=labels)
+        obj["spec"].update(spec)
+        return obj
+
+    hogs = {"y1": 8, "y2": 8, "y3": 8}
+    await create_all(
+        kube, [pod(f"hog-{name}", gpus, nodeSelector={core.HOSTNAME_LABEL: name}) for name, gpus in hogs.items()]
+    )
+    await until(lambda: all_bound(kube, ns, 3), timeout_s=60, what="every node full")
+    await create_all(kube, [pod("noisy", 4, {"team": "noisy"})])
+    await until(lambda: told(kube, ns, ["noisy"]), timeout_s=60, what="the noisy pod told it waits")
+    # another scheduler's guard on y3 keeps noisy pods out of its zone (zb)
+    guard = pod_object(ns, "guard", scheduler="default-scheduler", labels={"app": "guard"})
+    guard["spec"]["nodeName"] = "y3"
+    guard["spec"]["affinity"] = _pod_term(True, {"team": "noisy"}, ZONE_LABEL)
+    await create_all(kube, [guard])
+
+    def counted() -> dict[str, float]:
+        return binder_metrics(processes, "kumiki_binder_gangs_sent_back", "kumiki_binder_affinity_lists_refreshed")
+
+    async def refreshed() -> bool:
+        return counted().get("kumiki_binder_affinity_lists_refreshed_total", 0) >= 1
+
+    await until(refreshed, timeout_s=30, what="the waiting noisy pod's lists resolved again")
+    # room on y3 first, where Placement would put the noisy pod were it not kept out of zb, then on y1
+    await kube.delete(Pod, "hog-y3", namespace=ns)
+    await kube.delete(Pod, "hog-y1", namespace=ns)
+    try:
+        await until(lambda: all_bound(kube, ns, 3), timeout_s=60, what="the noisy pod bound")
+    except AssertionError as error:  # name what each pod got
+        states = {
+            item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item))
+            for item in await pods_in(kube, ns)
+        }
+        raise AssertionError(f"{error}: {states} {counted()}") from None
+    placed = {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
+    assert placed["noisy"] == "y1", placed
+    assert counted().get("kumiki_binder_gangs_sent_back_total", 0) == 0, counted()  # never placed where barred
+
+
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 PREFER_NO_SCHEDULE_TOLERATION = [{"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"}]
 

@@ -58,6 +58,7 @@ class Binding(BinderState):
                 member = self._member(gang, assignment.pod_index)
                 if member is not None and not member.node:
                     self.assumed[member.key] = assignment.node
+                    self.restrict_waiting(member.key.namespace, member.affinity)
             self.pods_moved()
             gang.waiting_since = 0.0
             self.binding += 1

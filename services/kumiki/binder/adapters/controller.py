@@ -223,8 +223,18 @@ class Binder(Submissions, Eviction):
         before = self.other_pods.get(uid)
         if kind == "DELETED" or placed is None:
             self.other_pods.pop(uid, None)
+            self.affine_pods.discard(uid)
+            self.scoring_pods.discard(uid)
         else:
             self.other_pods[uid] = placed
+            # with terms, it restricts or scores the pods it selects (symmetry): resolving lists is needed
+            for holds, pods in ((placed.terms, self.affine_pods), (placed.preferred, self.scoring_pods)):
+                if holds:
+                    pods.add(uid)
+                else:
+                    pods.discard(uid)
+            if before is None:
+                self.restrict_waiting(placed.namespace, placed.terms)
         if before != self.other_pods.get(uid):
             self.pods_moved()
 
@@ -235,6 +245,8 @@ class Binder(Submissions, Eviction):
         if kind == "DELETED" or pod.node:
             self.assumed.pop(pod.key, None)
         now = "" if kind == "DELETED" or pod.ended else pod.node or self.assumed.get(pod.key, "")
+        if now and not before:  # placed by someone else (another binder replica, an earlier life of this one)
+            self.restrict_waiting(pod.key.namespace, pod.affinity)
         if before != now or (now and known is not None and known.labels != pod.labels):
             self.pods_moved()
 

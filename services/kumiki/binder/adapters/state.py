@@ -115,7 +115,7 @@ class BinderState:
         # pods are (a queued gang's node lists resolved at an older count are looked at again), and the gangs
         # that wait for a pod to be placed or to leave
         self.assumed: dict[PodKey, str] = {}
-        self.affine_pods: set[str] = set()
+        self.affine_pods: set[str] = set()  # other schedulers' pods with terms too (by uid, in `other_pods`)
         # the known pods with preferred pod (anti-)affinity terms (by uid): they score the nodes of pods they select
         self.scoring_pods: set[str] = set()
         # other schedulers' bound pods by uid (KUMIKI_BINDER_OTHER_PODS; None: not watched), with terms or not
@@ -165,6 +165,20 @@ class BinderState:
         (itself may be there)."""
         peers = [(other.key.namespace, other.labels) for other in gang if other.key != pod.key]
         return core.pod_filter(pod, placed, self.nodes, peers)
+
+    def restrict_waiting(self, namespace: str, terms: Iterable[core.PodAffinityTerm]) -> None:
+        """A pod of `namespace` with these terms was placed: its anti-affinity keeps the pods it selects out of its
+        domain (symmetry), so a gang queued in Placement with lists resolved before, that nothing shaped then,
+        is resolved again at the next round if the pod selects one of its pods."""
+        anti = [term for term in terms if term.anti]
+        if not anti:
+            return
+        for gang in self.gangs.values():
+            queued = gang.submitted and not gang.bound and gang.released != gang.generation
+            if not queued or gang.affinity_choices is not None:
+                continue  # not waiting in Placement, or its lists are looked at again anyway
+            if any(term.selects(namespace, pod.key.namespace, pod.labels) for pod in gang.waiting() for term in anti):
+                gang.affinity_choices = ()  # differs from any lists it resolves to: submitted again with them
 
     def pods_moved(self) -> None:
         """A pod was placed, or left a node: node lists resolved before are stale, and the gangs that waited

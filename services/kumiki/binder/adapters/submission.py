@@ -249,7 +249,8 @@ class Submissions(Binding):
         """Each pod's node rules, pod (anti-)affinity and topology spread resolved against the schedulable nodes
         and the placed pods, its preferences scored over the nodes left, and whether the placed pods shaped them
         (the pods have terms or constraints, or a placed pod's terms restrict or score them): only then are they
-        resolved again when pods move. A gang that a pod placed later restricts is caught at its bind instead."""
+        resolved again when pods move. A gang that a pod placed later restricts is marked then
+        (`restrict_waiting`) and resolved again too."""
         assert self.capacity is not None
         tainted = self.capacity.tainted
         scoring = self.capacity.prefer_tainted or bool(self.scoring_pods) or any(pod.preferences.any for pod in pods)

@@ -36,7 +36,8 @@ class Gang:
     waiting_since: float = 0.0  # monotonic time of the first submission of the unbound gang (0: none)
     timed_out: bool = False  # scheduleTimeoutSeconds passed: not submitted again until its pods or group change
     # pod (anti-)affinity: the node lists its last submission was told (None: its pods' terms and the placed
-    # pods' played no part), and the binder's count of pod moves they were resolved at (stale once it moves on)
+    # pods' played no part; (): a pod placed since restricts it, resolve again), and the binder's count of pod
+    # moves they were resolved at (stale once it moves on)
     affinity_choices: tuple[NodeChoice, ...] | None = None
     placed_seen: int = 0
 
