@@ -458,7 +458,7 @@ def test_preferences_rank_shares_mig_slices_and_cpu_pods(strategy):
         assert isinstance(unpreferred, Placement) and spec.nodes[unpreferred.nodes[0]].name != name
 
 
-def test_a_gang_with_preferences_is_scored_node_by_node():
+def test_a_gang_with_preferences_chooses_as_scoring_every_node_does():
     # identical empty nodes are one occupancy class; preferences tell them apart
     state = ClusterState.empty(uniform_cluster(4, 8))
     names = [node.name for node in state.spec.nodes]
@@ -489,3 +489,19 @@ def test_a_gangs_preferences_choose_the_node_or_rack_it_is_kept_in():
     one = replace(preferring, required_topology="node")
     assert place_gang(state, one, "kumiki").nodes == (3,)
     assert place_gang(state, replace(small, required_topology="node"), "kumiki").nodes == (0,)
+
+
+@pytest.mark.parametrize("strategy", ["best-fit", "spread", "first-fit", "kumiki"])
+def test_a_disliked_node_is_skipped_though_it_represents_its_occupancy_class(strategy):
+    # four identical empty nodes are one occupancy class, node 0 its representative: a pod that dislikes
+    # nodes 0 and 1 gets node 2 (the class's next member), and node 0 only once nothing else fits
+    state = ClusterState.empty(uniform_cluster(4, 8))
+    names = [node.name for node in state.spec.nodes]
+    pod = prefer(PodRequest(gpus=8), **{names[0]: -50, names[1]: -10})
+    placed = place_gang(state, GangRequest("p", (pod,)), strategy)
+    assert isinstance(placed, Placement) and placed.nodes == (2,)
+    for node in (2, 3):
+        occupy(state, f"x{node}", node, tuple(range(8)))
+    assert place_gang(state, GangRequest("p", (pod,)), strategy).nodes == (1,)  # the less disliked first
+    occupy(state, "x1", 1, tuple(range(8)))
+    assert place_gang(state, GangRequest("p", (pod,)), strategy).nodes == (0,)

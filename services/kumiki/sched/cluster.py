@@ -209,6 +209,7 @@ class ClusterState:
     classes: list[dict[OccupancyClass, list[int]]] = field(default_factory=list)
     class_of: list[tuple[int, OccupancyClass] | None] = field(default_factory=list)
     capacity_keys: list[tuple[Hashable, ...]] = field(default_factory=list)
+    node_index: dict[str, int] = field(default_factory=dict)  # node name -> index
     # nodes that receive no new work (unhealthy, gone); their allocations stay until released
     cordoned: frozenset[int] = frozenset()
     # nodes whose cards whole-GPU pods take last: they allow sharing and some node does not, so fractional pods
@@ -243,6 +244,7 @@ class ClusterState:
             state.rack_of.append(node.rack)
             state.racks.setdefault(node.rack, []).append(index)
             state.capacity_keys.append(node.capacity_key())
+            state.node_index[node.name] = index
             state.class_of.append(None)
             state._classify(index, len(whole))
         mixed = not all(node.sharing for node in spec.nodes)

@@ -91,7 +91,6 @@ class _Placer:
         # answers that depend only on a node's occupancy class or on pure inputs, kept with the state per mix
         self.memo = state.memo.setdefault(mix, {})
         self._domain_levels: list[list[int]] | None = None
-        self._preferences: dict[int, dict[str, int]] = {}  # id(pod) -> its node_preference as a dict
 
     # ---- candidates ----------------------------------------------------------------------------
     def _skip(self, node: int) -> bool:
@@ -115,22 +114,9 @@ class _Placer:
         nodes.sort()
         return nodes
 
-    def candidate_nodes(self, pod: PodRequest) -> list[int]:
-        """level_nodes over every level, ascending by node index; the nodes `pod` prefers first."""
-        nodes = sorted(node for level in range(self.state.max_gpus + 1) for node in self.level_nodes(level))
-        if pod.node_preference:
-            nodes.sort(key=partial(self.rank, pod=pod))  # stable: node index between equals
-        return nodes
-
-    def rank(self, node: int, pod: PodRequest) -> int:
-        """The first key of every choice: minus the score the pod's preferences give the node (0 without), so a
-        preferred node that fits wins whatever the strategy, and the strategy decides between equals."""
-        if not pod.node_preference:
-            return 0
-        scores = self._preferences.get(id(pod))
-        if scores is None:
-            scores = self._preferences[id(pod)] = dict(pod.node_preference)
-        return -scores.get(self.state.spec.nodes[node].name, 0)
+    def candidate_nodes(self) -> list[int]:
+        """level_nodes over every level, ascending by node index."""
+        return sorted(node for level in range(self.state.max_gpus + 1) for node in self.level_nodes(level))
 
     # ---- helpers -------------------------------------------------------------------------------
     def free_gpus(self, node: int) -> set[int]:
@@ -172,10 +158,7 @@ class _Placer:
         levels = range(need, self.state.max_gpus + 1)
         ordered = reversed(levels) if self.strategy == "spread" else levels
         found: list[tuple[int, int]] = []
-        # stopping early at the level the strategy likes best is sound only while no node outranks another
-        can_stop = (
-            self.strategy in ("best-fit", "spread", "kumiki") and not self.scratch.gpus and not pod.node_preference
-        )
+        can_stop = self.strategy in ("best-fit", "spread", "kumiki") and not self.scratch.gpus
         for level in ordered:
             for node in self.level_nodes(level):
                 free = level - len(self.scratch.gpus.get(node, ()))
@@ -215,24 +198,16 @@ class _Placer:
         if not found:
             return None
         kept = self.state.kept_for_shares  # every strategy takes these last
-        rank = partial(self.rank, pod=pod)
         if self.strategy == "spread":
-            _, node = min(found, key=lambda item: (kept[item[1]], rank(item[1]), -item[0], item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], -item[0], item[1]))
         elif self.strategy == "first-fit":
-            _, node = min(found, key=lambda item: (kept[item[1]], rank(item[1]), item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], item[1]))
         elif self.strategy == "kumiki":
             _, node = min(
-                found,
-                key=lambda item: (
-                    kept[item[1]],
-                    rank(item[1]),
-                    not self.island_fit(item[1], pod.gpus),
-                    item[0],
-                    item[1],
-                ),
+                found, key=lambda item: (kept[item[1]], not self.island_fit(item[1], pod.gpus), item[0], item[1])
             )
         else:
-            _, node = min(found, key=lambda item: (kept[item[1]], rank(item[1]), item[0], item[1]))
+            _, node = min(found, key=lambda item: (kept[item[1]], item[0], item[1]))
         return PodPlacement(
             index, node, self.pick_gpus(node, pod.gpus), cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib
         )
@@ -281,11 +256,11 @@ class _Placer:
 
     def place_share(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int, int] | None = None
-        for node in self.candidate_nodes(pod):
+        for node in self.candidate_nodes():
             if not self.state.spec.nodes[node].sharing:
                 continue
             for prefix, gpu in self.remembered(node, ("share", pod), partial(self.share_options, node, pod)):
-                key = (self.rank(node, pod), *prefix, node, gpu)
+                key = (*prefix, node, gpu)
                 if best is None or key < best[0]:
                     best = (key, node, gpu)
                 if self.strategy == "first-fit":
@@ -330,7 +305,7 @@ class _Placer:
         mig_mix = {kind.mig_profile: kind.weight for kind in self.mix.types if kind.mig_profile}
         # The choice on one GPU depends only on its model and occupancy, which repeat across a fleet:
         # (model, occupied) -> (fragmentation cost, start) of its best free start, or None when it is full.
-        for node in self.candidate_nodes(pod):
+        for node in self.candidate_nodes():
             spec = self.state.spec.nodes[node]
             if not spec.mig_gpus:
                 continue
@@ -350,15 +325,14 @@ class _Placer:
                     continue
                 cost, start = choice
                 used = bin(occupied).count("1")
-                rank = self.rank(node, pod)
                 if self.strategy == "spread":
-                    key: tuple[float, ...] = (rank, used, node, gpu, start)
+                    key: tuple[float, ...] = (used, node, gpu, start)
                 elif self.strategy == "first-fit":
-                    key = (rank, node, gpu, start)
+                    key = (node, gpu, start)
                 elif self.strategy == "best-fit":
-                    key = (rank, -used, node, gpu, start)
+                    key = (-used, node, gpu, start)
                 else:
-                    key = (rank, cost, -used, node, gpu, start)
+                    key = (cost, -used, node, gpu, start)
                 if best is None or key < best[0]:
                     best = (key, node, gpu, start)
             if self.strategy == "first-fit" and best is not None:
@@ -396,20 +370,19 @@ class _Placer:
     # ---- CPU-only ------------------------------------------------------------------------------
     def place_cpu(self, index: int, pod: PodRequest) -> PodPlacement | None:
         best: tuple[tuple[float, ...], int] | None = None
-        for node in self.candidate_nodes(pod):
+        for node in self.candidate_nodes():
             if not self.host_ok(node, pod):
                 continue
             cpu = self.state.nodes[node].cpu_free - self.scratch.cpu.get(node, 0)
-            if self.strategy == "first-fit":  # candidates come preferred first
+            if self.strategy == "first-fit":
                 best = ((node,), node)
                 break
-            rank = self.rank(node, pod)
             if self.strategy == "spread":
-                key: tuple[float, ...] = (rank, -cpu, node)
+                key: tuple[float, ...] = (-cpu, node)
             elif self.strategy == "best-fit":
-                key = (rank, cpu, node)
+                key = (cpu, node)
             else:  # keep CPU on GPU nodes for GPU pods: least free GPU capacity, then best-fit CPU
-                key = (rank, sum(self.node_free_shares(node)), cpu, node)
+                key = (sum(self.node_free_shares(node)), cpu, node)
             if best is None or key < best[0]:
                 best = (key, node)
         if best is None:
@@ -417,17 +390,56 @@ class _Placer:
         return PodPlacement(index, best[1], cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
     def place_pod(self, index: int, pod: PodRequest) -> PodPlacement | None:
-        if pod.gpus:
-            placed = self.place_whole(index, pod)
-        elif pod.gpu_fraction:
-            placed = self.place_share(index, pod)
-        elif pod.mig_profile:
-            placed = self.place_mig(index, pod)
-        else:
-            placed = self.place_cpu(index, pod)
+        placed = self.place_preferring(index, pod) if pod.node_preference else self.place_any(index, pod)
         if placed is not None:
             self.scratch.take(placed)
         return placed
+
+    def preference_scores(self, pod: PodRequest) -> tuple[dict[int, int], frozenset[int]]:
+        """Node index -> the pod's score for it, for the nodes it names that the cluster has (not 0); and those
+        nodes."""
+        index = self.state.node_index
+        scores = {index[name]: score for name, score in pod.node_preference if score and name in index}
+        return scores, frozenset(scores)
+
+    def place_any(self, index: int, pod: PodRequest) -> PodPlacement | None:
+        if pod.gpus:
+            return self.place_whole(index, pod)
+        if pod.gpu_fraction:
+            return self.place_share(index, pod)
+        if pod.mig_profile:
+            return self.place_mig(index, pod)
+        return self.place_cpu(index, pod)
+
+    def place_preferring(self, index: int, pod: PodRequest) -> PodPlacement | None:
+        """The pod on a node of the best score that fits: the nodes of each score in turn, best first, the
+        strategy choosing among them as it would among all. The nodes the preferences do not name (score 0, most
+        of them) are one tier, placed as without preferences (through the class index where the gang may use
+        it, the named nodes skipped), so a preference costs about the nodes it names and never makes a pod wait."""
+        scores, named = self.recall(("preference", pod.node_preference), partial(self.preference_scores, pod))
+        domain, excluded, levels = self.domain, self.excluded, self._domain_levels
+        if domain is not None and len(domain) < len(scores):  # a gang's node or rack: look at its nodes only
+            named_here = [(node, scores[node]) for node in domain if node in scores]
+        else:
+            named_here = [(node, score) for node, score in scores.items() if domain is None or node in domain]
+        tiers: dict[int, set[int]] = {}
+        for node, score in named_here:
+            # a quick no before the strategy's own look: barred, or too few whole GPUs free
+            if node not in excluded and len(self.free_gpus(node)) >= pod.gpus:
+                tiers.setdefault(score, set()).add(node)
+        try:
+            for score in sorted({*tiers, 0}, reverse=True):
+                if score:
+                    self.domain, self.excluded = frozenset(tiers[score]), excluded
+                else:
+                    self.domain, self.excluded = domain, excluded | named
+                self._domain_levels = levels if score == 0 and not named else None
+                placed = self.place_any(index, pod)
+                if placed is not None:
+                    return placed
+            return None
+        finally:
+            self.domain, self.excluded, self._domain_levels = domain, excluded, levels
 
 
 def _gang_preference(state: ClusterState, request: GangRequest) -> Callable[[int], int]:
@@ -516,8 +528,8 @@ def place_gang(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     order = sorted(range(len(request.pods)), key=lambda i: (-request.pods[i].gpu_demand, i))
-    if by_class and any(pod.node_by_node for pod in request.pods):
-        by_class = False  # nodes of one occupancy class may differ in what the pod's rules admit or prefer
+    if by_class and any(pod.node_rules for pod in request.pods):
+        by_class = False  # nodes of one occupancy class may differ in what the pod's rules admit: score each
     distinct = request.distinct_nodes
     for domain in _domains(state, request, strategy):
         placer = _Placer(state, strategy, mix, excluded_nodes, domain, by_class=by_class, distinct=distinct)
