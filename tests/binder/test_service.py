@@ -923,6 +923,37 @@ async def test_preferences_rank_nodes_and_never_make_a_pod_wait(kube: AsyncClien
     assert over_commits(await pods_in(kube, ns)) == []
 
 
+async def test_a_waiting_pods_scores_follow_the_pods_placed_meanwhile(kube: AsyncClient, processes: Processes) -> None:
+    """A queued pod whose preferences count other pods (preferred anti-affinity) is scored again when such a
+    pod is placed, and submitted again with the new scores: Placement then ranks the nodes as they are."""
+    await start(processes, kube, zoned_nodes("w"), KUMIKI_BINDER_OTHER_PODS="true")
+    ns = await namespace(kube)
+    hogs = [pod_object(ns, f"hog-{name}", gpus=8) for name in ("w1", "w2", "w3")]
+    for hog in hogs:
+        hog["spec"]["nodeSelector"] = {core.HOSTNAME_LABEL: hog["metadata"]["name"].removeprefix("hog-")}
+    await create_all(kube, hogs)
+    await until(lambda: all_bound(kube, ns, 3), timeout_s=60, what="every node full")
+    apart = pod_object(ns, "apart", gpus=4)
+    term = _pod_term(True, {"app": "web"})["podAntiAffinity"][core.REQUIRED_AFFINITY][0]
+    apart["spec"]["affinity"] = {"podAntiAffinity": {PREFERRED: [{"weight": 100, "podAffinityTerm": term}]}}
+    await create_all(kube, [apart])
+    await until(lambda: told(kube, ns, ["apart"]), timeout_s=60, what="the pod told it waits")
+
+    def refreshed() -> float:
+        counted = binder_metrics(processes, "kumiki_binder_affinity_lists_refreshed")
+        return counted.get("kumiki_binder_affinity_lists_refreshed_total", 0)
+
+    assert refreshed() == 0
+    web = pod_object(ns, "web", scheduler="default-scheduler", labels={"app": "web"})
+    web["spec"]["nodeName"] = "w3"
+    await create_all(kube, [web])
+
+    async def scored_again() -> bool:
+        return refreshed() >= 1
+
+    await until(scored_again, timeout_s=30, what="the waiting pod scored again and submitted with its new scores")
+
+
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:
     await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
     ns = await namespace(kube)

@@ -269,7 +269,19 @@ class Submissions(Binding):
             if scoring and not choice.none_because:  # over every schedulable node: pods count wherever they are
                 scores = core.pod_scores(pod, placed, candidates)
                 choice = replace(choice, prefer=tuple(sorted(scores.items())))
-                shaped = shaped or bool(self.scoring_pods) or counts_other_pods(pod)
+                # scores placed pods shaped: its own terms or constraints, or a placed pod's preferred terms
+                # selecting it (not merely some placed pod having such terms: that would look at every waiting
+                # gang again on every move)
+                shaped = (
+                    shaped
+                    or counts_other_pods(pod)
+                    or any(
+                        term.selects(other.namespace, pod.key.namespace, pod.labels)
+                        for other in placed
+                        if other.preferred
+                        for _, term in other.preferred
+                    )
+                )
             choices.append(choice)
         return choices, shaped
 
