@@ -954,6 +954,46 @@ async def test_a_waiting_pods_scores_follow_the_pods_placed_meanwhile(kube: Asyn
     await until(scored_again, timeout_s=30, what="the waiting pod scored again and submitted with its new scores")
 
 
+async def test_a_recreated_worker_takes_the_place_of_the_one_deleted(kube: AsyncClient, processes: Processes) -> None:
+    """A placed gang whose worker is deleted and recreated (as a Job or training operator does) binds the new
+    pod to the node and GPUs Placement still holds for the gang; one asking for something else is told that the
+    group was placed before it joined."""
+    await start(processes, kube, [node_object(f"r{index}", 8) for index in range(2)])
+    ns = await namespace(kube)
+    group = [podgroup_object(ns, "train", 2)]
+    group += [pod_object(ns, f"worker-{index}", gpus=6, group="train") for index in range(2)]
+    await create_all(kube, group)
+    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the gang bound")
+    before = {item["metadata"]["name"]: item for item in await pods_in(kube, ns)}
+    await kube.delete(Pod, "worker-1", namespace=ns)
+
+    async def gone() -> bool:
+        return "worker-1" not in {item["metadata"]["name"] for item in await pods_in(kube, ns)}
+
+    await until(gone, timeout_s=60, what="worker-1 deleted")
+    # 6 of each node's 8 GPUs are the gang's: a new 2-GPU pod of the group has no place; a new 6-GPU one has
+    await create_all(
+        kube,
+        [pod_object(ns, "worker-1-again", gpus=6, group="train"), pod_object(ns, "extra", gpus=2, group="train")],
+    )
+
+    async def replaced() -> bool:
+        pods = {item["metadata"]["name"]: item for item in await pods_in(kube, ns)}
+        again = pods.get("worker-1-again") or {}
+        return bool((again.get("spec") or {}).get("nodeName")) and await told(kube, ns, ["extra"])
+
+    await until(replaced, timeout_s=60, what="the recreated worker bound and the extra pod told")
+    after = {item["metadata"]["name"]: item for item in await pods_in(kube, ns)}
+    old, new = before["worker-1"], after["worker-1-again"]
+    assert new["spec"]["nodeName"] == old["spec"]["nodeName"]
+    for annotation in (core.JOB_ANNOTATION, core.GENERATION_ANNOTATION, core.GPU_INDICES_ANNOTATION):
+        assert new["metadata"]["annotations"][annotation] == old["metadata"]["annotations"][annotation], annotation
+    assert (condition(after["extra"]) or {}).get("reason") == "GroupAlreadyPlaced", after["extra"]
+    assert over_commits(list(after.values())) == []
+    counted = binder_metrics(processes, "kumiki_binder_replacements")
+    assert counted.get("kumiki_binder_replacements_total") == 1, counted
+
+
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:
     await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
     ns = await namespace(kube)

@@ -88,3 +88,25 @@ def test_bind_request_fields_carry_the_forecasting_features() -> None:
     unlimited = core.bind_request_fields(gang, [pod("f"), pod("g")])
     assert "time_limit_s" not in unlimited  # proto3 optional: unset, not 0
     assert unlimited["image"] == "registry.example/train:1" and unlimited["command"] == "python f.py --fast"
+
+
+def test_a_late_pod_takes_the_place_of_a_deleted_member_that_asked_the_same() -> None:
+    def pod(name: str, gpus: int, node: str = "") -> core.Pod:
+        obj = pod_object("ns", name, gpus=gpus, group="g")
+        obj["spec"]["nodeName"] = node
+        return core.parse_pod(obj)
+
+    members = [pod("w-0", 2, "n1"), pod("w-1", 2, "n2"), pod("w-2", 4, "n3")]
+    gang = core.Gang(job_id="ns/g", namespace="ns", group="g", min_member=3, bound=True, generation=1)
+    gang.submitted = tuple(member.key for member in members)
+    gang.pods = {member.key: member for member in members}
+    logged = [member.resources for member in members]
+    late = [pod("w-1b", 2), pod("w-2b", 2)]
+    assert core.replacements(gang, logged, late) == []  # every member is still there
+    del gang.pods[members[1].key]
+    del gang.pods[members[2].key]
+    # w-1b asks what w-1 asked: its place; w-2b asks 2 GPUs where w-2 asked 4: no place for it
+    assert core.replacements(gang, logged, late) == [(1, late[0])]
+    twins = [pod("w-1b", 2), pod("w-1c", 2)]
+    assert core.replacements(gang, logged, twins) == [(1, twins[0])]  # one place, first come
+    assert core.replacements(gang, [logged[0], None, logged[2]], late) == []  # a logged request not readable

@@ -10,9 +10,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kumiki.binder import core
-from kumiki.binder.adapters.metrics import BINDS, POD_SCHEDULING_SECONDS, REPAIRS, SENT_BACK
+from kumiki.binder.adapters.metrics import BINDS, POD_SCHEDULING_SECONDS, REPAIRS, REPLACEMENTS, SENT_BACK
 from kumiki.binder.adapters.state import BinderState, gang_attributes, tracer
-from kumiki.binder.core import Gang, Pod
+from kumiki.binder.core import Gang, Pod, PodKey
 from kumiki.common.tracing import recording
 
 log = logging.getLogger(__name__)
@@ -65,34 +65,12 @@ class Binding(BinderState):
             self.quiet.clear()
 
             async def bind_one(assignment: core.PodAssignment) -> bool:
-                key = gang.submitted[assignment.pod_index]
-                pod = gang.pods.get(key)
+                pod = gang.pods.get(gang.submitted[assignment.pod_index])
                 if pod is None:
                     return False
                 if pod.node:
                     return pod.node == assignment.node
-                annotations = core.assignment_annotations(
-                    gang.job_id, generation, assignment, self.nodes.get(assignment.node)
-                )
-                done = await self.kube.bind(key.namespace, key.name, pod.uid, assignment.node, annotations)
-                if done:
-                    BINDS.inc()
-                    if pod.created_unix_s:  # queueing, gang wait and Placement included: what a user waits
-                        POD_SCHEDULING_SECONDS.observe(max(0.0, time.time() - pod.created_unix_s))
-                    if how == "repair":
-                        REPAIRS.inc()
-                    if self.scheduled_events:
-                        self._event(
-                            "Pod",
-                            "v1",
-                            key.namespace,
-                            key.name,
-                            pod.uid,
-                            "Scheduled",
-                            f"Successfully assigned {key} to {assignment.node} ({how})",
-                            "Normal",
-                        )
-                return done
+                return await self._bind_pod(gang.job_id, generation, pod, assignment, how)
 
             try:
                 results = await asyncio.gather(*(bind_one(assignment) for assignment in placed), return_exceptions=True)
@@ -115,6 +93,49 @@ class Binding(BinderState):
                 await self.kube.set_podgroup_phase(gang.namespace, gang.group, "Scheduled", len(placed), 0)
         finally:
             self.busy.discard(gang.job_id)
+
+    async def _bind_pod(self, job_id: str, generation: int, pod: Pod, assignment: core.PodAssignment, how: str) -> bool:
+        """One pod's Binding with its assignment's annotations, counted, with its Scheduled Event."""
+        key = pod.key
+        annotations = core.assignment_annotations(job_id, generation, assignment, self.nodes.get(assignment.node))
+        done = await self.kube.bind(key.namespace, key.name, pod.uid, assignment.node, annotations)
+        if done:
+            BINDS.inc()
+            if pod.created_unix_s:  # queueing, gang wait and Placement included: what a user waits
+                POD_SCHEDULING_SECONDS.observe(max(0.0, time.time() - pod.created_unix_s))
+            if how == "repair":
+                REPAIRS.inc()
+            if self.scheduled_events:
+                self._event(
+                    "Pod",
+                    "v1",
+                    key.namespace,
+                    key.name,
+                    pod.uid,
+                    "Scheduled",
+                    f"Successfully assigned {key} to {assignment.node} ({how})",
+                    "Normal",
+                )
+        return done
+
+    async def _replace(self, gang: Gang, taken: list[tuple[int, PodKey, Pod, core.PodAssignment]]) -> None:
+        """Bind pods that took the places of members gone (`Submissions._replace_members`); a place whose
+        Binding fails goes back to the member that left it, so its pod is told again."""
+        try:
+            for index, gone, pod, assignment in taken:
+                try:
+                    done = await self._bind_pod(gang.job_id, gang.generation, pod, assignment, "replacement")
+                except Exception as error:  # the API refused or went away: the pod waits, told why
+                    log.warning("a replacement's binding failed", extra={"job": gang.job_id, "reason": str(error)})
+                    done = False
+                if not done and index < len(gang.submitted) and gang.submitted[index] == pod.key:
+                    self.assumed.pop(pod.key, None)
+                    gang.submitted = (*gang.submitted[:index], gone, *gang.submitted[index + 1 :])
+                elif done:
+                    REPLACEMENTS.inc()
+        finally:
+            self.busy.discard(gang.job_id)
+            self.touch(gang.job_id)
 
     def _member(self, gang: Gang, index: int) -> Pod | None:
         if 0 <= index < len(gang.submitted):

@@ -37,3 +37,7 @@ AFFINITY_REFRESHED = Counter(
     "kumiki_binder_affinity_lists_refreshed_total",
     "Gangs queued in Placement submitted again with new node lists: pods they keep to or away from moved",
 )
+REPLACEMENTS = Counter(
+    "kumiki_binder_replacements_total",
+    "Pods that joined a placed gang and took the place (node and GPUs) of a member that was deleted",
+)

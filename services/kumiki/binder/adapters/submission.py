@@ -60,6 +60,8 @@ class Submissions(Binding):
                     continue
                 if gang.bound and gang.released != gang.generation:
                     late = [pod for pod in gang.waiting() if pod.key not in gang.submitted]
+                    if late and self._replace_members(gang, late):
+                        continue
                     if late and job_id not in self.told_late:
                         self.told_late.add(job_id)
                         self._spawn(
@@ -91,6 +93,35 @@ class Submissions(Binding):
                 self._spawn(self._submit(gang))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=0.25)
+
+    def _replace_members(self, gang: Gang, late: list[Pod]) -> bool:
+        """Late pods of a placed gang that ask for what a deleted member asked take its place: Placement still
+        holds that member's node and GPUs for the gang (a worker a Job or training operator recreated). Only
+        where the node still takes the pod (schedulable, its node rules, pod affinity). True when some did."""
+        logged = self.logged.get(gang.job_id)
+        if logged is None or logged.generation != gang.generation or logged.state != events_pb2.JOB_STATE_BOUND:
+            return False
+        assignments = {assignment.pod_index: assignment for assignment in logged.assignments}
+        taken = []
+        for index, pod in core.replacements(gang, logged.pods, late):
+            assignment = assignments.get(index)
+            node = self.nodes.get(assignment.node) if assignment is not None else None
+            if assignment is None or node is None or node.why_not or pod.rules.why_not(node):
+                continue
+            if self.affine_pods and self.affinity(pod, self.placed([pod]), [pod]).why_not(node):
+                continue
+            taken.append((index, gang.submitted[index], pod, assignment))
+        if not taken:
+            return False
+        submitted = list(gang.submitted)
+        for index, _, pod, assignment in taken:
+            submitted[index] = pod.key
+            self.assumed[pod.key] = assignment.node  # placed from now on for every gang's pod affinity
+        gang.submitted = tuple(submitted)
+        self.pods_moved()
+        self.busy.add(gang.job_id)
+        self._spawn(self._replace(gang, taken))
+        return True
 
     def reconcile(self) -> None:
         """After the first list: gangs whose pods are bound resume where they were; a gang Placement bound

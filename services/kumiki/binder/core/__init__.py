@@ -18,8 +18,8 @@ could never fit), `requests` (what a pod asks for), `pod_affinity` (required pod
 resolved against the placed pods and between a gang's own pods; preferred terms read), `topology_spread`
 (topology spread constraints; DoNotSchedule ones resolved the same way), `preferences` (preferred node and pod
 affinity, ScheduleAnyway spread and PreferNoSchedule taints as a score per node, as kube-scheduler scores),
-`pods` (a Pod, `parse_pod`, `pod_filter`, `pod_scores`), `gangs` (readiness, the
-BindRequest, a gang's outcome), `writeback` (the Binding's annotations, the PodScheduled reason).
+`pods` (a Pod, `parse_pod`, `pod_filter`, `pod_scores`), `gangs` (readiness, the BindRequest, a gang's outcome,
+replacements for members gone), `writeback` (the Binding's annotations, the PodScheduled reason).
 This package re-exports all of their public names, so `core.Name` works whichever module holds it.
 """
 
@@ -35,6 +35,7 @@ from kumiki.binder.core.gangs import (
     GangOutcome,
     bind_request_fields,
     gang_outcome,
+    replacements,
     same_requests,
 )
 from kumiki.binder.core.names import (
@@ -225,6 +226,7 @@ __all__ = [
     "preferred_terms",
     "quantity",
     "reason_text",
+    "replacements",
     "same_requests",
     "spread_constraints",
     "spread_filter",

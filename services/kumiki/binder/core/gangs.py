@@ -107,6 +107,26 @@ def same_requests(logged: Sequence[PodRequest | None], pods: Sequence[PodRequest
     return True
 
 
+def replacements(gang: Gang, logged: Sequence[PodRequest | None], late: Sequence[Pod]) -> list[tuple[int, Pod]]:
+    """Pods that joined a placed gang (`late`), each paired with the place of a member that is gone (deleted):
+    the index of that member in the gang's request, for a pod asking for what it asked (`logged`: the request
+    Placement placed). Placement still holds that member's GPUs for the gang, so the newcomer takes them: a Job
+    or training operator that recreates a failed worker gets it back where it was. First come, first paired."""
+    vacated = [
+        index
+        for index, key in enumerate(gang.submitted)
+        if key not in gang.pods and index < len(logged) and logged[index] is not None
+    ]
+    pairs: list[tuple[int, Pod]] = []
+    for pod in late:
+        for index in vacated:
+            if same_requests([logged[index]], [pod.resources]):
+                pairs.append((index, pod))
+                vacated.remove(index)
+                break
+    return pairs
+
+
 def gang_outcome(pods: Iterable[Pod]) -> GangOutcome | None:
     """How a gang's bound pods ended: "completed" when all succeeded, "failed" when any failed once all have
     ended, else None (some still run, or there are none). `adapters.convert.job_state` names it on the wire."""
