@@ -1,6 +1,7 @@
 """Every way in that is not a gRPC call, as a function of one hostile input: the event decoder of each topic
 (protobuf payload and CloudEvents headers), trace files, configuration (queue files, token files, the
-environment), the node agent's recordings and samples, and DCGM exporter pages.
+environment), the node agent's recordings and samples, DCGM exporter pages, and Kubernetes pods as the binder
+reads them (its watch must survive any pod the API server holds).
 
 Each entry point returns an outcome: 'accepted', 'rejected-field' (the documented error type, its message naming
 the field, header, column, variable or line), or a finding: 'crash: ...' (any other exception, or a rejection
@@ -216,6 +217,77 @@ def _queue_config(data: Any) -> str:
     return "accepted"
 
 
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON-like value: dict keys and list positions, nested."""
+    found: list[tuple[Any, ...]] = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            found += _paths(inner, (*prefix, key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            found += _paths(inner, (*prefix, index))
+    return found
+
+
+def _kubernetes_pods() -> st.SearchStrategy[Any]:
+    """The example manifests' pod templates (required and preferred pod affinity, node affinity, topology
+    spread, a GPU limit) with values somewhere replaced by others of the same type, or lists and maps cut."""
+    examples = Path(__file__).resolve().parents[2] / "docs" / "examples"
+    templates = []
+    for name in ("spread-replicas.yaml", "prefer-replicas.yaml"):
+        template = yaml.safe_load((examples / name).read_text())["spec"]["template"]
+        templates.append(
+            {"metadata": {"name": "p", "namespace": "ns", **template["metadata"]}, "spec": template["spec"]}
+        )
+
+    @st.composite
+    def damaged(draw: st.DrawFn) -> Any:
+        pod = json.loads(json.dumps(draw(st.sampled_from(templates))))  # a deep copy
+        for _ in range(draw(st.integers(1, 4))):
+            *parent, last = draw(st.sampled_from(_paths(pod)))
+            holder = pod
+            for step in parent:
+                holder = holder[step]
+            holder[last] = draw(_same_kind(holder[last]))
+        return pod
+
+    return damaged()
+
+
+def _same_kind(value: Any) -> st.SearchStrategy[Any]:
+    """Another value of the same JSON type: what the API server's schema lets through (it checks types, not
+    what a scheduler needs), so the damage reaches the binder's own validation."""
+    if isinstance(value, bool):
+        return st.booleans()
+    if isinstance(value, int):
+        return st.integers(-(2**40), 2**40)
+    if isinstance(value, str):
+        return st.one_of(st.text(max_size=12), st.sampled_from(["", "In", "Exists", "Gt", "zone", "1", "-1"]))
+    if isinstance(value, list):
+        return st.one_of(st.just([]), st.just(value[:1] * 3), st.just(value[1:]))
+    if isinstance(value, dict):
+        drop = st.sampled_from(sorted(value)).map(lambda key: {k: v for k, v in value.items() if k != key})
+        return st.one_of(drop, st.just({})) if value else st.just({})
+    return st.just(value)
+
+
+def _kubernetes_pod(obj: Any) -> str:
+    """The binder's reading of a pod: never an exception (a pod the API holds must not stop its watch), and a
+    request it cannot use is marked invalid with the field named (shown on the pod)."""
+    from kumiki.binder import core
+
+    try:
+        pod = core.parse_pod(obj)
+        spec = obj.get("spec")
+        core.placed_pod({**obj, "spec": {**spec, "nodeName": "n1"}} if isinstance(spec, dict) else obj)  # another's
+    except Exception as error:
+        return _crash(error)
+    if not pod.invalid:
+        return "accepted"
+    named = re.match(r"^[A-Za-z][\w.\[\]/-]*: ", pod.invalid)  # a field path first: spec.x[0].y, resources[...]
+    return "rejected-field" if named else _crash(ValueError(pod.invalid))
+
+
 def _tokens_file(content: str) -> str:
     path = _SCRATCH / "tokens.yaml"
     path.write_text(content)
@@ -370,6 +442,7 @@ def entry_points() -> list[EntryPoint]:
         EntryPoint("trace file (jobs)", _csv(TRACE_COLUMNS), _trace_file(load_jobs, "jobs")),
         EntryPoint("trace file (nodes)", _csv(NODE_COLUMNS), _trace_file(load_nodes, "nodes")),
         EntryPoint("quota queue file", _queue_files(), _queue_config),
+        EntryPoint("kubernetes pod (binder)", _kubernetes_pods(), _kubernetes_pod),
         EntryPoint(
             "quota tokens file",
             st.one_of(_YAML_VALUE.map(yaml.safe_dump), st.text(max_size=80), st.just("a" * 64 + ": alice")),

@@ -1,5 +1,6 @@
 """Every way in that is not a gRPC call, fuzzed: each topic's event decoder (payload and CloudEvents headers),
-trace files, queue and token files, the services' environment, the agent's recordings, DCGM exporter pages.
+trace files, queue and token files, the services' environment, the agent's recordings, DCGM exporter pages, and
+the Kubernetes pods the binder reads.
 No exception but the documented one, and that one names the field, header, column, variable or line."""
 
 from __future__ import annotations
