@@ -505,3 +505,38 @@ def test_a_disliked_node_is_skipped_though_it_represents_its_occupancy_class(str
     assert place_gang(state, GangRequest("p", (pod,)), strategy).nodes == (1,)  # the less disliked first
     occupy(state, "x1", 1, tuple(range(8)))
     assert place_gang(state, GangRequest("p", (pod,)), strategy).nodes == (0,)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kinds=st.lists(st.integers(0, len(NODE_KINDS) - 1), min_size=1, max_size=10),
+    held=st.lists(st.lists(pod_requests, min_size=1, max_size=2), max_size=8),
+    pod=pod_requests,
+    scores=st.dictionaries(st.integers(0, 9), st.integers(-3, 3), max_size=6),
+)
+def test_a_preferred_placement_is_on_a_best_scored_node_that_fits_and_the_class_index_agrees(kinds, held, pod, scores):
+    nodes = tuple(replace(NODE_KINDS[kind], name=f"n{i}", rack=f"r{i // 3}") for i, kind in enumerate(kinds))
+    state = ClusterState.empty(ClusterSpec(nodes))
+    for number, pods in enumerate(held):  # some occupancy, as the strategy places it
+        placed = place_gang(state, GangRequest(f"held-{number}", tuple(pods)), "kumiki")
+        if isinstance(placed, Placement):
+            state.allocate(placed)
+    preference = tuple(sorted((f"n{index}", score) for index, score in scores.items() if index < len(nodes)))
+    request = GangRequest("p", (replace(pod, node_preference=preference),))
+    score = dict(preference)
+    for strategy in ("kumiki", "best-fit", "spread", "first-fit"):
+        fast = place_gang(state, request, strategy)
+        assert fast == place_gang(state, request, strategy, by_class=False), strategy
+        fits = [
+            node.name
+            for node in nodes
+            if isinstance(
+                place_gang(state, GangRequest("p", (replace(pod, nodes=frozenset({node.name})),)), strategy), Placement
+            )
+        ]
+        if not fits:
+            assert isinstance(fast, PendingReason)  # a preference never makes a pod wait, nor lets it in
+            continue
+        assert isinstance(fast, Placement), strategy
+        chosen = nodes[fast.nodes[0]].name
+        assert score.get(chosen, 0) == max(score.get(name, 0) for name in fits), (strategy, chosen, fits)
