@@ -274,3 +274,21 @@ def run_in_processes(
                 progress.update(overall, description=f"last: {describe(arguments)}")
                 progress.advance(overall)
                 yield arguments, result
+
+
+def best_us(run: Callable[[], object], count: int, repeat: int) -> float:
+    """Microseconds per call of `run`: `count` calls timed together, the best of `repeat` such runs."""
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        for _ in range(count):
+            run()
+        best = min(best, time.perf_counter() - started)
+    return best / count * 1e6
+
+
+def at_least_one_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, *options: str) -> None:
+    """Exit 2 naming the first of `options` (whole-number arguments) below 1."""
+    for option in options:
+        if getattr(args, option) < 1:
+            parser.error(f"--{option}: must be at least 1, got {getattr(args, option)}")

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
-from collections.abc import Callable
 from dataclasses import replace
+
+from _support import at_least_one_or_exit, best_us
 
 from kumiki.sched.cluster import ClusterState, Placement, PodPlacement, uniform_cluster
 from kumiki.sched.jobs import GangRequest, PodRequest
@@ -39,25 +39,13 @@ def busy_cluster(nodes: int, seed: int) -> ClusterState:
     return state
 
 
-def best_us(run: Callable[[], object], count: int, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        for _ in range(count):
-            run()
-        best = min(best, time.perf_counter() - started)
-    return best / count * 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000, help="nodes of 8 GPUs (default 1000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per case, the best is kept (default 5)")
     parser.add_argument("--seed", type=int, default=1, help="how the nodes are filled (default 1)")
     args = parser.parse_args()
-    for option in ("nodes", "repeat"):
-        if getattr(args, option) < 1:
-            parser.error(f"--{option}: must be at least 1, got {getattr(args, option)}")
+    at_least_one_or_exit(parser, args, "nodes", "repeat")
     state = busy_cluster(args.nodes, args.seed)
     names = [node.name for node in state.spec.nodes]
     rng = random.Random(args.seed + 1)

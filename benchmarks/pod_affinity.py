@@ -23,10 +23,11 @@ Prints microseconds per pod and the ratio to the baseline (best of --repeat runs
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+
+from _support import at_least_one_or_exit, best_us
 
 from kumiki.binder import core
 from kumiki.binder.core import Placed
@@ -54,25 +55,13 @@ def terms(kind: str, labels: dict[str, str], key: str) -> tuple[core.PodAffinity
     return core.pod_affinity({"affinity": {kind: {REQ: [term]}}})
 
 
-def best_us(run: Callable[[], Any], count: int, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        for _ in range(count):
-            run()
-        best = min(best, time.perf_counter() - started)
-    return best / count * 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=500, help="schedulable nodes (default 500)")
     parser.add_argument("--placed", type=int, default=5000, help="placed pods (default 5000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per case, the best is kept (default 5)")
     args = parser.parse_args()
-    for option in ("nodes", "placed", "repeat"):
-        if getattr(args, option) < 1:
-            parser.error(f"--{option}: must be at least 1, got {getattr(args, option)}")
+    at_least_one_or_exit(parser, args, "nodes", "placed", "repeat")
     nodes = {f"n{i}": node(f"n{i}", f"z{i % 8}") for i in range(args.nodes)}
     candidates = list(nodes.values())
     spot = [

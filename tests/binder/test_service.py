@@ -58,6 +58,18 @@ async def all_bound(client: AsyncClient, ns: str, count: int) -> bool:
     return len(pods) == count and len(bound(pods)) == count
 
 
+async def until_or_say(
+    client: AsyncClient, ns: str, predicate: Any, timeout_s: float, what: str, more: Any = ""
+) -> None:
+    """`until`, and on a timeout what each pod of the namespace got (its node and PodScheduled condition)."""
+    try:
+        await until(predicate, timeout_s=timeout_s, what=what)
+    except AssertionError as error:
+        pods = await pods_in(client, ns)
+        states = {item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item)) for item in pods}
+        raise AssertionError(f"{error}: {states} {more() if callable(more) else more}") from None
+
+
 async def lifecycle(kafka: KafkaSettings) -> list[events_pb2.JobLifecycle]:
     out: list[events_pb2.JobLifecycle] = []
 
@@ -600,12 +612,7 @@ async def test_taints_tolerations_node_selector_and_required_affinity(kube: Asyn
         told = [(condition(pods[name]) or {}).get("status") == "False" for name in ("extra", "nowhere")]
         return all(told) and all(pods[f"infer-{i}"]["spec"].get("nodeName") for i in range(2))
 
-    try:
-        await until(settled, timeout_s=60, what="the tolerating pods bound, the others told why")
-    except AssertionError as error:  # name what each pod got
-        pods = await pods_in(kube, ns)
-        states = {item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item)) for item in pods}
-        raise AssertionError(f"{error}: {states}") from None
+    await until_or_say(kube, ns, settled, 60, "the tolerating pods bound, the others told why")
     pods = {item["metadata"]["name"]: item for item in await pods_in(kube, ns)}
     assert {pods["infer-0"]["spec"]["nodeName"], pods["infer-1"]["spec"]["nodeName"]} == {"tainted"}
     assert not pods["extra"]["spec"].get("nodeName") and not pods["nowhere"]["spec"].get("nodeName")
@@ -677,14 +684,7 @@ async def test_pod_affinity_and_anti_affinity_between_gangs_replicas_and_placed_
     # three replicas that repel each other, created at once, and a noisy pod
     replicas = [pod(f"web-{i}", labels={"app": "web"}, affinity=_pod_term(True, {"app": "web"})) for i in range(3)]
     await create_all(kube, [*gangs, *replicas, pod("noisy", labels={"team": "noisy"})])
-    try:
-        await until(lambda: all_bound(kube, ns, 10), timeout_s=90, what="every pod bound")
-    except AssertionError as error:  # name what each pod got
-        states = {
-            item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item))
-            for item in await pods_in(kube, ns)
-        }
-        raise AssertionError(f"{error}: {states}") from None
+    await until_or_say(kube, ns, lambda: all_bound(kube, ns, 10), 90, "every pod bound")
     placed = await nodes_of()
     assert placed["packed-0"] == placed["packed-1"], placed
     assert placed["spread-0"] != placed["spread-1"], placed
@@ -828,14 +828,7 @@ async def test_a_waiting_pod_a_later_placed_pods_anti_affinity_restricts_is_reso
     # room on y3 first, where Placement would put the noisy pod were it not kept out of zb, then on y1
     await kube.delete(Pod, "hog-y3", namespace=ns)
     await kube.delete(Pod, "hog-y1", namespace=ns)
-    try:
-        await until(lambda: all_bound(kube, ns, 3), timeout_s=60, what="the noisy pod bound")
-    except AssertionError as error:  # name what each pod got
-        states = {
-            item["metadata"]["name"]: (item["spec"].get("nodeName"), condition(item))
-            for item in await pods_in(kube, ns)
-        }
-        raise AssertionError(f"{error}: {states} {counted()}") from None
+    await until_or_say(kube, ns, lambda: all_bound(kube, ns, 3), 60, "the noisy pod bound", counted)
     placed = {item["metadata"]["name"]: item["spec"]["nodeName"] for item in await pods_in(kube, ns)}
     assert placed["noisy"] == "y1", placed
     assert counted().get("kumiki_binder_gangs_sent_back_total", 0) == 0, counted()  # never placed where barred
@@ -1005,11 +998,7 @@ async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: Async
         pods = await pods_in(kube, ns)
         return len(pods) == 3 and all((condition(pod) or {}).get("reason") == "ScheduleTimeout" for pod in pods)
 
-    try:
-        await until(timed_out, timeout_s=60, what="every pod of the gang told its scheduleTimeoutSeconds passed")
-    except AssertionError as error:  # name what each pod got
-        states = {item["metadata"]["name"]: condition(item) for item in await pods_in(kube, ns)}
-        raise AssertionError(f"{error}: {states}") from None
+    await until_or_say(kube, ns, timed_out, 60, "every pod of the gang told its scheduleTimeoutSeconds passed")
     pods = await pods_in(kube, ns)
     assert not bound(pods)
     message = (condition(pods[0]) or {})["message"]
