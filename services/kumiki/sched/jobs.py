@@ -54,11 +54,6 @@ class PodRequest:
     def node_rules(self) -> bool:
         return bool(self.nodes or self.avoid_nodes)
 
-    @property
-    def node_by_node(self) -> bool:
-        """Whether nodes alike in occupancy may differ for this pod (its node rules or preferences)."""
-        return bool(self.nodes or self.avoid_nodes or self.node_preference)
-
     def admits(self, node_name: str) -> bool:
         """Whether the pod's node rules let it run on the node."""
         if self.nodes and node_name not in self.nodes:

@@ -100,8 +100,7 @@ def same_requests(logged: Sequence[PodRequest | None], pods: Sequence[PodRequest
     for before, now in zip(logged, pods, strict=True):
         if before is None or now is None:
             return False
-        if before.node_by_node:
-            before = replace(before, nodes=frozenset(), avoid_nodes=frozenset(), node_preference=())
+        before = replace(before, nodes=frozenset(), avoid_nodes=frozenset(), node_preference=())
         if before != now:
             return False
     return True

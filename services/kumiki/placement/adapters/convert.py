@@ -109,10 +109,6 @@ def node_spec(state: events_pb2.NodeState) -> NodeSpec:
         raise InvalidNodeState(str(error)) from None
 
 
-def node_healthy(state: events_pb2.NodeState) -> bool:
-    return state.healthy and all(gpu.healthy for gpu in state.gpus)
-
-
 def assignments(job: BoundJob) -> list[common_pb2.PodAssignment]:
     out = []
     for name, pod in zip(job.node_names, job.placement.pods, strict=True):

@@ -20,13 +20,13 @@ from kumiki.common.bus.topics import (
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import checkpoints_pb2, common_pb2, events_pb2
 from kumiki.common.grpcutil import InvalidRequest, timestamp, unix_seconds
+from kumiki.common.node_state import takes_work
 from kumiki.placement.adapters.convert import (
     InvalidNodeState,
     assignments,
     command_from_lifecycle,
     command_lifecycle,
     lifecycle,
-    node_healthy,
     node_spec,
     pending_reason,
     restore_from_lifecycle,
@@ -185,7 +185,7 @@ class NodeTable:
             self.rejected += 1
             log.warning("ignored node state", extra={"node": state.node, "reason": str(error)})
             return
-        displaced = self.book.upsert_node(spec, node_healthy(state))
+        displaced = self.book.upsert_node(spec, takes_work(state))
         for job in displaced:
             log.warning("allocation no longer fits its changed node", extra={"job": job.command.job_id})
             if self.publisher is not None:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, quota_pb2
 from kumiki.common.grpcutil import InvalidRequest, require_finite, require_job, timestamp
+from kumiki.common.node_state import takes_work
 from kumiki.quota.adapters.store import UsageRow
 from kumiki.quota.core import Admission, AdmitRequest, LifecycleState, Outcome, QueueStatus
 
@@ -25,11 +26,10 @@ LIFECYCLE_FROM_WIRE: dict[int, LifecycleState] = {
 
 
 def node_gpus(state: events_pb2.NodeState) -> tuple[str, float]:
-    """A cluster.state record as (GPU model, GPUs that can take work): none while the node or any of its GPUs is
-    unhealthy, as Placement gives such a node no new work. A node of several models counts under the first."""
-    usable = state.healthy and all(gpu.healthy for gpu in state.gpus)
+    """A cluster.state record as (GPU model, GPUs that can take work): all of them while the node takes work
+    (`takes_work`, Placement's rule), none otherwise. A node of several models counts under the first."""
     model = state.gpus[0].model if state.gpus else ""
-    return model, float(len(state.gpus)) if usable else 0.0
+    return model, float(len(state.gpus)) if takes_work(state) else 0.0
 
 
 def lifecycle_state(state: int) -> LifecycleState:
