@@ -285,7 +285,9 @@ async def test_waiting_jobs_wait_again_after_a_restart_in_their_order(kafka: Kaf
         arrived = {job: host_book(host).pending[job].submitted_s for job in ("first", "second")}
     async with running_placement(kafka) as (host, stub):
         book = host_book(host)
-        await wait_until(lambda: set(book.pending) == {"first", "second"} and not book.held_jobs(), what="re-admission")
+        await wait_until(
+            lambda: set(book.pending) == {"first", "second"} and not book.held_jobs(time.time()), what="re-admission"
+        )
         assert {job: book.pending[job].submitted_s for job in arrived} == pytest.approx(arrived, abs=1e-6)
         assert book.pending["second"].command.request.required_topology == "node"
         positions = {

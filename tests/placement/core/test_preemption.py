@@ -41,6 +41,21 @@ def test_victim_keeps_running_until_released_then_the_next_generation_queues() -
     assert not book.audit()
 
 
+def test_a_next_generation_quota_denies_is_held_even_where_it_fits() -> None:
+    """The PREEMPTED release ends the attempt's admission: the next generation runs only once quota admits it."""
+    book = preemptive_book()
+    assert book.bind(gang("train", 4, preemptible=True), 0.0).job is not None
+    assert book.release_preempted("train", 1, 50.0, denied="queue org/batch would hold 12 GPUs") is not None
+    waiting = book.pending["train"]
+    assert waiting.held and waiting.command.generation == 2 and waiting.reason.resource == "quota"
+    assert "12 GPUs" in waiting.reason.constraint
+    assert book.cycle(51.0) == []  # 16 GPUs free, yet it waits for quota
+    assert [job.command.job_id for job in book.held_jobs(51.0)] == ["train"]
+    book.admit("train", 52.0)
+    assert [(job.command.job_id, job.command.generation) for job in book.cycle(52.0)] == [("train", 2)]
+    assert not book.audit()
+
+
 def idle_book(rule: str) -> PlacementBook:
     book = preemptive_book()
     book.idle_policies = parse_idle_reclaim(rule)
@@ -116,10 +131,10 @@ def reclaimed_for_a_held_teammate(teammate_gpus: int) -> PlacementBook:
 def test_a_reclaimed_victim_sits_out_one_admission_round_behind_the_held_job_it_yielded_to() -> None:
     book = reclaimed_for_a_held_teammate(4)
     assert book.pending["idle"].held and book.pending["idle"].command.generation == 2
-    assert [job.command.job_id for job in book.held_jobs()] == ["teammate"]  # the victim is older, yet waits
+    assert [job.command.job_id for job in book.held_jobs(703.0)] == ["teammate"]  # the victim is older, yet waits
     book.admit("teammate", 703.0)
     assert [job.command.job_id for job in book.cycle(703.0)] == ["teammate"]  # on the freed GPUs
-    assert [job.command.job_id for job in book.held_jobs()] == ["idle"]  # the next round asks for the victim
+    assert [job.command.job_id for job in book.held_jobs(703.0)] == ["idle"]  # the next round asks for the victim
 
 
 def test_a_victim_gives_way_while_quota_still_holds_the_job_its_gpus_were_freed_for() -> None:
@@ -130,9 +145,9 @@ def test_a_victim_gives_way_while_quota_still_holds_the_job_its_gpus_were_freed_
     book = reclaimed_for_a_held_teammate(8)  # a whole node
     for _ in range(YIELD_ROUNDS):  # quota refuses the teammate every round: the victim still waits
         assert book.yields("idle")
-        assert [job.command.job_id for job in book.held_jobs()] == ["teammate"]
+        assert [job.command.job_id for job in book.held_jobs(703.0)] == ["teammate"]
     assert not book.yields("idle")
-    assert [job.command.job_id for job in book.held_jobs()] == ["idle", "teammate"]
+    assert [job.command.job_id for job in book.held_jobs(703.0)] == ["idle", "teammate"]
 
 
 def test_the_held_job_a_victim_yielded_to_gets_its_gpus_even_when_both_are_admitted_in_one_round() -> None:
@@ -144,8 +159,8 @@ def test_the_held_job_a_victim_yielded_to_gets_its_gpus_even_when_both_are_admit
     book.forecast("idle", RuntimeForecast(60.0, 120.0, "m", 1, error_sigma=0.1))  # the order prefers the victim
     book.forecast("teammate", RuntimeForecast(1e6, 2e6, "m", 1, error_sigma=0.1))
     for _ in range(YIELD_ROUNDS + 1):
-        book.held_jobs()
-    assert [job.command.job_id for job in book.held_jobs()] == ["idle", "teammate"]
+        book.held_jobs(703.0)
+    assert [job.command.job_id for job in book.held_jobs(703.0)] == ["idle", "teammate"]
     book.admit("idle", 704.0)
     book.admit("teammate", 704.0)
     assert [job.command.job_id for job in book.cycle(704.0)] == ["teammate"]  # on the GPUs freed for it
@@ -279,3 +294,19 @@ def test_a_waiting_jobs_forecast_re_ranks_it_in_place() -> None:
     assert reranked is not None and reranked.p50_s == 100.0
     book.release("filler", 1)
     assert [job.command.job_id for job in book.cycle(30.0)] == ["second"]
+
+
+def test_quota_is_asked_for_held_jobs_in_the_policys_order_the_starving_first() -> None:
+    """Each admission uses up what the next could have had: the cycle asks for held jobs as the queue would start
+    them (here the forecast-shortest first), and for one held past the starvation limit before any other."""
+    from kumiki.sched.placement import PendingReason
+    from kumiki.sched.policies import STARVATION_S
+
+    book = preemptive_book()
+    for job_id, submitted in (("long", 0.0), ("short", 100.0), ("ancient", -STARVATION_S)):
+        book.hold(gang(job_id, 4), PendingReason(job_id, "quota", "over-quota", ""), submitted)
+    book.forecast("long", RuntimeForecast(1e6, 2e6, "m", 1, error_sigma=0.1))
+    book.forecast("short", RuntimeForecast(60.0, 120.0, "m", 1, error_sigma=0.1))
+    book.forecast("ancient", RuntimeForecast(4e6, 8e6, "m", 1, error_sigma=0.1))
+    assert [job.command.job_id for job in book.held_jobs(200.0)] == ["ancient", "short", "long"]
+    assert [job.command.job_id for job in book.held_jobs(-STARVATION_S + 50.0)] == ["short", "long", "ancient"]

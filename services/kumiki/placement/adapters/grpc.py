@@ -27,7 +27,7 @@ from kumiki.placement.adapters.admission import Admission
 from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason, release_state
 from kumiki.placement.adapters.events import DecisionPublisher
 from kumiki.placement.adapters.preempting import publish_preemptions, rebinding, release_preempted
-from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook
+from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook, quota_reason
 from kumiki.placement.observe import book_stranded_gpus, pending_by_reason
 from kumiki.quota.adapters.auth import QueueAuthorizer, Unauthenticated
 from kumiki.sched.placement import PendingReason
@@ -291,7 +291,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             denied = await self.admission.admit(command)
             _note(**{"kumiki.quota.admitted": denied is None})
             if denied is not None:
-                reason = PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
+                reason = quota_reason(command, denied)
                 self.book.hold(command, reason, time.time())
                 return await self._pending(command, reason, arrives)
         try:
@@ -378,7 +378,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
             except BindRefused as refused:
                 await context.abort(refused.code, refused.message)
         if state == events_pb2.JOB_STATE_PREEMPTED:  # the coordinator evicted it: free, requeue next generation
-            response = await release_preempted(self.book, self.publisher, request)
+            response = await release_preempted(self.book, self.publisher, self.admission, request)
             self.wake.set()
             return response
         held_now = self.book.bound.get(request.job.job_id) or self.book.preempted_attempt(request.job.job_id, 0)
@@ -432,7 +432,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     async def cycle(self) -> int:
         """Quota's held jobs are asked again, then one pass of the core's queue policy; its starts are published."""
         now = time.time()
-        for held in self.book.held_jobs():
+        for held in self.book.held_jobs(now):
             command = held.command
             if (command.job_id, command.generation) in self._inflight or command.job_id not in self.book.pending:
                 continue

@@ -24,6 +24,7 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from kumiki.common.contracts.v1 import placement_pb2
+from kumiki.placement.adapters.admission import Admission
 from kumiki.placement.adapters.events import DecisionPublisher
 from kumiki.placement.core import BoundJob, PlacementBook, Victim
 
@@ -60,10 +61,14 @@ async def publish_preemptions(book: PlacementBook, publisher: DecisionPublisher)
 
 
 async def release_preempted(
-    book: PlacementBook, publisher: DecisionPublisher, request: placement_pb2.ReleaseRequest
+    book: PlacementBook, publisher: DecisionPublisher, admission: Admission, request: placement_pb2.ReleaseRequest
 ) -> placement_pb2.ReleaseResponse:
     """Free an evicted attempt and queue the next generation: published first, then applied to the book (a
-    failed publication changes nothing and the coordinator retries; a repeated release finds nothing)."""
+    failed publication changes nothing and the coordinator retries; a repeated release finds nothing).
+
+    The PREEMPTED event ends the attempt's quota admission, so the next generation asks quota again before it
+    may run: without that, a resumed borrower would hold GPUs quota no longer counts, past a queue's limit and
+    out of reach of reclaim. Denied (or quota unreachable), it is held and asked again each cycle."""
     job = book.preempted_attempt(request.job.job_id, request.job.generation)
     claim = (request.job.job_id, job.command.generation if job is not None else 0)
     if job is None or claim in book.releasing:
@@ -80,7 +85,8 @@ async def release_preempted(
         _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
         while len(_REQUEUED) > _REQUEUED_KEPT:
             _REQUEUED.popitem(last=False)
-    book.release_preempted(request.job.job_id, request.job.generation, now, request.beneficiary.job_id)
+    denied = await admission.admit(again)
+    book.release_preempted(request.job.job_id, request.job.generation, now, request.beneficiary.job_id, denied)
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
 

@@ -24,6 +24,7 @@ from kumiki.placement.core.commands import (
     PendingJob,
     job_view,
     queued_reason,
+    quota_reason,
 )
 from kumiki.placement.core.idle import IDLE_MODES, IdlePolicy, parse_idle_reclaim
 
@@ -44,4 +45,5 @@ __all__ = [
     "job_view",
     "parse_idle_reclaim",
     "queued_reason",
+    "quota_reason",
 ]

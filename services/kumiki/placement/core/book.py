@@ -15,13 +15,14 @@ from kumiki.placement.core.commands import (
     PendingJob,
     job_view,
     queued_reason,
+    quota_reason,
 )
 from kumiki.placement.core.idle import IdlePolicy
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
 from kumiki.sched.forecasting import RuntimeForecast
 from kumiki.sched.jobs import JobView
 from kumiki.sched.placement import PendingReason, place_gang
-from kumiki.sched.policies import POLICIES
+from kumiki.sched.policies import POLICIES, admission_rank
 from kumiki.sched.scheduler import MIN_RUN_BEFORE_PREEMPT_S, Preemption, Scheduler
 
 # Queue policies the live service can run. The preemptive ones (`kumiki`, `tiresias`) name victims; the
@@ -316,10 +317,14 @@ class PlacementBook:
         return job
 
     def release_preempted(
-        self, job_id: str, generation: int, now: float, beneficiary: str = ""
+        self, job_id: str, generation: int, now: float, beneficiary: str = "", denied: str | None = None
     ) -> tuple[BoundJob, BindCommand] | None:
         """The coordinator evicted this attempt: free it and queue the job again as the next generation (keeping
-        its arrival time). None when that attempt holds nothing (released already: idempotent)."""
+        its arrival time). None when that attempt holds nothing (released already: idempotent).
+
+        Quota released the attempt's admission with it, so the next generation is admitted afresh like an
+        arrival: `denied` is quota's reason when it was not, and the job is then held (asked again each cycle)
+        rather than queued, even one moved off a gang's node."""
         victim = self.draining.get(job_id)
         moved = False
         if victim is not None and (not generation or victim.job.command.generation == generation):
@@ -339,6 +344,10 @@ class PlacementBook:
             self.pending[job_id] = PendingJob(again, reason, job.bound_s - job.waited_s, held=True)
             self.yielding[job_id] = (beneficiary, YIELD_ROUNDS)
             self.freed_for.add(beneficiary)
+            return job, again
+        if denied is not None:
+            self.pending[job_id] = PendingJob(again, quota_reason(again, denied), job.bound_s - job.waited_s, held=True)
+            self._start_freed_for(beneficiary, now)
             return job, again
         self._queue(again, queued_reason(again), job.bound_s - job.waited_s)
         if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
@@ -395,7 +404,7 @@ class PlacementBook:
             waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
             # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
-            waiting += [pending.command.job_id for pending in self.held_jobs_in_order()]
+            waiting += [pending.command.job_id for pending in self.held_jobs_in_order(now)]
             if rule.mode == "waiting" and not waiting:
                 continue
             del self.idle[job_id]
@@ -459,12 +468,18 @@ class PlacementBook:
         reason = PendingReason(command.job_id, "restart", "waits again after a restart; admission asked again", shape)
         self.pending[command.job_id] = PendingJob(command, reason, submitted_s, held=True)
 
-    def held_jobs_in_order(self) -> list[PendingJob]:
-        """Every job quota holds back, in arrival order (no admission round is spent)."""
-        return sorted((job for job in self.pending.values() if job.held), key=lambda job: job.submitted_s)
+    def held_jobs_in_order(self, now: float) -> list[PendingJob]:
+        """Every job quota holds back, in the order an admission round asks for them (no round is spent): the
+        policy's order, those held past its starvation limit first (`sched.policies.admission_rank`)."""
+        policy = POLICIES[self.policy]
 
-    def held_jobs(self) -> list[PendingJob]:
-        """Jobs quota held back, in arrival order (the cycle asks quota again for each, once per cycle). A victim
+        def rank(job: PendingJob) -> tuple[tuple[float, ...], str]:
+            return admission_rank(policy, self._view(job.command, job.submitted_s), now), job.command.job_id
+
+        return sorted((job for job in self.pending.values() if job.held), key=rank)
+
+    def held_jobs(self, now: float) -> list[PendingJob]:
+        """Jobs quota held back, in admission order (the cycle asks quota again for each, once per cycle). A victim
         yielding to a held job sits out while that job is held (at most YIELD_ROUNDS rounds): quota may answer from
         before the release for a round or more, and the job the GPUs were freed for is asked first."""
         self.freed_for &= set(self.pending)  # beneficiaries gone (cancelled, bound) need nothing kept
@@ -474,7 +489,7 @@ class PlacementBook:
                 beneficiary, rounds_left = self.yielding[victim]
                 self.yielding[victim] = (beneficiary, rounds_left - 1)
                 sitting_out.add(victim)
-        return [job for job in self.held_jobs_in_order() if job.command.job_id not in sitting_out]
+        return [job for job in self.held_jobs_in_order(now) if job.command.job_id not in sitting_out]
 
     def unbind(self, job_id: str, *, requeue: bool = False, now: float = 0.0) -> BoundJob:
         """Undo an allocation that could not be made durable (its event was not acknowledged).

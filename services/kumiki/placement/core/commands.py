@@ -79,6 +79,11 @@ def queued_reason(command: BindCommand) -> PendingReason:
     return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
 
 
+def quota_reason(command: BindCommand, denied: str) -> PendingReason:
+    """A job quota has not admitted: held out of the queue with quota's own words."""
+    return PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
+
+
 def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast | None = None) -> JobView:
     """What the queue policy sees of a live job: its submit-time features and its forecast (no run time)."""
     gpus = command.request.gpu_demand
