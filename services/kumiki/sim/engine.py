@@ -12,7 +12,9 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from kumiki.quota.core import LifecycleState, QuotaConfig
 from kumiki.sched.cluster import ClusterSpec, ClusterState
 from kumiki.sched.forecasting import (
     JobFeatures,
@@ -23,10 +25,11 @@ from kumiki.sched.forecasting import (
     tell_stopped,
 )
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
-from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy
+from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy, admission_rank
 from kumiki.sched.preemption import OnDemand
 from kumiki.sched.scheduler import Decisions, Scheduler, Start
 from kumiki.sim.gate import ForecastGate, GateConfig, GateLook, PastJob
+from kumiki.sim.quota import SimQuota, check_jobs, cluster_tree
 from kumiki.sim.scenarios import OnDemandCheckpoint, ProgressReports, progress_marks
 
 ARRIVAL, FINISH, RECHECK, GATE, WAKE = 0, 1, 2, 3, 4
@@ -91,6 +94,8 @@ class SimResult:
     busy_gpu_s: float = 0.0
     # the forecast gate's looks, for policies that gate their forecasts (`kumiki.sim.gate`)
     gate_looks: list[GateLook] = field(default_factory=list)
+    # with a queue tree (`SimConfig.quota`): denials by code, reclaim victims, GPU-seconds metered per queue
+    quota: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -132,6 +137,9 @@ class SimConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     # None: no job reports its progress (a trace's jobs do not); otherwise which do, told to the forecaster
     progress_reports: ProgressReports | None = None
+    # None: no quota service (every job queues at once); otherwise the queue tree quota admits against, with
+    # the live stack's rules (`kumiki.sim.quota`)
+    quota: QuotaConfig | None = None
 
 
 class Simulator:
@@ -168,6 +176,11 @@ class Simulator:
         if self.forecaster is not None and config.progress_reports is not None:
             self.reporters = config.progress_reports.reporters(jobs)
         self.gpus_per_node = max(node.gpus for node in spec.nodes)
+        self.quota: SimQuota | None = None
+        if config.quota is not None:
+            tree = cluster_tree(config.quota, spec.total_gpus)
+            check_jobs(tree, ((job.job_id, job.queue, job.gpus) for job in jobs))
+            self.quota = SimQuota(tree)
         self.jobs: dict[str, _SimJob] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
         self.sequence = 0
@@ -261,6 +274,7 @@ class Simulator:
                     else:
                         preempt_check = True
             if changed:
+                self._admit_held(now)
                 decisions = self.scheduler.schedule(now, consider_preemption=preempt_check, recheck=rechecked)
                 self._apply(decisions, now)
                 moved = [p.job_id for p in decisions.preemptions if p.reason == "defragmentation"]
@@ -280,6 +294,7 @@ class Simulator:
             self.events_done,
             self.busy_gpu_s,
             self.gate.looks if self.gate is not None else [],
+            self.quota.summary() if self.quota is not None else None,
         )
 
     def _wake_for_deadline(self, now: float) -> None:
@@ -331,9 +346,48 @@ class Simulator:
     def _arrive(self, job: _SimJob, now: float) -> None:
         if self.forecaster is not None:
             job.forecast = self.forecaster.predict(job.features)
-        self.scheduler.submit(self.view(job), job.request, now=now)
+        self._enter(job, now)
         if self.progress is not None:
             self.progress(1)
+
+    def _enter(self, job: _SimJob, now: float) -> bool:
+        """Queue an attempt, once quota admits it; victims it names for the job are preempted and the job
+        starts on their GPUs ahead of the queue order, as placement starts the job a reclaim freed GPUs for."""
+        quota = self.quota
+        if quota is None:
+            self.scheduler.submit(self.view(job), job.request, now=now)
+            return True
+        spec = job.spec
+        admitted = quota.ask(
+            spec.job_id, job.generation + 1, spec.queue, spec.gpus, self._rank(job, now), spec.submit_s
+        )
+        if admitted is None:
+            return False
+        self.scheduler.submit(self.view(job), job.request, now=now)
+        decisions = Decisions()
+        for victim in admitted.victims:
+            if victim in self.scheduler.running:
+                decisions.preemptions.append(self.scheduler.preempt(victim, job.spec.job_id, "quota-reclaim", now))
+            elif self.scheduler.withdraw(victim):  # admitted, not started: it asks quota again
+                held = self.jobs[victim]
+                quota.hold(victim, held.spec.queue, held.spec.gpus, self._rank(held, now), held.spec.submit_s)
+        if decisions.preemptions:
+            placed = self.scheduler.start_waiting(job.spec.job_id, now)
+            if placed is not None:
+                decisions.starts.append(Start(job.spec.job_id, placed))
+            self._apply(decisions, now)
+        return True
+
+    def _rank(self, job: _SimJob, now: float) -> tuple[float, ...]:
+        return admission_rank(self.policy, self.view(job), now)
+
+    def _admit_held(self, now: float) -> None:
+        """Quota is asked again for every held job, oldest first (placement's cycle): before each pass, and after
+        preemptions, whose victims' next generations wait here to be admitted."""
+        if self.quota is not None:
+            starvation_s = self.policy.starvation_s
+            starving_before = now - starvation_s if starvation_s > 0 else -math.inf
+            self.quota.ask_held(lambda job_id: self._enter(self.jobs[job_id], now), starving_before)
 
     def _wall_to_finish(self, job: _SimJob) -> float:
         return job.overhead_s + self._run_wall(job.progress_s, job.duration_s, job.checkpoint_until_s)
@@ -388,12 +442,16 @@ class Simulator:
             job.checkpointing = job.checkpoint_until_s > job.progress_s
             if job.first_start_s < 0:
                 job.first_start_s = now
+            if self.quota is not None:
+                self.quota.started(start.job_id, job.generation, now)
             tell_started(self.forecaster, job.spec.job_id, now)
             self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
             if self.policy.order in ("las", "las-forecast"):
                 self._schedule_demotion(job, now)
             elif self.policy.order == "gittins":
                 self._schedule_rank_check(job, now)
+        if decisions.preemptions:
+            self._admit_held(now)
 
     def _report_progress(self, job: _SimJob, now: float) -> None:
         """A reporting job tells the forecaster how far it has got; the policy sees the forecast that gives."""
@@ -467,6 +525,8 @@ class Simulator:
         job.progress_s = job.duration_s
         job.finish_s = now
         self.scheduler.finished(job.spec.job_id)
+        if self.quota is not None:
+            self.quota.ended(job.spec.job_id, job.generation, now, LifecycleState.COMPLETED)
         if self.forecaster is not None:
             self.forecaster.observe(job.features, job.duration_s, now)
         spec = job.spec
@@ -500,9 +560,7 @@ class Simulator:
             self.busy_gpu_s += on_demand.held_s * job.spec.gpus
             job.progress_s = kept
             job.overhead_s = restore
-            job.preemptions += 1
-            job.generation += 1
-            self.scheduler.submit(self.view(job), job.request, now=now)
+            self._requeue(job, now)
             return
         # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
         kept = self._last_checkpoint(reached, job.checkpoint_until_s) if was_checkpointing else job.run_start_progress_s
@@ -510,7 +568,18 @@ class Simulator:
         job.lost_gpu_s += ((reached - kept) + restore) * job.spec.gpus
         job.progress_s = kept
         job.overhead_s = restore
+        self._requeue(job, now)
+
+    def _requeue(self, job: _SimJob, now: float) -> None:
+        """A preempted attempt ends its quota admission; the next generation waits to be admitted afresh, asked
+        once the preemptions at hand are applied (`_apply`)."""
         job.preemptions += 1
+        if self.quota is not None:
+            self.quota.ended(job.spec.job_id, job.generation, now, LifecycleState.PREEMPTED)
+            spec = job.spec
+            self.quota.hold(spec.job_id, spec.queue, spec.gpus, self._rank(job, now), spec.submit_s)
+            job.generation += 1
+            return
         job.generation += 1
         self.scheduler.submit(self.view(job), job.request, now=now)
 
@@ -526,10 +595,11 @@ class Simulator:
         state = self.state
         allocated = self.spec.total_gpus - state.free_whole
         waiting = self.scheduler.waiting
+        held = len(self.quota.held) if self.quota is not None else 0
         fragmented = 0
         if waiting:
             smallest = min(
                 entry.shape[0] if len(entry.shape) == 1 else self.gpus_per_node for entry in waiting.values()
             )
             fragmented = sum(level * len(state.by_free[level]) for level in range(1, min(smallest, state.max_gpus + 1)))
-        return Sample(time, allocated, len(waiting), fragmented)
+        return Sample(time, allocated, len(waiting) + held, fragmented)
