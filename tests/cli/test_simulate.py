@@ -293,3 +293,50 @@ def test_a_gated_policy_reports_its_gate_and_its_recovered_share(tmp_path):
     assert set(shares) == {"kumiki", "kumiki-gated"}
     assert shares["kumiki"] == report["forecast_value"]["recovered_share"]
     assert "`kumiki-gated`: " in (out / "report.md").read_text()
+
+
+QUEUES = ("6c71a0", "11cb48", "ed69ec", "ee9e8c", "6214e9", "e13805", "b436b2", "103959")
+
+
+def quota_tree(tmp_path, limit=None):
+    """philly-tiny's queues under one tree: 6c71a0 guaranteed half the 16 GPUs, the rest borrow."""
+    queues = [{"name": "6c71a0", "guarantee": 8, **({"limit": limit} if limit else {})}]
+    queues += [{"name": name, "guarantee": 1} for name in QUEUES[1:]]
+    path = tmp_path / "tree.yaml"
+    path.write_text(json.dumps({"cluster": {"gpus": {"": 16}}, "queues": queues}))
+    return path
+
+
+def test_a_quota_tree_admits_every_attempt_and_is_reported(tmp_path):
+    code, out = simulate(tmp_path, "--policy", "fifo,tiresias", "--quota", str(quota_tree(tmp_path, limit=8)))
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["quota"].endswith("tree.yaml")
+    for name, row in report["policies"].items():
+        assert row["jobs"] == 300, name  # every job admitted some day and finished
+        quota = row["quota"]
+        assert quota["denied"], name  # 6c71a0's limit of 8 held some of its 142 jobs back
+        assert set(quota["gpu_s_by_queue"]) == set(QUEUES)
+    open_code, open_out = simulate(tmp_path / "open", "--policy", "fifo")
+    assert open_code == 0
+    open_fifo = json.loads((open_out / "report.json").read_text())["policies"]["fifo"]
+    assert "quota" not in open_fifo and open_fifo["avg_jct_s"] != report["policies"]["fifo"]["avg_jct_s"]
+    table = (out / "report.md").read_text()
+    assert "## Quota admission" in table and "| tiresias |" in table.split("## Quota admission")[1]
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"cluster": {"gpus": {"": 16}}, "queues": [{"name": "6c71a0"}]}, "queue '11cb48' is not in the queue tree"),
+        ({"cluster": {"gpus": {"": 16}}, "queues": [{"name": "x", "guarantee": 99}]}, "queue x: guarantee"),
+        ([1, 2], "--quota"),
+    ],
+)
+def test_a_quota_tree_that_cannot_run_names_the_problem(tmp_path, capsys, tree, message):
+    path = tmp_path / "tree.yaml"
+    path.write_text(json.dumps(tree))
+    with pytest.raises(SystemExit):
+        simulate(tmp_path, "--policy", "fifo", "--quota", str(path))
+    err = capsys.readouterr().err
+    assert "--quota" in err and message in err

@@ -19,6 +19,10 @@ from kumiki.sched.policies import POLICIES
 from kumiki.sim.shifts import SHIFTS, ShiftError, parse_day_order, reorder_days, shift_trace
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kumiki.quota.core import QuotaConfig
+    from kumiki.sim.engine import SimJobSpec
     from kumiki.sim.scenarios import ProgressReports
 
 DEFAULT_CHECKPOINT = CheckpointModel()
@@ -57,6 +61,14 @@ def register(subparsers: Any) -> None:
     simulate.add_argument("--start-s", default=None, help="only jobs submitted at or after this time")
     simulate.add_argument("--end-s", default=None, help="only jobs submitted before this time")
     simulate.add_argument("--queues", default=None, help="JSON/YAML mapping queue -> guaranteed GPUs (fair share)")
+    simulate.add_argument(
+        "--quota",
+        default=None,
+        metavar="TREE",
+        help="a queue tree (the YAML `kumiki quota load` reads): every attempt is first admitted by the quota"
+        " service's own core (limits, guarantees, borrowing, reclaim), as live; its capacity is lowered to the"
+        " cluster's (docs/quota.md)",
+    )
     simulate.add_argument("--nodes-per-rack", default="16", help="nodes per rack (default 16)")
     simulate.add_argument("--checkpoint-interval-s", default=str(DEFAULT_CHECKPOINT.interval_s))
     simulate.add_argument("--checkpoint-cost-s", default=str(DEFAULT_CHECKPOINT.checkpoint_cost_s))
@@ -156,6 +168,27 @@ def load_queue_shares(path: str) -> dict[str, float]:
     return shares
 
 
+def load_quota_tree(path: str, jobs: Sequence[SimJobSpec], total_gpus: int) -> QuotaConfig:
+    """The --quota tree, checked against the trace: every job's queue a leaf, no job above a limit on its path."""
+    import yaml
+
+    from kumiki.quota.core import QueueConfigError, parse_config
+    from kumiki.sim.quota import QuotaTreeError, check_jobs, cluster_tree
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UsageError(f"--quota: cannot read {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"--quota: {path} is not valid JSON or YAML: {error}") from None
+    try:
+        tree = parse_config(data)
+        check_jobs(cluster_tree(tree, total_gpus), ((job.job_id, job.queue, job.gpus) for job in jobs))
+    except (QueueConfigError, QuotaTreeError) as error:
+        raise UsageError(f"--quota: {error}") from None
+    return tree
+
+
 def default_forecaster() -> RuntimeForecaster:
     try:
         from kumiki.forecast.models import build_default_forecaster
@@ -233,6 +266,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     jobs = jobs_by_seed[seed]
     if not jobs:
         raise UsageError("--trace: no jobs in the chosen window")
+    quota = None
+    if args.quota is not None:
+        quota = load_quota_tree(
+            args.quota, [job for runs in jobs_by_seed.values() for job in runs], nodes * gpus_per_node
+        )
     if shares is not None:
         unknown = sorted({job.queue for job in jobs} - set(shares))
         if unknown:
@@ -263,6 +301,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             "start_s": start_s,
             "end_s": end_s,
             "queues": shares,
+            "quota": args.quota,
             "day_order": day_order,
             "shift": None
             if shift is None
@@ -291,6 +330,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     checkpoint=checkpoint,
                     queue_shares=shares,
                     progress_reports=None if reports is None else replace(reports, seed=each),
+                    quota=quota,
                 )
                 started = time.perf_counter()
                 simulator = Simulator(
@@ -304,6 +344,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                 result = simulator.run()
                 summary = summarize(result, large_gpus=gpus_per_node)
                 summary["wall_s"] = round(time.perf_counter() - started, 3)
+                if result.quota is not None:
+                    summary["quota"] = result.quota
                 by_seed[each][name] = summary
                 if each == seed:
                     report["policies"][name] = summary
@@ -313,7 +355,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     sections_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
-            full_trace, trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds, reports
+            full_trace, trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds, reports, quota
         )
         report["windows_spread"] = _window_spread(report["windows"])
         sections_md = (
@@ -336,6 +378,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     baseline = "fifo" if "fifo" in policies else None
     table = markdown_table(report["policies"], baseline)
     per_queue = _queue_table(report["policies"])
+    if quota is not None:
+        sections_md += f"\n## Quota admission (`--quota {args.quota}`)\n\n{_quota_table(report['policies'])}"
     value = report["forecast_value"]
     value_md = ""
     if len(seeds) > 1:
@@ -382,6 +426,7 @@ def _day_windows(
     gpus_per_node: int,
     seeds: list[int],
     reports: ProgressReports | None = None,
+    quota: QuotaConfig | None = None,
 ) -> dict[str, Any]:
     """Each day of the (windowed) trace simulated on its own, once per seed (rows: the mean over seeds). A
     forecaster starts with what a live one would hold then: every job of the trace file that finished before
@@ -418,6 +463,7 @@ def _day_windows(
                     placement=placement,
                     checkpoint=checkpoint,
                     queue_shares=shares,
+                    quota=quota,
                     progress_reports=None if reports is None else replace(reports, seed=seed),
                 )
                 result = Simulator(spec, jobs, config, forecaster=forecaster).run()
@@ -482,4 +528,19 @@ def _queue_table(policies: dict[str, Any]) -> str:
         first = next(iter(policies.values()))["per_queue"].get(queue, {"jobs": 0})
         cells = [f"{row['per_queue'].get(queue, {}).get('avg_jct_s', 0):,.0f}" for row in policies.values()]
         lines.append(f"| {queue} | {first['jobs']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _quota_table(policies: dict[str, Any]) -> str:
+    """Per run: attempts quota held back (by the reason it first gave), reclaim victims, GPU-hours per queue."""
+    queues = sorted({queue for row in policies.values() for queue in row["quota"]["gpu_s_by_queue"]})
+    lines = [
+        "| policy | held (by quota's reason) | reclaim victims | " + " | ".join(f"{q} GPU-h" for q in queues) + " |",
+        "|" + "---|" * (len(queues) + 3),
+    ]
+    for name, row in policies.items():
+        quota = row["quota"]
+        held = ", ".join(f"{code} {count}" for code, count in quota["denied"].items()) or "none"
+        hours = [f"{quota['gpu_s_by_queue'].get(queue, 0.0) / 3600:,.1f}" for queue in queues]
+        lines.append(f"| {name} | {held} | {quota['reclaims']} | " + " | ".join(hours) + " |")
     return "\n".join(lines) + "\n"
