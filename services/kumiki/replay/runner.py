@@ -17,6 +17,7 @@ from kumiki.data import bundled_trace, resolve_trace
 from kumiki.devstack.queues import development_tree
 from kumiki.placement.core import LIVE_POLICIES
 from kumiki.quota.adapters.store import replace_tree
+from kumiki.quota.core import QuotaConfig
 from kumiki.replay.core import (
     DEFAULT_PHASES,
     PHASES,
@@ -173,10 +174,15 @@ def check_phase(jobs: Sequence[ReplayJob], outcomes: Sequence[Outcome], log: Seq
 
 
 def simulate_counterpart(
-    jobs: Sequence[ReplayJob], nodes: int, policy: str, strategy: str, progress: ProgressReports | None = None
+    jobs: Sequence[ReplayJob],
+    nodes: int,
+    policy: str,
+    strategy: str,
+    progress: ProgressReports | None = None,
+    quota: QuotaConfig | None = None,
 ) -> dict[str, Any]:
-    """The same jobs, cluster and policy in the simulator (no quota service: the work-conserving case), and the
-    same jobs reporting their progress when the replay's did."""
+    """The same jobs, cluster, policy and queue tree in the simulator (None: no quota service, the open phase),
+    and the same jobs reporting their progress when the replay's did."""
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sched.policies import POLICIES
     from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
@@ -188,7 +194,7 @@ def simulate_counterpart(
         from kumiki.forecast.models import build_default_forecaster
 
         forecaster = build_default_forecaster()
-    config = SimConfig(POLICIES[policy], placement=strategy, progress_reports=progress)
+    config = SimConfig(POLICIES[policy], placement=strategy, progress_reports=progress, quota=quota)
     result = Simulator(spec, specs, config, forecaster=forecaster).run()
     jcts = [job.jct_s for job in result.jobs]
     return {
@@ -310,15 +316,32 @@ async def run_session(
         if via == "pods":
             assert endpoints.kubeconfig is not None
             await delete_nodes(endpoints.kubeconfig)
-    simulated: dict[str, Any] = {}
-    if settings.simulate and ({"kumiki", "open"} & set(settings.phases)):
+    simulated: dict[str, Any] = {}  # the open phase's counterpart (no quota), kept under its old name
+    by_phase: dict[str, Any] = {}  # each phase's: its policy and queue tree
+    if settings.simulate:
         policy = settings.policy or endpoints.placement_policy
-        try:
-            simulated = simulate_counterpart(
-                jobs, settings.nodes, policy, endpoints.placement_strategy, settings.progress_reports
-            )
-        except (ArithmeticError, ValueError) as error:  # the live run stands; the report says what failed
-            simulated = {"error": f"simulation failed: {error!r}"}
+        for phase in settings.phases:
+            phase_policy = "fifo" if phase == "baseline" else policy
+            try:
+                by_phase[phase] = simulate_counterpart(
+                    jobs,
+                    settings.nodes,
+                    phase_policy,
+                    endpoints.placement_strategy,
+                    settings.progress_reports if phase != "baseline" else None,
+                    None if phase == "open" else trees[phase],
+                )
+            except (ArithmeticError, ValueError) as error:  # the live run stands; the report says what failed
+                by_phase[phase] = {"error": f"simulation failed: {error!r}"}
+        if "open" in by_phase:
+            simulated = by_phase["open"]
+        elif "kumiki" in settings.phases:  # what the kumiki phase is also set against: the same run without quota
+            try:
+                simulated = simulate_counterpart(
+                    jobs, settings.nodes, policy, endpoints.placement_strategy, settings.progress_reports
+                )
+            except (ArithmeticError, ValueError) as error:
+                simulated = {"error": f"simulation failed: {error!r}"}
     payload = {
         "trace": settings.trace,
         "jobs": len(jobs),
@@ -344,6 +367,7 @@ async def run_session(
             for result in results
         },
         "simulated_kumiki": simulated,
+        "simulated_phases": by_phase,
     }
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / "results.json").write_text(json.dumps(payload, indent=2))
