@@ -124,6 +124,7 @@ def reclaimed_for_a_held_teammate(teammate_gpus: int) -> PlacementBook:
     book.hold(gang("teammate", teammate_gpus), PendingReason("teammate", "quota", "over-quota", ""), 700.0)
     book.cycle(701.0)
     assert [victim.preemption.for_job for victim in book.preemptions] == ["teammate"]
+    assert book.freed_for_held("teammate") and not book.freed_for_held("idle")  # quota is not asked for the victim
     assert book.release_preempted("idle", 1, 702.0, "teammate") is not None
     return book
 

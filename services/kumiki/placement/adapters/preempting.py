@@ -68,7 +68,8 @@ async def release_preempted(
 
     The PREEMPTED event ends the attempt's quota admission, so the next generation asks quota again before it
     may run: without that, a resumed borrower would hold GPUs quota no longer counts, past a queue's limit and
-    out of reach of reclaim. Denied (or quota unreachable), it is held and asked again each cycle."""
+    out of reach of reclaim. Denied (or quota unreachable), it is held and asked again each cycle. A victim
+    evicted for a job quota still holds back is not asked now: it waits behind that job (`freed_for_held`)."""
     job = book.preempted_attempt(request.job.job_id, request.job.generation)
     claim = (request.job.job_id, job.command.generation if job is not None else 0)
     if job is None or claim in book.releasing:
@@ -85,8 +86,9 @@ async def release_preempted(
         _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
         while len(_REQUEUED) > _REQUEUED_KEPT:
             _REQUEUED.popitem(last=False)
-    denied = await admission.admit(again)
-    book.release_preempted(request.job.job_id, request.job.generation, now, request.beneficiary.job_id, denied)
+    beneficiary = request.beneficiary.job_id
+    denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
+    book.release_preempted(request.job.job_id, request.job.generation, now, beneficiary, denied)
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
 

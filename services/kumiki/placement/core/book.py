@@ -338,8 +338,7 @@ class PlacementBook:
             job = found
         self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
         again = replace(job.command, generation=job.command.generation + 1)
-        waiting = self.pending.get(beneficiary)
-        if waiting is not None and waiting.held:  # freed for a job quota holds back: wait behind it, held too
+        if self.freed_for_held(beneficiary):  # freed for a job quota holds back: wait behind it, held too
             reason = PendingReason(job_id, "preemption", "yielding", "", f"its GPUs went to {beneficiary}")
             self.pending[job_id] = PendingJob(again, reason, job.bound_s - job.waited_s, held=True)
             self.yielding[job_id] = (beneficiary, YIELD_ROUNDS)
@@ -357,6 +356,13 @@ class PlacementBook:
                 self._start_or_nominate(self._bound(again, placed, now, 0.0), self.favoured)
         self._start_freed_for(beneficiary, now)  # the GPUs go to whom they were freed for
         return job, again
+
+    def freed_for_held(self, beneficiary: str) -> bool:
+        """Whether a victim's GPUs were freed for a job quota still holds back. The victim then waits behind it,
+        held, and is not asked for at its release: admitted first, it would take back the quota it was evicted to
+        give (the beneficiary holds none yet)."""
+        waiting = self.pending.get(beneficiary)
+        return waiting is not None and waiting.held
 
     def _start_freed_for(self, beneficiary: str, now: float) -> None:
         """Start the waiting job a victim's GPUs were freed for, ahead of the queue order, if it fits now."""
