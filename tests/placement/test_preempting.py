@@ -15,7 +15,9 @@ from aiokafka import AIOKafkaConsumer
 
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
+from kumiki.common.service import ServiceHost
 from kumiki.devstack.cluster import emulated_nodes
+from kumiki.placement.core import BindCommand
 from tests.conftest import wait_until
 from tests.placement.support import bind_request, emulate, running_placement, whole
 from tests.preemption.support import H100
@@ -26,13 +28,13 @@ ENDINGS = {events_pb2.JOB_STATE_PREEMPTED, events_pb2.JOB_STATE_COMPLETED}
 
 
 @asynccontextmanager
-async def preemptive(kafka: KafkaSettings) -> AsyncIterator[placement_pb2_grpc.PlacementStub]:
+async def preemptive(kafka: KafkaSettings) -> AsyncIterator[tuple[ServiceHost, placement_pb2_grpc.PlacementStub]]:
     await emulate(kafka, emulated_nodes(2, shapes=(H100,)))
     saved = {name: os.environ.get(name) for name in ("KUMIKI_PLACEMENT_POLICY", "KUMIKI_PLACEMENT_MIN_RUN_S")}
     os.environ.update(KUMIKI_PLACEMENT_POLICY="kumiki", KUMIKI_PLACEMENT_MIN_RUN_S="0")
     try:
-        async with running_placement(kafka) as (_, stub):
-            yield stub
+        async with running_placement(kafka) as (host, stub):
+            yield host, stub
     finally:
         for name, value in saved.items():
             if value is None:
@@ -64,7 +66,7 @@ async def endings(kafka: KafkaSettings, job: str) -> list[tuple[int, int]]:
 async def test_an_attempt_released_as_preempted_and_completed_at_once_ends_exactly_once(
     kafka: KafkaSettings, first: str
 ) -> None:
-    async with preemptive(kafka) as stub:
+    async with preemptive(kafka) as (_, stub):
         bound = placement_pb2.BindResponse.OUTCOME_BOUND
         assert (await stub.Bind(bind_request("team/filler", [whole(8)]))).outcome == bound
         assert (await stub.Bind(bind_request("team/train", [whole(4)], preemptible=True))).outcome == bound
@@ -90,3 +92,46 @@ async def test_an_attempt_released_as_preempted_and_completed_at_once_ends_exact
             return explained.status == "bound"
 
         await wait_until(urgent_bound, timeout_s=30, what="the urgent job bound")
+
+
+class SlowQuota:
+    """Quota taking its time over the next generation (timing only: it admits everything once let go)."""
+
+    def __init__(self) -> None:
+        self.asked, self.answer = asyncio.Event(), asyncio.Event()
+
+    async def admit(self, command: BindCommand) -> str | None:
+        if command.generation > 1:
+            self.asked.set()
+            await self.answer.wait()
+        return None
+
+
+async def test_a_completion_while_quota_is_asked_for_the_next_generation_loses_to_the_eviction(
+    kafka: KafkaSettings,
+) -> None:
+    """Placement asks quota for generation 2 inside the release (PREEMPTED ended generation 1's admission). The
+    driver's Release(COMPLETED) arriving meanwhile must not end generation 1 a second time; found by the live
+    replay (`kumiki up`: "ended more than once") when the ask came after the claim on the attempt was dropped."""
+    async with preemptive(kafka) as (host, stub):
+        bound = placement_pb2.BindResponse.OUTCOME_BOUND
+        assert (await stub.Bind(bind_request("team/filler", [whole(8)]))).outcome == bound
+        assert (await stub.Bind(bind_request("team/train", [whole(4)], preemptible=True))).outcome == bound
+        await stub.Bind(bind_request("team/urgent", [whole(8)], priority_tier=1))
+        assert host.runtime is not None
+        slow = SlowQuota()
+        host.runtime.components["servicer"].admission = slow
+
+        attempt = common_pb2.JobRef(job_id="team/train", generation=1)
+        evicting = asyncio.ensure_future(
+            stub.Release(placement_pb2.ReleaseRequest(job=attempt, final_state=events_pb2.JOB_STATE_PREEMPTED))
+        )
+        await asyncio.wait_for(slow.asked.wait(), timeout=30)  # PREEMPTED is out; quota is asked for generation 2
+        completed = await stub.Release(
+            placement_pb2.ReleaseRequest(job=attempt, final_state=events_pb2.JOB_STATE_COMPLETED)
+        )
+        slow.answer.set()
+        assert (await evicting).released and not completed.released
+
+        found = await wait_until(lambda: endings(kafka, "team/train"), timeout_s=30, what="the attempt's end")
+        assert found == [(1, events_pb2.JOB_STATE_PREEMPTED)]

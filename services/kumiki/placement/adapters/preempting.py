@@ -77,17 +77,19 @@ async def release_preempted(
     now = time.time()
     again = replace(job.command, generation=job.command.generation + 1)
     submitted_s = job.bound_s - job.waited_s
-    book.releasing.add(claim)  # while this publishes, the attempt cannot also end as COMPLETED (grpc Release)
+    beneficiary = request.beneficiary.job_id
+    # while this publishes and quota is asked, the attempt cannot also end as COMPLETED (grpc Release); the book
+    # is updated with no await between the claim's end and it
+    book.releasing.add(claim)
     try:
         await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), submitted_s)
+        denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
     finally:
         book.releasing.discard(claim)
     if trace.get_current_span().get_span_context().is_valid:
         _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
         while len(_REQUEUED) > _REQUEUED_KEPT:
             _REQUEUED.popitem(last=False)
-    beneficiary = request.beneficiary.job_id
-    denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
     book.release_preempted(request.job.job_id, request.job.generation, now, beneficiary, denied)
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
