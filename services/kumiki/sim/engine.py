@@ -382,8 +382,8 @@ class Simulator:
         return admission_rank(self.policy, self.view(job), now)
 
     def _admit_held(self, now: float) -> None:
-        """Quota is asked again for every held job, oldest first (placement's cycle): before each pass, and after
-        preemptions, whose victims' next generations wait here to be admitted."""
+        """Quota is asked again for the held jobs in admission order (placement's cycle; `admission_rank`): before
+        each pass, and after preemptions, whose victims' next generations wait here to be admitted."""
         if self.quota is not None:
             starvation_s = self.policy.starvation_s
             starving_before = now - starvation_s if starvation_s > 0 else -math.inf

@@ -3,7 +3,8 @@
 The live stack's rules, so that a simulated run and a live replay of the same queue tree can be compared:
 
 - every attempt (an arrival, and each preempted job's next generation) is admitted before it may queue; a denied
-  one is held out of the queue and asked again at each pass, oldest first (placement's cycle);
+  one is held out of the queue and asked again in admission rounds (placement's cycle), the starving first, then
+  in the policy's order (`sched.policies.admission_rank`);
 - an admission inside the guarantee while borrowers hold the GPUs names borrowed victims
   (`quota.core.choose_victims`), which are preempted for it (reason `quota-reclaim`), and it starts on their GPUs;
 - an attempt's ending or preemption frees its admission, and the ledger's rules (`quota.core.Ledger`) meter its
