@@ -340,3 +340,12 @@ def test_a_quota_tree_that_cannot_run_names_the_problem(tmp_path, capsys, tree, 
         simulate(tmp_path, "--policy", "fifo", "--quota", str(path))
     err = capsys.readouterr().err
     assert "--quota" in err and message in err
+
+
+def test_the_philly_vcs_example_tree_runs_as_the_docs_say(tmp_path):
+    """docs/examples/philly-vcs.yaml, read as written: every queue of philly-tiny is one of its VCs."""
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "philly-vcs.yaml"
+    code, out = simulate(tmp_path, "--policy", "tiresias", "--quota", str(example), "--no-plots")
+    assert code == 0
+    row = json.loads((out / "report.json").read_text())["policies"]["tiresias"]
+    assert row["jobs"] == 300 and set(row["quota"]["gpu_s_by_queue"]) == set(QUEUES)
