@@ -21,7 +21,9 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.codecs import load_all_yaml
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
@@ -328,7 +330,43 @@ async def reviewer_kubeconfig(client: AsyncClient, stack: KubeStack, folder: Pat
     config["users"] = [{"name": "admin", "user": {"token": token}}]
     path = folder / f"{account}.kubeconfig"
     path.write_text(json.dumps(config))
+    await granted(path, REVIEWER_RULES)
     return path
+
+
+async def granted(kubeconfig: Path, rules: Iterable[dict[str, list[str]]]) -> None:
+    """Wait until the API server takes the kubeconfig's credentials and its authorizer grants every rule, asked
+    as that user (SelfSubjectAccessReview). A new service account and binding reach the authenticator's and
+    the RBAC authorizer's informers a moment after the write; a request in that moment is refused (seen in CI
+    as a TokenReview answered UNAVAILABLE)."""
+    from kumiki.binder.adapters.kube import client_from
+
+    reviews = [
+        SelfSubjectAccessReview(
+            spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(group=rule["apiGroups"][0], resource=resource, verb=verb)
+            )
+        )
+        for rule in rules
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
+    client = client_from(kubeconfig)
+
+    async def allowed() -> bool:
+        for review in reviews:
+            try:
+                answer = await client.create(review)
+            except ApiError:  # the credentials are not taken yet
+                return False
+            if answer.status is None or not answer.status.allowed:
+                return False
+        return True
+
+    try:
+        await wait_until(allowed, timeout_s=30, what=f"the API server granting {kubeconfig.name} its rules")
+    finally:
+        await client.close()
 
 
 async def pod_token(client: AsyncClient, namespace: str, pod: Any, *, audience: str | None, account: str) -> str:
