@@ -400,6 +400,7 @@ class PlacementBook:
             return
         scheduler = self.scheduler
         fallback = self.idle_policies.get("*", IdlePolicy())
+        held: list[str] | None = None  # ranked once a rule needs them, not once per idle job
         for job_id, (generation, since_s, until_s) in list(self.idle.items()):
             job = self.bound.get(job_id)
             if job is None or job.command.generation != generation or job_id in self.nominated:
@@ -410,7 +411,9 @@ class PlacementBook:
             waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
             # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
-            waiting += [pending.command.job_id for pending in self.held_jobs_in_order(now)]
+            if held is None:
+                held = [pending.command.job_id for pending in self.held_jobs_in_order(now)]
+            waiting += held
             if rule.mode == "waiting" and not waiting:
                 continue
             del self.idle[job_id]
