@@ -307,6 +307,43 @@ async def test_waiting_jobs_wait_again_after_a_restart_in_their_order(kafka: Kaf
         assert book.audit() == []
 
 
+async def test_a_requeued_job_waits_again_after_a_restart_since_its_eviction(kafka: KafkaSettings) -> None:
+    """A preempted job's next generation keeps its arrival (FIFO order), waits since its eviction (the starvation
+    clock) and is ranked by what its attempts ran: a restart reads the wait from when its SUBMITTED was
+    published, not from the arrival it carries, and what it ran from its PREEMPTED event."""
+    await emulate(kafka, default_nodes(1))
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: len(book.nodes) == 1, what="the nodes")
+        assert (await stub.Bind(bind_request("old", [whole(8)]))).outcome == BOUND
+        arrived_s = book.bound["old"].bound_s
+        assert (await stub.Bind(bind_request("next", [whole(8)]))).outcome == PENDING
+        evicting_s = time.time()
+        evicted = placement_pb2.ReleaseRequest(
+            job=common_pb2.JobRef(job_id="old", generation=1),
+            final_state=events_pb2.JOB_STATE_PREEMPTED,
+            lost_gpu_seconds=0.004,
+        )
+        assert (await stub.Release(evicted)).released
+        await wait_until(lambda: "next" in book.bound, timeout_s=30, what="next to start on the freed GPUs")
+        waiting = book.pending["old"]
+        assert waiting.command.generation == 2 and waiting.submitted_s == pytest.approx(arrived_s, abs=1e-6)
+        assert waiting.waiting_since_s >= evicting_s > arrived_s
+        before = waiting.waiting_since_s
+        served = book.served["old"]
+        assert served.preemptions == 1 and served.attained_gpu_s == pytest.approx(8 * (before - arrived_s), abs=0.01)
+        assert served.executed_s == pytest.approx(served.attained_gpu_s / 8 - 0.0005)
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: "old" in book.pending and not book.held_jobs(time.time()), what="re-admission")
+        waiting = book.pending["old"]
+        assert waiting.command.generation == 2 and waiting.submitted_s == pytest.approx(arrived_s, abs=1e-6)
+        assert evicting_s <= waiting.waiting_since_s == pytest.approx(before, abs=0.05)  # published in the Release
+        assert book.served["old"] == served  # from the PREEMPTED event: the same run time, GPUs and lost work
+        view = book.scheduler.waiting["old"].view
+        assert view.submit_s == pytest.approx(arrived_s, abs=1e-6) and view.attained_gpu_s == served.attained_gpu_s
+
+
 async def test_rebuild_queues_only_what_placement_was_asked_to_place(kafka: KafkaSettings) -> None:
     """Another system's SUBMITTED is not placement's to queue, and a record no bind could have written is
     skipped with a warning: either way the service starts and serves."""

@@ -138,8 +138,8 @@ class AskingEveryHeldJob(SimQuota):
 
     def ask_held(self, enter: Callable[[str], bool], starving_before: float = -math.inf) -> None:
         def order(job_id: str) -> tuple[object, ...]:
-            arrival = self._arrival[job_id]
-            return ((0.0, arrival) if arrival <= starving_before else self.held[job_id], job_id)
+            since = self._waiting_since[job_id]
+            return ((0.0, since) if since <= starving_before else self.held[job_id], job_id)
 
         self._released = True
         while self._released:
@@ -201,3 +201,23 @@ def test_a_round_asks_the_starving_first_oldest_first_then_by_rank_and_skips_wha
     asked.clear()
     quota.ask_held(enter, starving_before=10.0)
     assert asked == []  # no release since: nothing to ask
+
+
+def test_a_job_quota_held_keeps_its_wait_in_the_queue_and_starves_on_time() -> None:
+    """z is held by its queue's limit for 20 h, then admitted where no node has its 4 GPUs free together. Its
+    wait goes on in the queue, as placement's does (`PendingJob.waiting_since_s`): it starves at exactly the
+    limit after its arrival and evicts a borrower for room. Counted from its admission it waited 33 h."""
+    from kumiki.sched.policies import STARVATION_S
+
+    hour = 3_600.0
+    jobs = [
+        SimJobSpec("w", 0.0, 2, 20 * hour, "a"),  # team a's limit is 4: z (4 GPUs) is held while w runs
+        SimJobSpec("x", 0.0, 2, 100 * hour, "b"),
+        SimJobSpec("y", 0.0, 2, 100 * hour, "b"),
+        SimJobSpec("z", 1.0, 4, hour, "a"),
+    ]
+    simulator = simulate(jobs, "kumiki-noforecast", tree({"a": (4, 4), "b": (0, None)}, 8))
+    by_id = {job.job_id: job for job in simulator.results}
+    assert simulator.quota is not None and dict(simulator.quota.denied) == {"limit_exceeded": 1}
+    assert by_id["z"].first_start_s == 1.0 + STARVATION_S
+    assert sorted(job.preemptions for job in by_id.values()) == [0, 0, 0, 1]

@@ -269,17 +269,19 @@ def waiting_key(policy: QueuePolicy, view: JobView) -> float:
     return estimate_remaining(policy, view, view.executed_s)
 
 
-def admission_rank(policy: QueuePolicy, view: JobView, now: float) -> tuple[float, ...]:
+def admission_rank(policy: QueuePolicy, view: JobView, waiting_since_s: float, now: float) -> tuple[float, ...]:
     """Where a job quota holds back is asked in an admission round (placement's cycle; the simulator's).
 
     Quota answers in turn and each admission uses up what the next could have had, so the order decides who
     gets freed capacity first. The policy's own order (tier, then its key), as the queue would start them: by
     arrival instead, held jobs were admitted in submit order and the policy ordered only the few admitted: up to
     10% more average JCT on the Philly slice at 48 x 8, and never less on any day (benchmarks/sim_quota.py). A
-    job held past the policy's starvation limit since it arrived is asked first, oldest first, so that no held
-    job waits for ever."""
-    if policy.starvation_s > 0 and now - view.submit_s >= policy.starvation_s:
-        return (0.0, view.submit_s)
+    job held past the policy's starvation limit is asked first, longest waiting first, so that no held job waits
+    for ever. `waiting_since_s` is the starvation clock the queue keeps too (`Scheduler.submit`'s `now`): since
+    the attempt began to wait, its arrival or its previous attempt's eviction; from its arrival, a job evicted
+    a day after it arrived would jump every round at once."""
+    if policy.starvation_s > 0 and now - waiting_since_s >= policy.starvation_s:
+        return (0.0, waiting_since_s)
     return (1.0, float(-view.priority), waiting_key(policy, view), view.submit_s)
 
 

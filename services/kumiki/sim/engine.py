@@ -115,6 +115,9 @@ class _SimJob:
     lost_gpu_s: float = 0.0
     checkpoint_gpu_s: float = 0.0
     generation: int = 0
+    # when the attempt began to wait (its arrival, or its previous attempt's eviction): the starvation clock, held
+    # by quota or queued (placement's `PendingJob.waiting_since_s`); set at arrival
+    waiting_since_s: float = 0.0
     forecast: RuntimeForecast | None = None
     finish_s: float = -1.0
     running: bool = False
@@ -199,7 +202,7 @@ class Simulator:
                 job.time_limit_s,
             )
             request = consolidated_gang(job.job_id, job.gpus, self.gpus_per_node)
-            self.jobs[job.job_id] = _SimJob(job, features, job.duration_s, request)
+            self.jobs[job.job_id] = _SimJob(job, features, job.duration_s, request, waiting_since_s=job.submit_s)
             self._push(job.submit_s, ARRIVAL, job.job_id, 0)
         self.results: list[JobResult] = []
         self.samples: list[Sample] = []
@@ -359,18 +362,18 @@ class Simulator:
             return True
         spec = job.spec
         admitted = quota.ask(
-            spec.job_id, job.generation + 1, spec.queue, spec.gpus, self._rank(job, now), spec.submit_s
+            spec.job_id, job.generation + 1, spec.queue, spec.gpus, self._rank(job, now), job.waiting_since_s
         )
         if admitted is None:
             return False
-        self.scheduler.submit(self.view(job), job.request, now=now)
+        self.scheduler.submit(self.view(job), job.request, now=job.waiting_since_s)  # its wait goes on in the queue
         decisions = Decisions()
         for victim in admitted.victims:
             if victim in self.scheduler.running:
                 decisions.preemptions.append(self.scheduler.preempt(victim, job.spec.job_id, "quota-reclaim", now))
             elif self.scheduler.withdraw(victim):  # admitted, not started: it asks quota again
                 held = self.jobs[victim]
-                quota.hold(victim, held.spec.queue, held.spec.gpus, self._rank(held, now), held.spec.submit_s)
+                quota.hold(victim, held.spec.queue, held.spec.gpus, self._rank(held, now), held.waiting_since_s)
         if decisions.preemptions:
             placed = self.scheduler.start_waiting(job.spec.job_id, now)
             if placed is not None:
@@ -379,7 +382,7 @@ class Simulator:
         return True
 
     def _rank(self, job: _SimJob, now: float) -> tuple[float, ...]:
-        return admission_rank(self.policy, self.view(job), now)
+        return admission_rank(self.policy, self.view(job), job.waiting_since_s, now)
 
     def _admit_held(self, now: float) -> None:
         """Quota is asked again for the held jobs in admission order (placement's cycle; `admission_rank`): before
@@ -574,10 +577,11 @@ class Simulator:
         """A preempted attempt ends its quota admission; the next generation waits to be admitted afresh, asked
         once the preemptions at hand are applied (`_apply`)."""
         job.preemptions += 1
+        job.waiting_since_s = now
         if self.quota is not None:
             self.quota.ended(job.spec.job_id, job.generation, now, LifecycleState.PREEMPTED)
             spec = job.spec
-            self.quota.hold(spec.job_id, spec.queue, spec.gpus, self._rank(job, now), spec.submit_s)
+            self.quota.hold(spec.job_id, spec.queue, spec.gpus, self._rank(job, now), now)
             job.generation += 1
             return
         job.generation += 1

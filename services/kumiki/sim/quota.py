@@ -93,12 +93,16 @@ class SimQuota:
         self._totals: dict[tuple[str, bool], float] = {}
         self._released = False  # an admission ended since held jobs were last asked
         self._held_class: dict[str, tuple[str, int]] = {}  # held job -> its (queue, GPUs)
-        self._by_arrival: list[tuple[float, str]] = []  # held jobs, sorted: who starves first
-        self._arrival: dict[str, float] = {}
+        # held jobs by when they began to wait (their starvation clock), sorted: who starves first
+        self._by_wait: list[tuple[float, str]] = []
+        self._waiting_since: dict[str, float] = {}
 
-    def ask(self, job_id: str, generation: int, queue: str, gpus: int, rank: Rank, arrival_s: float) -> Admitted | None:
+    def ask(
+        self, job_id: str, generation: int, queue: str, gpus: int, rank: Rank, waiting_since_s: float
+    ) -> Admitted | None:
         """Quota's answer for one attempt; None: held (the caller asks again at each pass). `rank`: its place in
-        the admission rounds while held (`sched.policies.admission_rank`)."""
+        the admission rounds while held (`sched.policies.admission_rank`); `waiting_since_s`: when the attempt
+        began to wait (its arrival, or its previous attempt's eviction), which the starvation limit counts from."""
         self._drop(job_id)  # a job asks only while it holds nothing; kept exact if a caller asks twice
         totals = [Holding(queue, gpus, borrowed=borrowed) for (queue, borrowed), gpus in self._totals.items()]
         request = AdmitRequest(job_id, generation, queue, float(gpus), preemptible=True)
@@ -106,12 +110,12 @@ class SimQuota:
         if not admission.admitted:
             if job_id not in self.held:  # counted once per attempt, by the reason it was first held for
                 self.denied[admission.code] += 1
-            self.hold(job_id, queue, gpus, rank, arrival_s)
+            self.hold(job_id, queue, gpus, rank, waiting_since_s)
             return None
         if self.held.pop(job_id, None) is not None:
             del self._held_class[job_id]
-            arrival = self._arrival.pop(job_id)
-            del self._by_arrival[bisect.bisect_left(self._by_arrival, (arrival, job_id))]
+            since = self._waiting_since.pop(job_id)
+            del self._by_wait[bisect.bisect_left(self._by_wait, (since, job_id))]
         victims: list[Holding] = []
         if admission.shortfall_gpus > EPSILON:
             victims, _ = choose_victims(self.config, list(self.holdings.values()), admission.shortfall_gpus, queue)
@@ -128,15 +132,15 @@ class SimQuota:
         self._totals[key] = self._totals.get(key, 0.0) + gpus
         return Admitted(borrowed, tuple(victim.job_id for victim in victims))
 
-    def hold(self, job_id: str, queue: str, gpus: int, rank: Rank, arrival_s: float) -> None:
+    def hold(self, job_id: str, queue: str, gpus: int, rank: Rank, waiting_since_s: float) -> None:
         """Out of the queue until quota admits it: denied, preempted (its next generation), or a reclaim victim
         that was admitted but had not started. Whatever it held is given up."""
         self._drop(job_id)
         if job_id not in self.held:
             self.held[job_id] = rank
             self._held_class[job_id] = (queue, gpus)
-            self._arrival[job_id] = arrival_s
-            bisect.insort(self._by_arrival, (arrival_s, job_id))
+            self._waiting_since[job_id] = waiting_since_s
+            bisect.insort(self._by_wait, (waiting_since_s, job_id))
             heapq.heappush(self._classes.setdefault((queue, gpus), []), (rank, job_id))
 
     def _drop(self, job_id: str) -> None:
@@ -149,9 +153,9 @@ class SimQuota:
             self._released = True
 
     def ask_held(self, enter: Callable[[str], bool], starving_before: float = -math.inf) -> None:
-        """One admission round over the held jobs (placement's cycle): those that arrived at or before
-        `starving_before` first, oldest first, then the rest by rank. `enter` asks quota for one (and queues it)
-        and says whether it was admitted. A release during the round (a reclaim victim that had not started)
+        """One admission round over the held jobs (placement's cycle): those waiting since at or before
+        `starving_before` first, longest waiting first, then the rest by rank. `enter` asks quota for one (and
+        queues it) and says whether it was admitted. A release during the round (a reclaim victim that had not started)
         starts it over, as placement's next cycle would.
 
         Only a release can turn a denial into an admission, so there is no round without one since the last.
@@ -161,8 +165,8 @@ class SimQuota:
         while self._released:
             self._released = False
             closed: dict[str, int] = {}  # queue -> the fewest GPUs it was denied this round
-            for arrival, job_id in list(self._by_arrival):  # a copy: admissions leave it
-                if arrival > starving_before or self._released:
+            for since, job_id in list(self._by_wait):  # a copy: admissions leave it
+                if since > starving_before or self._released:
                     break
                 if job_id in self.held:
                     self._ask_again(job_id, enter, closed)

@@ -4,7 +4,7 @@ checkpoints."""
 
 from __future__ import annotations
 
-from kumiki.placement.core import PlacementBook, parse_idle_reclaim
+from kumiki.placement.core import PlacementBook, ServiceSoFar, parse_idle_reclaim
 from kumiki.sched.forecasting import RuntimeForecast
 from tests.placement.core.helpers import gang, node
 
@@ -311,3 +311,79 @@ def test_quota_is_asked_for_held_jobs_in_the_policys_order_the_starving_first() 
     book.forecast("ancient", RuntimeForecast(4e6, 8e6, "m", 1, error_sigma=0.1))
     assert [job.command.job_id for job in book.held_jobs(200.0)] == ["ancient", "short", "long"]
     assert [job.command.job_id for job in book.held_jobs(-STARVATION_S + 50.0)] == ["short", "long", "ancient"]
+
+
+def test_an_evicted_job_starves_a_full_limit_after_its_eviction_not_after_its_arrival() -> None:
+    """Starvation counts from when the attempt began to wait (the queue's clock since the twenty-first step of
+    design 0003; the simulator's too). Counted from its arrival, a job evicted a day after it arrived starved at
+    once and evicted the job it had just made room for."""
+    from kumiki.sched.policies import STARVATION_S
+
+    book = preemptive_book()
+    evicted_s = STARVATION_S + 1_000.0
+    assert book.bind(gang("old", 8, preemptible=True), 0.0).job is not None
+    assert book.bind(gang("filler", 8, preemptible=True), evicted_s - 500.0).job is not None
+    assert not book.bind(gang("newcomer", 8, preemptible=True), evicted_s - 100.0).bound
+    released = book.release_preempted("old", 1, evicted_s, beneficiary="newcomer")
+    assert released is not None and "newcomer" in book.bound  # on the GPUs freed for it
+    waiting = book.pending["old"]
+    assert (waiting.submitted_s, waiting.waiting_since_s) == (0.0, evicted_s)  # FIFO keeps its arrival
+    assert [job.command.job_id for job in book.cycle(evicted_s + 1.0)] == ["newcomer"]  # published by this pass
+    assert book.preemptions == []
+    assert book.scheduler.next_deadline(evicted_s + 1.0) == evicted_s + STARVATION_S
+    assert book.cycle(evicted_s + STARVATION_S) == []
+    assert [victim.preemption.reason for victim in book.preemptions] == ["starvation"]  # the guard still acts
+    assert not book.audit()
+
+
+def test_a_held_next_generation_is_asked_first_as_starving_a_full_limit_after_its_eviction() -> None:
+    """A preempted job's next generation quota holds back is asked in the policy's order until it has waited the
+    starvation limit since its eviction; counted from its arrival a day before, it went first at once."""
+    from kumiki.sched.placement import PendingReason
+    from kumiki.sched.policies import STARVATION_S
+
+    book = preemptive_book()
+    evicted_s = STARVATION_S + 1_000.0
+    assert book.bind(gang("old", 4, preemptible=True), 0.0).job is not None
+    book.forecast("old", RuntimeForecast(1e6, 2e6, "m", 1, error_sigma=0.1))
+    book.forecast("short", RuntimeForecast(60.0, 120.0, "m", 1, error_sigma=0.1))
+    assert book.release_preempted("old", 1, evicted_s, denied="over its limit") is not None
+    book.hold(gang("short", 4), PendingReason("short", "quota", "over-quota", ""), evicted_s + 10.0)
+    assert [job.command.job_id for job in book.held_jobs(evicted_s + 20.0)] == ["short", "old"]
+    assert [job.command.job_id for job in book.held_jobs(evicted_s + STARVATION_S)] == ["old", "short"]
+    book.admit("old", evicted_s + 30.0)
+    queued = book.scheduler.waiting["old"]
+    assert queued.view.submit_s == 0.0  # its arrival still orders FIFO policies
+    assert book.scheduler.next_deadline(evicted_s + 30.0) == evicted_s + STARVATION_S  # held time counts as waiting
+
+
+def test_an_evicted_job_keeps_what_it_ran_and_a_new_job_goes_first() -> None:
+    """Tiresias ranks by attained service. The next generation of a job evicted after 8,080 GPU-seconds (past the
+    first level) waits behind a job that arrived after it with none, as in the simulator; viewed as new, it went
+    first (level 0 and older), so a long job came back ahead of every short one after each eviction."""
+    book = PlacementBook(policy="tiresias", min_run_s=0.0)
+    book.upsert_node(node("a"), healthy=True)
+    assert book.bind(gang("long", 8, preemptible=True), 0.0).job is not None
+    assert not book.bind(gang("short", 8, preemptible=True), 1_000.0).bound
+    assert [(victim.job.command.job_id, victim.preemption.reason) for victim in book.preemptions] == [("long", "rank")]
+    assert book.release_preempted("long", 1, 1_010.0, lost_gpu_s=7_000.0) is not None
+    assert book.served["long"] == ServiceSoFar(executed_s=1_010.0 - 875.0, attained_gpu_s=8_080.0, preemptions=1)
+    waiting = book.scheduler.waiting["long"].view
+    assert (waiting.executed_s, waiting.attained_gpu_s, waiting.preemptions) == (135.0, 8_080.0, 1)
+    assert [job.command.job_id for job in book.cycle(1_010.0)] == ["short"]
+    assert not book.bind(gang("fresh", 8, preemptible=True), 1_020.0).bound
+    book.release("short", 1)
+    assert [job.command.job_id for job in book.cycle(1_100.0)] == ["fresh"]
+    assert book.preemptions == []
+    book.release("fresh", 1)
+    (resumed,) = book.cycle(1_200.0)
+    assert resumed.command.generation == 2 and book.scheduler.running["long"].view.attained_gpu_s == 8_080.0
+    book.release("long", 2)
+    book.mark_ended("long", 2)
+    assert "long" not in book.served  # ended: nothing kept
+
+
+def test_service_so_far_adds_each_evicted_attempt() -> None:
+    service = ServiceSoFar().after_eviction(100.0, 4.0, 80.0).after_eviction(50.0, 4.0, 1_000.0)
+    assert service == ServiceSoFar(executed_s=80.0, attained_gpu_s=600.0, preemptions=2)  # all of the second lost
+    assert ServiceSoFar().after_eviction(-5.0, 0.0, 3.0) == ServiceSoFar(0.0, 0.0, 1)

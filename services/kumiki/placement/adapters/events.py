@@ -32,7 +32,7 @@ from kumiki.placement.adapters.convert import (
     restore_from_lifecycle,
     runtime_forecast,
 )
-from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, Victim
+from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, ServiceSoFar, Victim
 from kumiki.sched.jobs import RequestError
 from kumiki.sched.placement import PendingReason
 
@@ -201,12 +201,17 @@ class AllocationLog:
     Events of one job are ordered (one key, one partition) but events of different jobs are not: a job bound
     into GPUs that another job released may be read before that release. So the log first settles each job's
     last word, and only the allocations still held at the end, which never overlap, go into the book; jobs
-    whose last word is SUBMITTED were waiting, and wait again in their arrival order.
+    whose last word is SUBMITTED were waiting, and wait again in their arrival order, their wait counted from
+    that SUBMITTED's publication (a requeued attempt's: its eviction; its `at` is the job's arrival). A job
+    that has not ended gets back its service so far from its PREEMPTED attempts (run time, lost work).
     """
 
     def __init__(self, book: PlacementBook) -> None:
         self.book = book
         self.latest: dict[str, events_pb2.JobLifecycle] = {}
+        self.published_s: dict[str, float] = {}  # job -> when its latest event was published (CloudEvent time)
+        # job -> generation -> (run time, GPUs, lost GPU-seconds) of each evicted attempt
+        self.evicted: dict[str, dict[int, tuple[float, float, float]]] = {}
         self.skipped = 0
 
     async def __call__(self, key: str, event: Event | None) -> None:
@@ -218,9 +223,13 @@ class AllocationLog:
             return
         if message.state == events_pb2.JOB_STATE_SUBMITTED and not event.attributes.source.startswith(PLACEMENT_SOURCE):
             return  # another system announcing a job: placement queues only what it was asked to place
+        if message.state == events_pb2.JOB_STATE_PREEMPTED and message.runtime_s >= 0:
+            attempt = (message.runtime_s, message.gpus, max(0.0, message.lost_gpu_seconds))  # gpus: the demand
+            self.evicted.setdefault(message.job.job_id, {})[message.job.generation] = attempt
         current = self.latest.get(message.job.job_id)
         if current is None or message.job.generation >= current.job.generation:
             self.latest[message.job.job_id] = message
+            self.published_s[message.job.job_id] = event.attributes.time.timestamp()
 
     def apply(self) -> tuple[int, int]:
         """Restore every job whose last event is BOUND, then re-queue those whose last event is SUBMITTED;
@@ -235,14 +244,26 @@ class AllocationLog:
                     self.book.restore(command, pods, message.at.ToNanoseconds() / 1e9)
                     restored += 1
                 elif message.state == events_pb2.JOB_STATE_SUBMITTED:
-                    waiting.append((message.at.ToNanoseconds() / 1e9, command_from_lifecycle(message)))
+                    arrived_s = message.at.ToNanoseconds() / 1e9
+                    queued_s = max(arrived_s, self.published_s[message.job.job_id])
+                    waiting.append((arrived_s, queued_s, command_from_lifecycle(message)))
                 elif message.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
                     self.book.mark_ended(message.job.job_id, message.job.generation)
             except (InvalidRequest, RequestError, ValueError) as error:  # a record no bind could have written
                 self.skipped += 1
                 log.warning("lifecycle event not restored", extra={"job": message.job.job_id, "reason": str(error)})
-        for submitted_s, command in sorted(waiting, key=lambda item: item[0]):
-            self.book.restore_pending(command, submitted_s)
+        for job_id, attempts in self.evicted.items():
+            latest = self.latest[job_id]
+            if latest.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
+                continue
+            service = ServiceSoFar()
+            for generation in sorted(attempts):
+                if generation < latest.job.generation:
+                    service = service.after_eviction(*attempts[generation])
+            if service.preemptions:
+                self.book.served[job_id] = service
+        for submitted_s, queued_s, command in sorted(waiting, key=lambda item: item[:2]):
+            self.book.restore_pending(command, submitted_s, queued_s)
         return restored, len(waiting)
 
 

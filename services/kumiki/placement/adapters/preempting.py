@@ -90,7 +90,9 @@ async def release_preempted(
         _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
         while len(_REQUEUED) > _REQUEUED_KEPT:
             _REQUEUED.popitem(last=False)
-    book.release_preempted(request.job.job_id, request.job.generation, now, beneficiary, denied)
+    book.release_preempted(
+        request.job.job_id, request.job.generation, now, beneficiary, denied, request.lost_gpu_seconds
+    )  # what it published: a restart folds the same PREEMPTED event into the job's service so far
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
 

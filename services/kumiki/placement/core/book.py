@@ -13,6 +13,7 @@ from kumiki.placement.core.commands import (
     BoundJob,
     Explanation,
     PendingJob,
+    ServiceSoFar,
     job_view,
     queued_reason,
     quota_reason,
@@ -66,6 +67,8 @@ class PlacementBook:
     preemptions: list[Victim] = field(default_factory=list)  # decided, not yet published (the adapter drains it)
     acknowledged: dict[str, float] = field(default_factory=dict)  # job -> newest acknowledged checkpoint (unix s)
     forecasts: dict[str, RuntimeForecast] = field(default_factory=dict)  # job -> run-time forecast
+    # job -> what its evicted attempts ran (the policy's view of its next generations), until it ends
+    served: dict[str, ServiceSoFar] = field(default_factory=dict)
     favoured: list[BoundJob] = field(default_factory=list)  # beneficiaries started on release, published next cycle
     # attempts whose PREEMPTED release is being published: an ending (Release COMPLETED) meanwhile is refused, so
     # an attempt ends exactly once, evicted or completed
@@ -154,12 +157,18 @@ class PlacementBook:
                 displaced.append(job)
         for pending in sorted(self.pending.values(), key=lambda item: item.submitted_s):
             if not pending.held:
-                scheduler.submit(self._view(pending.command, pending.submitted_s), pending.command.request)
+                self._enqueue(scheduler, pending)
         self._scheduler = scheduler
         return displaced
 
     def _view(self, command: BindCommand, submitted_s: float) -> JobView:
-        return job_view(command, submitted_s, self.forecasts.get(command.job_id))
+        return job_view(command, submitted_s, self.forecasts.get(command.job_id), self.served.get(command.job_id))
+
+    def _enqueue(self, scheduler: Scheduler, pending: PendingJob) -> None:
+        """Into the scheduler's queue in its arrival order, its starvation counted since it began to wait: from
+        its arrival, a job evicted a day after it arrived would starve at once and evict in turn."""
+        view = self._view(pending.command, pending.submitted_s)
+        scheduler.submit(view, pending.command.request, now=pending.waiting_since_s)
 
     def _adopt_orphans(self) -> None:
         for job_id, job in list(self.orphans.items()):
@@ -223,18 +232,21 @@ class PlacementBook:
         self.pending[command.job_id] = replace(self.pending[command.job_id], reason=reason)
         return BindOutcome(reason=reason, started=tuple(started))
 
-    def _queue(self, command: BindCommand, reason: PendingReason, now: float) -> None:
-        """Put a job in the scheduler's queue (a retry of a waiting job keeps its place)."""
+    def _queue(self, command: BindCommand, reason: PendingReason, now: float, submitted_s: float | None = None) -> None:
+        """Put a job in the scheduler's queue (a retry of a waiting job keeps its place and its wait). `now`: when
+        it begins to wait; `submitted_s`: its arrival, for an attempt of a job that arrived before (default now)."""
         previous = self.pending.get(command.job_id)
         if previous is not None and not previous.held and previous.command == command:
             return
         scheduler = self.scheduler if self.nodes else None  # rebuilt first, so the job is queued once
         if previous is not None:
             self.withdraw(command.job_id)
-        submitted = previous.submitted_s if previous is not None else now
-        self.pending[command.job_id] = PendingJob(command, reason, submitted)
+            pending = PendingJob(command, reason, previous.submitted_s, queued_s=previous.waiting_since_s)
+        else:
+            pending = PendingJob(command, reason, now if submitted_s is None else submitted_s, queued_s=now)
+        self.pending[command.job_id] = pending
         if scheduler is not None:
-            scheduler.submit(self._view(command, submitted), command.request)
+            self._enqueue(scheduler, pending)
 
     def cycle(self, now: float) -> list[BoundJob]:
         """A scheduling pass of the core's policy; returns the jobs it started (the caller publishes them).
@@ -317,14 +329,22 @@ class PlacementBook:
         return job
 
     def release_preempted(
-        self, job_id: str, generation: int, now: float, beneficiary: str = "", denied: str | None = None
+        self,
+        job_id: str,
+        generation: int,
+        now: float,
+        beneficiary: str = "",
+        denied: str | None = None,
+        lost_gpu_s: float | None = None,
     ) -> tuple[BoundJob, BindCommand] | None:
         """The coordinator evicted this attempt: free it and queue the job again as the next generation (keeping
         its arrival time). None when that attempt holds nothing (released already: idempotent).
 
         Quota released the attempt's admission with it, so the next generation is admitted afresh like an
         arrival: `denied` is quota's reason when it was not, and the job is then held (asked again each cycle)
-        rather than queued, even one moved off a gang's node."""
+        rather than queued, even one moved off a gang's node. The attempt's run, less `lost_gpu_s` (what the
+        coordinator says was lost since the last checkpoint; default the book's own estimate), counts towards the
+        job's service so far (`served`), which the policy ranks its next generations by."""
         victim = self.draining.get(job_id)
         moved = False
         if victim is not None and (not generation or victim.job.command.generation == generation):
@@ -337,18 +357,24 @@ class PlacementBook:
                 return None
             job = found
         self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
+        if lost_gpu_s is None:
+            lost_gpu_s = victim.preemption.lost_gpu_s if victim is not None and victim.job is job else 0.0
+        self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
+            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s
+        )
         again = replace(job.command, generation=job.command.generation + 1)
+        arrived_s = job.bound_s - job.waited_s  # the job's arrival: its place in FIFO orders; its wait starts now
         if self.freed_for_held(beneficiary):  # freed for a job quota holds back: wait behind it, held too
             reason = PendingReason(job_id, "preemption", "yielding", "", f"its GPUs went to {beneficiary}")
-            self.pending[job_id] = PendingJob(again, reason, job.bound_s - job.waited_s, held=True)
+            self.pending[job_id] = PendingJob(again, reason, arrived_s, held=True, queued_s=now)
             self.yielding[job_id] = (beneficiary, YIELD_ROUNDS)
             self.freed_for.add(beneficiary)
             return job, again
         if denied is not None:
-            self.pending[job_id] = PendingJob(again, quota_reason(again, denied), job.bound_s - job.waited_s, held=True)
+            self.pending[job_id] = PendingJob(again, quota_reason(again, denied), arrived_s, held=True, queued_s=now)
             self._start_freed_for(beneficiary, now)
             return job, again
-        self._queue(again, queued_reason(again), job.bound_s - job.waited_s)
+        self._queue(again, queued_reason(again), now, submitted_s=arrived_s)
         if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
             placed = self.scheduler.start_waiting(job_id, now)
             if placed is not None:
@@ -452,8 +478,10 @@ class PlacementBook:
         previous = self.pending.get(command.job_id)
         if previous is not None and not previous.held:
             self.scheduler.withdraw(command.job_id)
-        submitted = previous.submitted_s if previous is not None else now
-        self.pending[command.job_id] = PendingJob(command, reason, submitted, held=True)
+        if previous is not None:
+            self.pending[command.job_id] = replace(previous, command=command, reason=reason, held=True)
+        else:
+            self.pending[command.job_id] = PendingJob(command, reason, now, held=True, queued_s=now)
 
     def admit(self, job_id: str, now: float) -> None:
         """A held job that quota now admits joins the queue, keeping its arrival time; one a victim's GPUs were freed
@@ -461,21 +489,22 @@ class PlacementBook:
         pending = self.pending[job_id]
         if pending.held:
             scheduler = self.scheduler if self.nodes else None  # rebuilt first, so the job is queued once
-            self.pending[job_id] = replace(pending, held=False)
+            self.pending[job_id] = admitted = replace(pending, held=False)
             if scheduler is not None:
-                scheduler.submit(self._view(pending.command, pending.submitted_s), pending.command.request)
+                self._enqueue(scheduler, admitted)
         if job_id in self.freed_for:
             self.freed_for.discard(job_id)
             self._start_freed_for(job_id, now)
 
-    def restore_pending(self, command: BindCommand, submitted_s: float) -> None:
-        """A job that waited before a restart waits again with its arrival time; held until the cycle has asked
-        admission again (quota may have changed while placement was down)."""
+    def restore_pending(self, command: BindCommand, submitted_s: float, queued_s: float | None = None) -> None:
+        """A job that waited before a restart waits again with its arrival time (and, `queued_s`, since when this
+        attempt waits; default its arrival); held until the cycle has asked admission again (quota may have
+        changed while placement was down)."""
         if command.job_id in self.bound or command.job_id in self.pending:
             return
         shape = command.request.pods[0].shape()
         reason = PendingReason(command.job_id, "restart", "waits again after a restart; admission asked again", shape)
-        self.pending[command.job_id] = PendingJob(command, reason, submitted_s, held=True)
+        self.pending[command.job_id] = PendingJob(command, reason, submitted_s, held=True, queued_s=queued_s)
 
     def held_jobs_in_order(self, now: float) -> list[PendingJob]:
         """Every job quota holds back, in the order an admission round asks for them (no round is spent): the
@@ -483,7 +512,8 @@ class PlacementBook:
         policy = POLICIES[self.policy]
 
         def rank(job: PendingJob) -> tuple[tuple[float, ...], str]:
-            return admission_rank(policy, self._view(job.command, job.submitted_s), now), job.command.job_id
+            view = self._view(job.command, job.submitted_s)
+            return admission_rank(policy, view, job.waiting_since_s, now), job.command.job_id
 
         return sorted((job for job in self.pending.values() if job.held), key=rank)
 
@@ -507,8 +537,8 @@ class PlacementBook:
         job = self.bound.pop(job_id)
         self.nominated.pop(job_id, None)
         self.scheduler.finished(job_id)
-        if requeue:
-            self._queue(job.command, queued_reason(job.command), now)
+        if requeue:  # the bind never took effect: the job keeps its arrival
+            self._queue(job.command, queued_reason(job.command), now, submitted_s=job.bound_s - job.waited_s)
         return job
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:
@@ -529,7 +559,8 @@ class PlacementBook:
     def mark_ended(self, job_id: str, generation: int) -> None:
         """The (job, generation) completed or failed: no Bind of it or of an older generation binds again."""
         previous = self.ended.pop(job_id, 0)
-        self.ended[job_id] = max(previous, generation)  # re-inserted: the newest ending is forgotten last
+        self.ended[job_id] = max(previous, generation)
+        self.served.pop(job_id, None)  # re-inserted: the newest ending is forgotten last
         while len(self.ended) > ENDED_KEPT:
             del self.ended[next(iter(self.ended))]
 

@@ -48,6 +48,13 @@ class PendingJob:
     reason: PendingReason
     submitted_s: float  # when it first arrived: the queue order of FIFO policies
     held: bool = False  # held back by quota admission: not in the scheduler's queue
+    # when this attempt began to wait (its arrival, or its previous attempt's eviction): the starvation clock,
+    # held or queued; None: since it arrived
+    queued_s: float | None = None
+
+    @property
+    def waiting_since_s(self) -> float:
+        return self.submitted_s if self.queued_s is None else self.queued_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +91,33 @@ def quota_reason(command: BindCommand, denied: str) -> PendingReason:
     return PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
 
 
-def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast | None = None) -> JobView:
-    """What the queue policy sees of a live job: its submit-time features and its forecast (no run time)."""
+@dataclass(frozen=True, slots=True)
+class ServiceSoFar:
+    """What a job's earlier attempts got, which the queue policy weighs a requeued generation by (the simulator's
+    job carries the same): without it an evicted job ranked as new, at the top of attained service (`tiresias`) and
+    with its forecast's prior belief (`kumiki`), and a long job came back ahead of the short ones it yielded to."""
+
+    executed_s: float = 0.0  # work kept: run time less what was lost since the last checkpoint
+    attained_gpu_s: float = 0.0  # GPU-seconds held, lost work included (Tiresias' attained service)
+    preemptions: int = 0
+
+    def after_eviction(self, runtime_s: float, gpus: float, lost_gpu_s: float) -> ServiceSoFar:
+        """This plus one evicted attempt that ran `runtime_s` on `gpus` and lost `lost_gpu_s` of it."""
+        runtime_s = max(0.0, runtime_s)
+        lost_s = min(runtime_s, max(0.0, lost_gpu_s) / gpus) if gpus > 0 else 0.0
+        return ServiceSoFar(
+            self.executed_s + runtime_s - lost_s, self.attained_gpu_s + runtime_s * gpus, self.preemptions + 1
+        )
+
+
+def job_view(
+    command: BindCommand,
+    submitted_s: float,
+    forecast: RuntimeForecast | None = None,
+    service: ServiceSoFar | None = None,
+) -> JobView:
+    """What the queue policy sees of a live job: its submit-time features, its forecast and what its earlier
+    attempts ran (this attempt's own run the scheduler counts from its start)."""
     gpus = command.request.gpu_demand
     features = JobFeatures(
         command.job_id,
@@ -106,4 +138,7 @@ def job_view(command: BindCommand, submitted_s: float, forecast: RuntimeForecast
         priority=command.priority_tier,
         preemptible=command.preemptible,
         forecast=forecast,
+        executed_s=service.executed_s if service is not None else 0.0,
+        attained_gpu_s=service.attained_gpu_s if service is not None else 0.0,
+        preemptions=service.preemptions if service is not None else 0,
     )
