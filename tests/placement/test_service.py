@@ -330,6 +330,10 @@ async def test_a_requeued_job_waits_again_after_a_restart_since_its_eviction(kaf
         assert waiting.command.generation == 2 and waiting.submitted_s == pytest.approx(arrived_s, abs=1e-6)
         assert waiting.waiting_since_s >= evicting_s > arrived_s
         before = waiting.waiting_since_s
+        explained = await stub.Explain(placement_pb2.ExplainRequest(job_id="old"))
+        assert explained.status == "pending" and explained.evictions == 1
+        assert explained.waiting_since.ToNanoseconds() / 1e9 == pytest.approx(before, abs=1e-6)
+        assert explained.attained_gpu_seconds == pytest.approx(8 * (before - arrived_s), abs=0.01)
         served = book.served["old"]
         assert served.preemptions == 1 and served.attained_gpu_s == pytest.approx(8 * (before - arrived_s), abs=0.01)
         assert served.executed_s == pytest.approx(served.attained_gpu_s / 8 - 0.0005)

@@ -193,6 +193,26 @@ def test_priority_tiers_order_pending_jobs() -> None:
     assert [job.command.job_id for job in book.cycle(3.0)] == ["high"], "the higher tier goes first, though later"
 
 
+def test_queue_position_is_the_policys_order_then_the_jobs_quota_holds_back() -> None:
+    """Under `kumiki` the forecast-shortest goes first though it came last; a job quota holds back comes after
+    every queued job of its queue, and the starving held first among those (what the cycle asks quota for)."""
+    from kumiki.sched.forecasting import RuntimeForecast
+    from kumiki.sched.placement import PendingReason
+    from kumiki.sched.policies import STARVATION_S
+
+    book = PlacementBook(policy="kumiki", min_run_s=0.0)
+    book.upsert_node(node("a"), healthy=True)
+    book.bind(gang("running", 8), 0.0)
+    for job_id, p50, at_s in (("long", 1e6, 1.0), ("short", 60.0, 2.0)):
+        book.forecast(job_id, RuntimeForecast(p50, 2 * p50, "m", 1, error_sigma=0.1))
+        assert not book.bind(gang(job_id, 8), at_s).bound
+    for job_id, at_s in (("held-new", 3.0), ("held-old", -STARVATION_S)):
+        book.hold(gang(job_id, 8), PendingReason(job_id, "quota", "over-quota", ""), at_s)
+    positions = {job: book.explain(job, now=10.0).queue_position for job in ("short", "long", "held-old", "held-new")}
+    assert positions == {"short": 1, "long": 2, "held-old": 3, "held-new": 4}
+    assert book.explain("held-new").queue_position == 4  # without a clock, held jobs by arrival: held-old first
+
+
 def test_a_blocked_large_gang_holds_a_reservation_small_jobs_cannot_take() -> None:
     """The core's fifo-backfill, live: without the reservation, 2-GPU jobs would keep the gang waiting forever."""
     book = book_with(node("a"), node("b"))

@@ -331,6 +331,7 @@ def test_an_evicted_job_starves_a_full_limit_after_its_eviction_not_after_its_ar
     assert [job.command.job_id for job in book.cycle(evicted_s + 1.0)] == ["newcomer"]  # published by this pass
     assert book.preemptions == []
     assert book.scheduler.next_deadline(evicted_s + 1.0) == evicted_s + STARVATION_S
+    assert book.explain("old").starves_at_s == evicted_s + STARVATION_S
     assert book.cycle(evicted_s + STARVATION_S) == []
     assert [victim.preemption.reason for victim in book.preemptions] == ["starvation"]  # the guard still acts
     assert not book.audit()
@@ -370,6 +371,9 @@ def test_an_evicted_job_keeps_what_it_ran_and_a_new_job_goes_first() -> None:
     assert book.served["long"] == ServiceSoFar(executed_s=1_010.0 - 875.0, attained_gpu_s=8_080.0, preemptions=1)
     waiting = book.scheduler.waiting["long"].view
     assert (waiting.executed_s, waiting.attained_gpu_s, waiting.preemptions) == (135.0, 8_080.0, 1)
+    explained = book.explain("long")  # what an operator reads with `kumiki placement explain`
+    assert (explained.status, explained.service, explained.waiting_since_s) == ("pending", book.served["long"], 1_010.0)
+    assert explained.starves_at_s is None  # tiresias has no starvation guard
     assert [job.command.job_id for job in book.cycle(1_010.0)] == ["short"]
     assert not book.bind(gang("fresh", 8, preemptible=True), 1_020.0).bound
     book.release("short", 1)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 from kumiki.common.grpcutil import InvalidRequest, job_feature_fields, require_finite, require_job, timestamp
 from kumiki.common.requests import TOPOLOGY_FROM_WIRE, TOPOLOGY_TO_WIRE, pod_request, pod_resources
-from kumiki.placement.core import BindCommand, BoundJob
+from kumiki.placement.core import BindCommand, BoundJob, Explanation
 from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
 from kumiki.sched.forecasting import RuntimeForecast
 from kumiki.sched.jobs import MIB_PER_GB, GangRequest
@@ -137,6 +137,25 @@ def lifecycle(
     event.assignments.extend(assignments(job) if placed is None else placed)
     event.runtime_s = runtime_s
     return event
+
+
+def explain_response(explanation: Explanation) -> placement_pb2.ExplainResponse:
+    response = placement_pb2.ExplainResponse(
+        status=explanation.status,
+        queue=explanation.queue,
+        queue_position=explanation.queue_position,
+        reasons=[pending_reason(reason) for reason in explanation.reasons],
+        executed_seconds=explanation.service.executed_s,
+        attained_gpu_seconds=explanation.service.attained_gpu_s,
+        evictions=explanation.service.preemptions,
+    )
+    if explanation.job is not None:
+        response.assignments.extend(assignments(explanation.job))
+    if explanation.waiting_since_s is not None:
+        response.waiting_since.CopyFrom(timestamp(datetime.fromtimestamp(explanation.waiting_since_s, UTC)))
+    if explanation.starves_at_s is not None:
+        response.starves_at.CopyFrom(timestamp(datetime.fromtimestamp(explanation.starves_at_s, UTC)))
+    return response
 
 
 # How Release may say a job ended (anything else is not an ending placement can report).

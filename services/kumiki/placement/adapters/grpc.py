@@ -24,7 +24,13 @@ from kumiki.common.grpcutil import InvalidRequest, LogBudget, abort_invalid
 from kumiki.common.metrics import labelled
 from kumiki.common.tracing import recording
 from kumiki.placement.adapters.admission import Admission
-from kumiki.placement.adapters.convert import assignments, bind_command, pending_reason, release_state
+from kumiki.placement.adapters.convert import (
+    assignments,
+    bind_command,
+    explain_response,
+    pending_reason,
+    release_state,
+)
 from kumiki.placement.adapters.events import DecisionPublisher
 from kumiki.placement.adapters.preempting import publish_preemptions, rebinding, release_preempted
 from kumiki.placement.core import BindCommand, BindConflict, BoundJob, PlacementBook, quota_reason
@@ -409,16 +415,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     ) -> placement_pb2.ExplainResponse:
         if not request.job_id:
             await abort_invalid(context, InvalidRequest("job_id", "required"))
-        explanation = self.book.explain(request.job_id)
-        response = placement_pb2.ExplainResponse(
-            status=explanation.status,
-            queue=explanation.queue,
-            queue_position=explanation.queue_position,
-            reasons=[pending_reason(reason) for reason in explanation.reasons],
-        )
-        if explanation.job is not None:
-            response.assignments.extend(assignments(explanation.job))
-        return response
+        return explain_response(self.book.explain(request.job_id, time.time()))
 
     # ---- the scheduling cycle -------------------------------------------------------------------
     async def run_cycles(self, stopping: asyncio.Event, period_s: float = 1.0) -> None:

@@ -610,28 +610,50 @@ class PlacementBook:
             pending.command.request.pods[0].shape(),
         )
 
-    def explain(self, job_id: str) -> Explanation:
+    def explain(self, job_id: str, now: float | None = None) -> Explanation:
+        """Where a job stands and why, with what its evicted attempts ran and, while it waits, since when and when
+        the policy's starvation guard acts for it, and its place among its queue's pending jobs in the order the
+        policy starts them (`_queue_position`; `now` ranks those quota holds back, by arrival without it)."""
+        served = self.served.get(job_id, ServiceSoFar())
         job = self.bound.get(job_id)
         if job is not None and job_id in self.nominated:
-            return Explanation("pending", job.command.queue, (self._nominated_reason(job.command),), 1)
+            reasons = (self._nominated_reason(job.command),)
+            return Explanation("pending", job.command.queue, reasons, 1, service=served)
         if job is None and job_id in self.draining:
             job = self.draining[job_id].job
-            return Explanation("preempting", job.command.queue, job=job)
+            return Explanation("preempting", job.command.queue, job=job, service=served)
         if job is not None:
-            return Explanation("bound", job.command.queue, job=job)
+            return Explanation("bound", job.command.queue, job=job, service=served)
         pending = self.pending.get(job_id)
         if pending is None:
             return Explanation("unknown")
         reasons = (pending.reason,) if pending.held or not self.nodes else (self._why_waiting(job_id),)
-        same_queue = sorted(
-            (item for item in self.pending.values() if item.command.queue == pending.command.queue),
-            key=lambda item: self._order_key(item),
-        )
-        position = 1 + next(index for index, item in enumerate(same_queue) if item.command.job_id == job_id)
-        return Explanation("pending", pending.command.queue, reasons, position)
+        position = self._queue_position(pending, now)
+        starvation_s = POLICIES[self.policy].starvation_s
+        since = pending.waiting_since_s
+        starves_at = since + starvation_s if starvation_s > 0 else None
+        return Explanation("pending", pending.command.queue, reasons, position, None, since, starves_at, served)
 
-    def _order_key(self, pending: PendingJob) -> tuple[int, float, str]:
-        return (-pending.command.priority_tier, pending.submitted_s, pending.command.job_id)
+    def _queue_position(self, pending: PendingJob, now: float | None) -> int:
+        """1-based place among its queue's pending jobs: those in the scheduler's queue in the policy's order (tier,
+        then its key), then those quota holds back in the order quota is asked for them. By arrival where the
+        policy orders by arrival anyway, and before any node is known (no scheduler yet)."""
+        queue = pending.command.queue
+        if not self.nodes:
+            same_queue = sorted((item for item in self.pending.values() if item.command.queue == queue), key=_arrival)
+            return 1 + [item.command.job_id for item in same_queue].index(pending.command.job_id)
+        waiting = self.scheduler.waiting
+        queued = sorted(
+            (entry.order, job_id) for job_id, entry in waiting.items() if entry.view.queue == queue
+        )  # fmt: skip
+        order = [job_id for _, job_id in queued]
+        held = [item for item in self.pending.values() if item.held and item.command.queue == queue]
+        if now is None:
+            order += [item.command.job_id for item in sorted(held, key=_arrival)]
+        else:
+            order += [item.command.job_id for item in self.held_jobs_in_order(now) if item.command.queue == queue]
+        job_id = pending.command.job_id
+        return 1 + order.index(job_id) if job_id in order else 1 + len(order)  # not queued yet: last
 
     def audit(self) -> list[str]:
         problems = self.state.audit()
@@ -646,3 +668,7 @@ class PlacementBook:
         if waiting != set(self.scheduler.waiting):
             problems.append("pending jobs and the scheduler's queue differ")
         return problems
+
+
+def _arrival(pending: PendingJob) -> tuple[int, float, str]:
+    return (-pending.command.priority_tier, pending.submitted_s, pending.command.job_id)

@@ -74,24 +74,6 @@ class BindOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Explanation:
-    status: str  # "bound", "pending" or "unknown"
-    queue: str = ""
-    reasons: tuple[PendingReason, ...] = ()
-    queue_position: int = 0
-    job: BoundJob | None = None
-
-
-def queued_reason(command: BindCommand) -> PendingReason:
-    return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
-
-
-def quota_reason(command: BindCommand, denied: str) -> PendingReason:
-    """A job quota has not admitted: held out of the queue with quota's own words."""
-    return PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
-
-
-@dataclass(frozen=True, slots=True)
 class ServiceSoFar:
     """What a job's earlier attempts got, which the queue policy weighs a requeued generation by (the simulator's
     job carries the same): without it an evicted job ranked as new, at the top of attained service (`tiresias`) and
@@ -108,6 +90,27 @@ class ServiceSoFar:
         return ServiceSoFar(
             self.executed_s + runtime_s - lost_s, self.attained_gpu_s + runtime_s * gpus, self.preemptions + 1
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    status: str  # "bound", "pending" or "unknown"
+    queue: str = ""
+    reasons: tuple[PendingReason, ...] = ()
+    queue_position: int = 0
+    job: BoundJob | None = None
+    waiting_since_s: float | None = None  # pending: when this attempt began to wait (the starvation clock)
+    starves_at_s: float | None = None  # pending, under a policy with a starvation guard: when it acts
+    service: ServiceSoFar = ServiceSoFar()  # what its evicted attempts ran
+
+
+def queued_reason(command: BindCommand) -> PendingReason:
+    return PendingReason(command.job_id, "order", "queued", command.request.pods[0].shape())
+
+
+def quota_reason(command: BindCommand, denied: str) -> PendingReason:
+    """A job quota has not admitted: held out of the queue with quota's own words."""
+    return PendingReason(command.job_id, "quota", denied, command.request.pods[0].shape())
 
 
 def job_view(

@@ -22,33 +22,34 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from kumiki.common.contracts.v1 import common_pb2 as kumiki_dot_v1_dot_common__pb2
 from kumiki.common.contracts.v1 import events_pb2 as kumiki_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kumiki/v1/placement.proto\x12\tkumiki.v1\x1a\x16kumiki/v1/common.proto\x1a\x16kumiki/v1/events.proto\"\xbd\x02\n\x0b\x42indRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\x12%\n\x04pods\x18\x03 \x03(\x0b\x32\x17.kumiki.v1.PodResources\x12\x13\n\x0bmin_members\x18\x04 \x01(\r\x12/\n\x08topology\x18\x05 \x01(\x0b\x32\x1d.kumiki.v1.TopologyConstraint\x12\x15\n\rpriority_tier\x18\x06 \x01(\x05\x12\x13\n\x0bpreemptible\x18\x07 \x01(\x08\x12\x0c\n\x04user\x18\x08 \x01(\t\x12\x0c\n\x04name\x18\t \x01(\t\x12\r\n\x05image\x18\n \x01(\t\x12\x0f\n\x07\x63ommand\x18\x0b \x01(\t\x12\x19\n\x0ctime_limit_s\x18\x0c \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_time_limit_s\"\xfb\x01\n\x0c\x42indResponse\x12\x30\n\x07outcome\x18\x01 \x01(\x0e\x32\x1f.kumiki.v1.BindResponse.Outcome\x12-\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x18.kumiki.v1.PodAssignment\x12)\n\x07reasons\x18\x03 \x03(\x0b\x32\x18.kumiki.v1.PendingReason\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\"J\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_BOUND\x10\x01\x12\x13\n\x0fOUTCOME_PENDING\x10\x02\"\x83\x01\n\x12\x42indStreamResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\x13\n\x0bstatus_code\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12)\n\x08response\x18\x04 \x01(\x0b\x32\x17.kumiki.v1.BindResponse\"\xac\x01\n\x0eReleaseRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12(\n\x0b\x66inal_state\x18\x03 \x01(\x0e\x32\x13.kumiki.v1.JobState\x12\x18\n\x10lost_gpu_seconds\x18\x04 \x01(\x01\x12&\n\x0b\x62\x65neficiary\x18\x05 \x01(\x0b\x32\x11.kumiki.v1.JobRef\"7\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x12\n\ngpus_freed\x18\x02 \x01(\x01\" \n\x0e\x45xplainRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xa2\x01\n\x0f\x45xplainResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12)\n\x07reasons\x18\x02 \x03(\x0b\x32\x18.kumiki.v1.PendingReason\x12\x16\n\x0equeue_position\x18\x03 \x01(\r\x12\r\n\x05queue\x18\x04 \x01(\t\x12-\n\x0b\x61ssignments\x18\x05 \x03(\x0b\x32\x18.kumiki.v1.PodAssignment2\x91\x02\n\tPlacement\x12\x37\n\x04\x42ind\x12\x16.kumiki.v1.BindRequest\x1a\x17.kumiki.v1.BindResponse\x12G\n\nBindStream\x12\x16.kumiki.v1.BindRequest\x1a\x1d.kumiki.v1.BindStreamResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.kumiki.v1.ReleaseRequest\x1a\x1a.kumiki.v1.ReleaseResponse\x12@\n\x07\x45xplain\x12\x19.kumiki.v1.ExplainRequest\x1a\x1a.kumiki.v1.ExplainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kumiki/v1/placement.proto\x12\tkumiki.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16kumiki/v1/common.proto\x1a\x16kumiki/v1/events.proto\"\xbd\x02\n\x0b\x42indRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\x12%\n\x04pods\x18\x03 \x03(\x0b\x32\x17.kumiki.v1.PodResources\x12\x13\n\x0bmin_members\x18\x04 \x01(\r\x12/\n\x08topology\x18\x05 \x01(\x0b\x32\x1d.kumiki.v1.TopologyConstraint\x12\x15\n\rpriority_tier\x18\x06 \x01(\x05\x12\x13\n\x0bpreemptible\x18\x07 \x01(\x08\x12\x0c\n\x04user\x18\x08 \x01(\t\x12\x0c\n\x04name\x18\t \x01(\t\x12\r\n\x05image\x18\n \x01(\t\x12\x0f\n\x07\x63ommand\x18\x0b \x01(\t\x12\x19\n\x0ctime_limit_s\x18\x0c \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_time_limit_s\"\xfb\x01\n\x0c\x42indResponse\x12\x30\n\x07outcome\x18\x01 \x01(\x0e\x32\x1f.kumiki.v1.BindResponse.Outcome\x12-\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x18.kumiki.v1.PodAssignment\x12)\n\x07reasons\x18\x03 \x03(\x0b\x32\x18.kumiki.v1.PendingReason\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\"J\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_BOUND\x10\x01\x12\x13\n\x0fOUTCOME_PENDING\x10\x02\"\x83\x01\n\x12\x42indStreamResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\x13\n\x0bstatus_code\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12)\n\x08response\x18\x04 \x01(\x0b\x32\x17.kumiki.v1.BindResponse\"\xac\x01\n\x0eReleaseRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.kumiki.v1.JobRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12(\n\x0b\x66inal_state\x18\x03 \x01(\x0e\x32\x13.kumiki.v1.JobState\x12\x18\n\x10lost_gpu_seconds\x18\x04 \x01(\x01\x12&\n\x0b\x62\x65neficiary\x18\x05 \x01(\x0b\x32\x11.kumiki.v1.JobRef\"7\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x12\n\ngpus_freed\x18\x02 \x01(\x01\" \n\x0e\x45xplainRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xd0\x02\n\x0f\x45xplainResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12)\n\x07reasons\x18\x02 \x03(\x0b\x32\x18.kumiki.v1.PendingReason\x12\x16\n\x0equeue_position\x18\x03 \x01(\r\x12\r\n\x05queue\x18\x04 \x01(\t\x12-\n\x0b\x61ssignments\x18\x05 \x03(\x0b\x32\x18.kumiki.v1.PodAssignment\x12\x31\n\rwaiting_since\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarves_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x65xecuted_seconds\x18\x08 \x01(\x01\x12\x1c\n\x14\x61ttained_gpu_seconds\x18\t \x01(\x01\x12\x11\n\tevictions\x18\n \x01(\r2\x91\x02\n\tPlacement\x12\x37\n\x04\x42ind\x12\x16.kumiki.v1.BindRequest\x1a\x17.kumiki.v1.BindResponse\x12G\n\nBindStream\x12\x16.kumiki.v1.BindRequest\x1a\x1d.kumiki.v1.BindStreamResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.kumiki.v1.ReleaseRequest\x1a\x1a.kumiki.v1.ReleaseResponse\x12@\n\x07\x45xplain\x12\x19.kumiki.v1.ExplainRequest\x1a\x1a.kumiki.v1.ExplainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kumiki.common.contracts.v1.placement_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BINDREQUEST']._serialized_start=89
-  _globals['_BINDREQUEST']._serialized_end=406
-  _globals['_BINDRESPONSE']._serialized_start=409
-  _globals['_BINDRESPONSE']._serialized_end=660
-  _globals['_BINDRESPONSE_OUTCOME']._serialized_start=586
-  _globals['_BINDRESPONSE_OUTCOME']._serialized_end=660
-  _globals['_BINDSTREAMRESPONSE']._serialized_start=663
-  _globals['_BINDSTREAMRESPONSE']._serialized_end=794
-  _globals['_RELEASEREQUEST']._serialized_start=797
-  _globals['_RELEASEREQUEST']._serialized_end=969
-  _globals['_RELEASERESPONSE']._serialized_start=971
-  _globals['_RELEASERESPONSE']._serialized_end=1026
-  _globals['_EXPLAINREQUEST']._serialized_start=1028
-  _globals['_EXPLAINREQUEST']._serialized_end=1060
-  _globals['_EXPLAINRESPONSE']._serialized_start=1063
-  _globals['_EXPLAINRESPONSE']._serialized_end=1225
-  _globals['_PLACEMENT']._serialized_start=1228
-  _globals['_PLACEMENT']._serialized_end=1501
+  _globals['_BINDREQUEST']._serialized_start=122
+  _globals['_BINDREQUEST']._serialized_end=439
+  _globals['_BINDRESPONSE']._serialized_start=442
+  _globals['_BINDRESPONSE']._serialized_end=693
+  _globals['_BINDRESPONSE_OUTCOME']._serialized_start=619
+  _globals['_BINDRESPONSE_OUTCOME']._serialized_end=693
+  _globals['_BINDSTREAMRESPONSE']._serialized_start=696
+  _globals['_BINDSTREAMRESPONSE']._serialized_end=827
+  _globals['_RELEASEREQUEST']._serialized_start=830
+  _globals['_RELEASEREQUEST']._serialized_end=1002
+  _globals['_RELEASERESPONSE']._serialized_start=1004
+  _globals['_RELEASERESPONSE']._serialized_end=1059
+  _globals['_EXPLAINREQUEST']._serialized_start=1061
+  _globals['_EXPLAINREQUEST']._serialized_end=1093
+  _globals['_EXPLAINRESPONSE']._serialized_start=1096
+  _globals['_EXPLAINRESPONSE']._serialized_end=1432
+  _globals['_PLACEMENT']._serialized_start=1435
+  _globals['_PLACEMENT']._serialized_end=1708
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,7 @@ Placement: the single writer of GPU allocations. A bind is idempotent per (job i
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kumiki.common.contracts.v1 import common_pb2 as _common_pb2
@@ -287,12 +288,23 @@ class ExplainResponse(_message.Message):
     QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    WAITING_SINCE_FIELD_NUMBER: _builtins.int
+    STARVES_AT_FIELD_NUMBER: _builtins.int
+    EXECUTED_SECONDS_FIELD_NUMBER: _builtins.int
+    ATTAINED_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    EVICTIONS_FIELD_NUMBER: _builtins.int
     status: _builtins.str
     """"bound", "pending" or "unknown"."""
     queue_position: _builtins.int
     """Place in its queue's order, 1-based (0 when not queued)."""
     queue: _builtins.str
     """Queue of the job."""
+    executed_seconds: _builtins.float
+    """What its evicted attempts ran, which the policy ranks it by (0 for a job never evicted): work kept
+    (run time less what was lost since the last checkpoint), GPU-seconds held, and how many were evicted.
+    """
+    attained_gpu_seconds: _builtins.float
+    evictions: _builtins.int
     @_builtins.property
     def reasons(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PendingReason]:
         """What blocks it (resource, constraint, node shape)."""
@@ -300,6 +312,16 @@ class ExplainResponse(_message.Message):
     @_builtins.property
     def assignments(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PodAssignment]:
         """Current assignments when bound."""
+
+    @_builtins.property
+    def waiting_since(self) -> _timestamp_pb2.Timestamp:
+        """When pending: when its current attempt began to wait (its arrival, or its previous attempt's eviction),
+        held by quota or queued; the clock of the policy's starvation guard.
+        """
+
+    @_builtins.property
+    def starves_at(self) -> _timestamp_pb2.Timestamp:
+        """When pending under a policy with a starvation guard: when the guard acts for it if it still waits."""
 
     def __init__(
         self,
@@ -309,10 +331,15 @@ class ExplainResponse(_message.Message):
         queue_position: _builtins.int = ...,
         queue: _builtins.str = ...,
         assignments: _abc.Iterable[_common_pb2.PodAssignment] | None = ...,
+        waiting_since: _timestamp_pb2.Timestamp | None = ...,
+        starves_at: _timestamp_pb2.Timestamp | None = ...,
+        executed_seconds: _builtins.float = ...,
+        attained_gpu_seconds: _builtins.float = ...,
+        evictions: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["starves_at", b"starves_at", "waiting_since", b"waiting_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "queue", b"queue", "queue_position", b"queue_position", "reasons", b"reasons", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "attained_gpu_seconds", b"attained_gpu_seconds", "evictions", b"evictions", "executed_seconds", b"executed_seconds", "queue", b"queue", "queue_position", b"queue_position", "reasons", b"reasons", "starves_at", b"starves_at", "status", b"status", "waiting_since", b"waiting_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
