@@ -239,3 +239,26 @@ def test_strict_fifo_blocks_behind_its_head_and_backfill_does_not() -> None:
 def test_unknown_live_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot run live"):
         PlacementBook(policy="srtf-oracle")
+
+
+def test_an_ended_job_leaves_nothing_behind_but_its_ending() -> None:
+    """A placement that runs for months keeps per job only what lasts as long as the job: once it has ended, its
+    forecast, newest checkpoint and service so far go, and a late forecast or checkpoint report is not kept."""
+    from kumiki.sched.forecasting import RuntimeForecast
+
+    book = book_with(node("a"))
+    forecast = RuntimeForecast(600.0, 1_800.0, "m", 1)
+    book.bind(gang("done", 8, preemptible=True), 0.0)
+    book.forecast("done", forecast)
+    book.checkpointed("done", 50.0)
+    assert book.release_preempted("done", 1, 100.0) is not None and "done" in book.served
+    assert [job.command.generation for job in book.cycle(101.0)] == [2]
+    book.release("done", 2)
+    book.mark_ended("done", 2)
+    assert "done" not in book.forecasts and "done" not in book.acknowledged and "done" not in book.served
+    book.forecast("done", forecast)
+    book.checkpointed("done", 200.0)
+    assert "done" not in book.forecasts and "done" not in book.acknowledged
+    assert book.bind(gang("done", 8, generation=3), 300.0).job is not None  # run again: its own again
+    book.forecast("done", forecast)
+    assert book.forecasts["done"] == forecast

@@ -449,14 +449,20 @@ class PlacementBook:
             self.preemptions.append(victim)
 
     def checkpointed(self, job_id: str, completed_s: float) -> None:
-        """A job's newest acknowledged checkpoint (from kumiki.checkpoints): victim choice counts work since it."""
+        """A job's newest acknowledged checkpoint (from kumiki.checkpoints): victim choice counts work since it.
+        Not kept for a job that has ended (a report read late, or again after a restart)."""
+        if self._gone(job_id):
+            return
         if completed_s > self.acknowledged.get(job_id, 0.0):
             self.acknowledged[job_id] = completed_s
 
     def forecast(self, job_id: str, forecast: RuntimeForecast) -> None:
         """A job's run-time forecast (job.forecast: at submit, or again from the progress a running job reports).
         The scheduler sees it at once: a waiting job is re-ranked in place, a running one is weighed by it as a
-        victim; a job not queued yet (held by quota, or not bound) gets it when it is."""
+        victim; a job not queued yet (held by quota, or not bound) gets it when it is. Not kept for a job that has
+        ended: what the book keeps per job lasts as long as the job, not as long as the service."""
+        if self._gone(job_id):
+            return
         self.forecasts[job_id] = forecast
         if self._scheduler is None or self._stale:
             return  # the rebuild views every job with its forecast
@@ -560,9 +566,18 @@ class PlacementBook:
         """The (job, generation) completed or failed: no Bind of it or of an older generation binds again."""
         previous = self.ended.pop(job_id, 0)
         self.ended[job_id] = max(previous, generation)
-        self.served.pop(job_id, None)  # re-inserted: the newest ending is forgotten last
+        if self._gone(job_id):  # nothing of it runs or waits: forget its forecast, checkpoint and service so far
+            self.forecasts.pop(job_id, None)
+            self.acknowledged.pop(job_id, None)
+            self.served.pop(job_id, None)  # re-inserted: the newest ending is forgotten last
         while len(self.ended) > ENDED_KEPT:
             del self.ended[next(iter(self.ended))]
+
+    def _gone(self, job_id: str) -> bool:
+        """Ended (completed or failed) and neither running, evicted, waiting nor orphaned."""
+        return job_id in self.ended and not any(
+            job_id in table for table in (self.bound, self.draining, self.pending, self.orphans)
+        )
 
     def withdraw(self, job_id: str) -> bool:
         """Forget a pending job (cancelled before it was bound)."""
