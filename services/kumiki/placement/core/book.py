@@ -565,11 +565,11 @@ class PlacementBook:
     def mark_ended(self, job_id: str, generation: int) -> None:
         """The (job, generation) completed or failed: no Bind of it or of an older generation binds again."""
         previous = self.ended.pop(job_id, 0)
-        self.ended[job_id] = max(previous, generation)
+        self.ended[job_id] = max(previous, generation)  # re-inserted: the newest ending is forgotten last
         if self._gone(job_id):  # nothing of it runs or waits: forget its forecast, checkpoint and service so far
             self.forecasts.pop(job_id, None)
             self.acknowledged.pop(job_id, None)
-            self.served.pop(job_id, None)  # re-inserted: the newest ending is forgotten last
+            self.served.pop(job_id, None)
         while len(self.ended) > ENDED_KEPT:
             del self.ended[next(iter(self.ended))]
 
@@ -651,16 +651,15 @@ class PlacementBook:
 
     def _queue_position(self, pending: PendingJob, now: float | None) -> int:
         """1-based place among its queue's pending jobs: those in the scheduler's queue in the policy's order (tier,
-        then its key), then those quota holds back in the order quota is asked for them. By arrival where the
-        policy orders by arrival anyway, and before any node is known (no scheduler yet)."""
+        then its key: arrival for FIFO policies), then those quota holds back in the order quota is asked for them;
+        by arrival before any node is known (no scheduler yet)."""
         queue = pending.command.queue
         if not self.nodes:
             same_queue = sorted((item for item in self.pending.values() if item.command.queue == queue), key=_arrival)
             return 1 + [item.command.job_id for item in same_queue].index(pending.command.job_id)
-        waiting = self.scheduler.waiting
         queued = sorted(
-            (entry.order, job_id) for job_id, entry in waiting.items() if entry.view.queue == queue
-        )  # fmt: skip
+            (entry.order, job_id) for job_id, entry in self.scheduler.waiting.items() if entry.view.queue == queue
+        )
         order = [job_id for _, job_id in queued]
         held = [item for item in self.pending.values() if item.held and item.command.queue == queue]
         if now is None:
