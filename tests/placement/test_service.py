@@ -346,6 +346,14 @@ async def test_a_requeued_job_waits_again_after_a_restart_since_its_eviction(kaf
         assert book.served["old"] == served  # from the PREEMPTED event: the same run time, GPUs and lost work
         view = book.scheduler.waiting["old"].view
         assert view.submit_s == pytest.approx(arrived_s, abs=1e-6) and view.attained_gpu_s == served.attained_gpu_s
+        await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="next", generation=1)))
+        await wait_until(lambda: "old" in book.bound, timeout_s=30, what="old's generation 2 to start")
+    async with running_placement(kafka) as (host, _):  # generation 2 runs: restored with what generation 1 ran
+        book = host_book(host)
+        await wait_until(lambda: "old" in book.bound, what="the rebuild")
+        assert (
+            book.served["old"] == served and book.scheduler.running["old"].view.attained_gpu_s == served.attained_gpu_s
+        )
 
 
 async def test_rebuild_queues_only_what_placement_was_asked_to_place(kafka: KafkaSettings) -> None:

@@ -234,6 +234,16 @@ class AllocationLog:
     def apply(self) -> tuple[int, int]:
         """Restore every job whose last event is BOUND, then re-queue those whose last event is SUBMITTED;
         returns how many of each."""
+        for job_id, attempts in self.evicted.items():  # first: the restored views carry it
+            latest = self.latest[job_id]
+            if latest.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
+                continue
+            service = ServiceSoFar()
+            for generation in sorted(attempts):
+                if generation < latest.job.generation:
+                    service = service.after_eviction(*attempts[generation])
+            if service.preemptions:
+                self.book.served[job_id] = service
         restored = 0
         waiting = []
         for message in self.latest.values():
@@ -252,16 +262,6 @@ class AllocationLog:
             except (InvalidRequest, RequestError, ValueError) as error:  # a record no bind could have written
                 self.skipped += 1
                 log.warning("lifecycle event not restored", extra={"job": message.job.job_id, "reason": str(error)})
-        for job_id, attempts in self.evicted.items():
-            latest = self.latest[job_id]
-            if latest.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
-                continue
-            service = ServiceSoFar()
-            for generation in sorted(attempts):
-                if generation < latest.job.generation:
-                    service = service.after_eviction(*attempts[generation])
-            if service.preemptions:
-                self.book.served[job_id] = service
         for submitted_s, queued_s, command in sorted(waiting, key=lambda item: item[:2]):
             self.book.restore_pending(command, submitted_s, queued_s)
         return restored, len(waiting)
