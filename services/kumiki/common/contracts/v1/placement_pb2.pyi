@@ -300,11 +300,13 @@ class ExplainResponse(_message.Message):
     queue: _builtins.str
     """Queue of the job."""
     executed_seconds: _builtins.float
-    """What its evicted attempts ran, which the policy ranks it by (0 for a job never evicted): work kept
-    (run time less what was lost since the last checkpoint), GPU-seconds held, and how many were evicted.
+    """What its evicted attempts ran, which the policy ranks it by (0 for a job never evicted): the work kept,
+    their run time less what was lost since each one's last checkpoint, in seconds.
     """
     attained_gpu_seconds: _builtins.float
+    """GPU-seconds its evicted attempts held, lost work included (Tiresias' attained service)."""
     evictions: _builtins.int
+    """How many of its attempts were evicted."""
     @_builtins.property
     def reasons(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PendingReason]:
         """What blocks it (resource, constraint, node shape)."""
