@@ -138,7 +138,7 @@ class AskingEveryHeldJob(SimQuota):
 
     def ask_held(self, enter: Callable[[str], bool], starving_before: float = -math.inf) -> None:
         def order(job_id: str) -> tuple[object, ...]:
-            since = self._waiting_since[job_id]
+            *_, since = self._held_class[job_id]
             return ((0.0, since) if since <= starving_before else self.held[job_id], job_id)
 
         self._released = True

@@ -581,7 +581,7 @@ class Simulator:
         if self.quota is not None:
             self.quota.ended(job.spec.job_id, job.generation, now, LifecycleState.PREEMPTED)
             spec = job.spec
-            self.quota.hold(spec.job_id, spec.queue, spec.gpus, self._rank(job, now), now)
+            self.quota.hold(spec.job_id, spec.queue, spec.gpus, self._rank(job, now), job.waiting_since_s)
             job.generation += 1
             return
         job.generation += 1

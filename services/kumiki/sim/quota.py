@@ -92,10 +92,9 @@ class SimQuota:
         # GPUs held per (queue, borrowed): all admission needs (as the service sums its rows), kept as they change
         self._totals: dict[tuple[str, bool], float] = {}
         self._released = False  # an admission ended since held jobs were last asked
-        self._held_class: dict[str, tuple[str, int]] = {}  # held job -> its (queue, GPUs)
-        # held jobs by when they began to wait (their starvation clock), sorted: who starves first
-        self._by_wait: list[tuple[float, str]] = []
-        self._waiting_since: dict[str, float] = {}
+        # held job -> its (queue, GPUs, when it began to wait: its starvation clock)
+        self._held_class: dict[str, tuple[str, int, float]] = {}
+        self._by_wait: list[tuple[float, str]] = []  # held jobs by that clock, sorted: who starves first
 
     def ask(
         self, job_id: str, generation: int, queue: str, gpus: int, rank: Rank, waiting_since_s: float
@@ -113,8 +112,7 @@ class SimQuota:
             self.hold(job_id, queue, gpus, rank, waiting_since_s)
             return None
         if self.held.pop(job_id, None) is not None:
-            del self._held_class[job_id]
-            since = self._waiting_since.pop(job_id)
+            *_, since = self._held_class.pop(job_id)
             del self._by_wait[bisect.bisect_left(self._by_wait, (since, job_id))]
         victims: list[Holding] = []
         if admission.shortfall_gpus > EPSILON:
@@ -138,8 +136,7 @@ class SimQuota:
         self._drop(job_id)
         if job_id not in self.held:
             self.held[job_id] = rank
-            self._held_class[job_id] = (queue, gpus)
-            self._waiting_since[job_id] = waiting_since_s
+            self._held_class[job_id] = (queue, gpus, waiting_since_s)
             bisect.insort(self._by_wait, (waiting_since_s, job_id))
             heapq.heappush(self._classes.setdefault((queue, gpus), []), (rank, job_id))
 
@@ -155,8 +152,8 @@ class SimQuota:
     def ask_held(self, enter: Callable[[str], bool], starving_before: float = -math.inf) -> None:
         """One admission round over the held jobs (placement's cycle): those waiting since at or before
         `starving_before` first, longest waiting first, then the rest by rank. `enter` asks quota for one (and
-        queues it) and says whether it was admitted. A release during the round (a reclaim victim that had not started)
-        starts it over, as placement's next cycle would.
+        queues it) and says whether it was admitted. A release during the round (a reclaim victim that had not
+        started) starts it over, as placement's next cycle would.
 
         Only a release can turn a denial into an admission, so there is no round without one since the last.
         Within a round use only grows, and a denial of g GPUs in a queue holds for every request of g or more in
@@ -182,7 +179,7 @@ class SimQuota:
 
     def _ask_again(self, job_id: str, enter: Callable[[str], bool], closed: dict[str, int]) -> bool:
         """One held job asked in a round, unless a denial this round already answers for it."""
-        queue, gpus = self._held_class[job_id]
+        queue, gpus, _ = self._held_class[job_id]
         if gpus >= closed.get(queue, gpus + 1):
             return False
         if enter(job_id):

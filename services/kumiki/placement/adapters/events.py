@@ -135,14 +135,12 @@ class DecisionPublisher:
         await self.producer.publish(SCHEDULING_DECISIONS, job.command.job_id, decision, event_id=decision.decision_id)
         return decision.decision_id
 
-    async def requeued(
-        self, job: BoundJob, again: BindCommand, lost_gpu_seconds: float, runtime_s: float, submitted_s: float
-    ) -> None:
+    async def requeued(self, job: BoundJob, again: BindCommand, lost_gpu_seconds: float, runtime_s: float) -> None:
         """An evicted attempt: PREEMPTED (with its lost work, what quota's ledger records) and the next
         generation's SUBMITTED (what a restarted placement re-queues), acknowledged together."""
         change = lifecycle(job, events_pb2.JOB_STATE_PREEMPTED, "preempted", runtime_s=runtime_s)
         change.lost_gpu_seconds = lost_gpu_seconds
-        submitted = command_lifecycle(again, events_pb2.JOB_STATE_SUBMITTED, "requeued after preemption", submitted_s)
+        submitted = command_lifecycle(again, events_pb2.JOB_STATE_SUBMITTED, "requeued after preemption", job.arrived_s)
         decision = self._decision(events_pb2.DECISION_KIND_RELEASE, job.command)
         decision.reasons.append(common_pb2.PendingReason(code="preempted", message="evicted; queued again"))
         key = job.command.job_id

@@ -76,13 +76,12 @@ async def release_preempted(
         return placement_pb2.ReleaseResponse(released=False, gpus_freed=0.0)
     now = time.time()
     again = replace(job.command, generation=job.command.generation + 1)
-    submitted_s = job.bound_s - job.waited_s
     beneficiary = request.beneficiary.job_id
     # while this publishes and quota is asked, the attempt cannot also end as COMPLETED (grpc Release); the book
     # is updated with no await between the claim's end and it
     book.releasing.add(claim)
     try:
-        await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), submitted_s)
+        await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s))
         denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
     finally:
         book.releasing.discard(claim)

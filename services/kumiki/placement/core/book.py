@@ -363,18 +363,19 @@ class PlacementBook:
             now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s
         )
         again = replace(job.command, generation=job.command.generation + 1)
-        arrived_s = job.bound_s - job.waited_s  # the job's arrival: its place in FIFO orders; its wait starts now
         if self.freed_for_held(beneficiary):  # freed for a job quota holds back: wait behind it, held too
             reason = PendingReason(job_id, "preemption", "yielding", "", f"its GPUs went to {beneficiary}")
-            self.pending[job_id] = PendingJob(again, reason, arrived_s, held=True, queued_s=now)
+            self.pending[job_id] = PendingJob(again, reason, job.arrived_s, held=True, queued_s=now)
             self.yielding[job_id] = (beneficiary, YIELD_ROUNDS)
             self.freed_for.add(beneficiary)
             return job, again
         if denied is not None:
-            self.pending[job_id] = PendingJob(again, quota_reason(again, denied), arrived_s, held=True, queued_s=now)
+            self.pending[job_id] = PendingJob(
+                again, quota_reason(again, denied), job.arrived_s, held=True, queued_s=now
+            )
             self._start_freed_for(beneficiary, now)
             return job, again
-        self._queue(again, queued_reason(again), now, submitted_s=arrived_s)
+        self._queue(again, queued_reason(again), now, submitted_s=job.arrived_s)  # its wait starts now
         if moved and self.nodes:  # moved off a gang's node, not stopped for its rank: it restarts elsewhere at once
             placed = self.scheduler.start_waiting(job_id, now)
             if placed is not None:
@@ -544,7 +545,7 @@ class PlacementBook:
         self.nominated.pop(job_id, None)
         self.scheduler.finished(job_id)
         if requeue:  # the bind never took effect: the job keeps its arrival
-            self._queue(job.command, queued_reason(job.command), now, submitted_s=job.bound_s - job.waited_s)
+            self._queue(job.command, queued_reason(job.command), now, submitted_s=job.arrived_s)
         return job
 
     def release(self, job_id: str, generation: int) -> BoundJob | None:
@@ -661,11 +662,11 @@ class PlacementBook:
             (entry.order, job_id) for job_id, entry in self.scheduler.waiting.items() if entry.view.queue == queue
         )
         order = [job_id for _, job_id in queued]
-        held = [item for item in self.pending.values() if item.held and item.command.queue == queue]
         if now is None:
-            order += [item.command.job_id for item in sorted(held, key=_arrival)]
+            held = sorted((item for item in self.pending.values() if item.held), key=_arrival)
         else:
-            order += [item.command.job_id for item in self.held_jobs_in_order(now) if item.command.queue == queue]
+            held = self.held_jobs_in_order(now)
+        order += [item.command.job_id for item in held if item.command.queue == queue]
         job_id = pending.command.job_id
         return 1 + order.index(job_id) if job_id in order else 1 + len(order)  # not queued yet: last
 

@@ -41,6 +41,11 @@ class BoundJob:
     bound_s: float = 0.0  # when it was bound (a restart keeps it: run times count from the bind)
     waited_s: float = 0.0  # how long it waited in the queue before this bind (0: placed on arrival)
 
+    @property
+    def arrived_s(self) -> float:
+        """When the job arrived (its first generation's submission): its place in FIFO orders."""
+        return self.bound_s - self.waited_s
+
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
@@ -122,6 +127,7 @@ def job_view(
     """What the queue policy sees of a live job: its submit-time features, its forecast and what its earlier
     attempts ran (this attempt's own run the scheduler counts from its start)."""
     gpus = command.request.gpu_demand
+    service = service or ServiceSoFar()
     features = JobFeatures(
         command.job_id,
         command.queue,
@@ -141,7 +147,7 @@ def job_view(
         priority=command.priority_tier,
         preemptible=command.preemptible,
         forecast=forecast,
-        executed_s=service.executed_s if service is not None else 0.0,
-        attained_gpu_s=service.attained_gpu_s if service is not None else 0.0,
-        preemptions=service.preemptions if service is not None else 0,
+        executed_s=service.executed_s,
+        attained_gpu_s=service.attained_gpu_s,
+        preemptions=service.preemptions,
     )
