@@ -106,6 +106,10 @@ def test_window_and_seed_are_applied(tmp_path):
         (["--policy", "kumiki", "--progress-reports", "0"], "--progress-reports must be >= 1"),
         (["--policy", "kumiki", "--progress-reports", "8", "--progress-share", "1.5"], "--progress-share must be <= 1"),
         (["--policy", "kumiki", "--progress-reports", "8", "--progress-noise", "-1"], "--progress-noise must be >= 0"),
+        (["--policy", "fifo", "--idle-fraction", "1"], "--idle-fraction must be < 1, got 1"),
+        (["--policy", "fifo", "--idle-fraction", "-0.1"], "--idle-fraction must be >= 0"),
+        (["--policy", "fifo", "--idle-after-s", "0"], "--idle-after-s must be > 0, got 0"),
+        (["--policy", "fifo", "--idle-reclaim", "q=soon"], "--idle-reclaim: 'q=soon': expected queue=never|after"),
         (
             ["--policy", "fifo", "--day-order", "1,0"],
             "--day-order: day order [1, 0] must list each of the trace's 1 days",
@@ -140,6 +144,29 @@ def test_a_shifted_trace_is_simulated_and_reported(tmp_path):
     longer = json.loads((out / "report.json").read_text())
     assert longer["config"]["shift"]["queue"] == "6c71a0"
     assert longer["policies"]["fifo"]["avg_jct_s"] > plain["policies"]["fifo"]["avg_jct_s"]
+
+
+def test_zombies_are_a_scenario_and_idle_reclaim_is_reported_with_the_run(tmp_path):
+    args = ("--policy", "kumiki-noforecast", "--no-plots", "--idle-fraction", "0.3", "--seeds", "0,1")
+    code, out = simulate(tmp_path, *args, "--day-windows")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["idle"] == {"fraction": 0.3, "found_after_s": 600.0, "reclaim": "*=waiting:0"}
+    row = report["policies"]["kumiki-noforecast"]
+    assert 0 < row["idle_jobs"] < row["jobs"] and row["idle_found"] >= row["idle_reclaimed"] > 0
+    assert row["computing_utilization"] < row["gpu_utilization"]
+    assert "idle_reclaimed" in report["seeds"]["policies"]["kumiki-noforecast"]  # averaged over the seeds
+    text = (out / "report.md").read_text()
+    assert "0.3 of the jobs are zombies" in text and "`--idle-reclaim *=waiting:0`" in text
+    code, kept_out = simulate(tmp_path / "kept", *args, "--idle-reclaim", "*=never")
+    kept = json.loads((kept_out / "report.json").read_text())["policies"]["kumiki-noforecast"]
+    assert (
+        kept["idle_jobs"] == row["idle_jobs"]
+        and kept["idle_reclaimed"] == 0
+        and kept["preemptions"] < row["preemptions"]
+    )
+    plain = json.loads((simulate(tmp_path / "plain", "--policy", "fifo", "--no-plots")[1] / "report.json").read_text())
+    assert plain["config"]["idle"] is None and "idle_jobs" not in plain["policies"]["fifo"]
 
 
 def test_progress_reports_are_a_scenario_reported_with_the_run(tmp_path):

@@ -18,6 +18,7 @@ from kumiki.cli.simulate import add_progress_options, progress_reports_from
 from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
 from kumiki.devstack.processes import StackError
 from kumiki.devstack.stack import (
+    LOCAL_IDLE_RECLAIM,
     local_bootstrap,
     local_database_url,
     restart_service,
@@ -133,6 +134,8 @@ def endpoints(placement_address: str | None = None) -> Endpoints:
         restart=restart_service if local_stack else None,
         service_env=service_env if local_stack else None,
         placement_policy=env.get("KUMIKI_PLACEMENT_POLICY", "fifo-backfill"),
+        # as the policy: what this environment says, else what a local stack starts placement with (or none)
+        placement_idle_reclaim=env.get("KUMIKI_PLACEMENT_IDLE_RECLAIM", LOCAL_IDLE_RECLAIM if local_stack else ""),
         placement_strategy=env.get("KUMIKI_PLACEMENT_STRATEGY", "kumiki"),
         checkpoints=env.get("KUMIKI_CHECKPOINTS_ADDRESS") or service_address("preemption"),
         kubeconfig=kubeconfig,

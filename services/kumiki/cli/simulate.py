@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from kumiki.quota.core import QuotaConfig
     from kumiki.sim.engine import SimJobSpec
-    from kumiki.sim.scenarios import ProgressReports
+    from kumiki.sim.scenarios import IdleReclaim, ProgressReports
 
 DEFAULT_CHECKPOINT = CheckpointModel()
 
@@ -93,7 +93,45 @@ def register(subparsers: Any) -> None:
         " replay is day order[k] of the trace; 0 is its first day; each job keeps its time of day; after --shift)",
     )
     add_progress_options(simulate)
+    simulate.add_argument(
+        "--idle-fraction",
+        default="0",
+        help="a scenario the trace does not carry: the share of jobs (0 <= f < 1, drawn per job with the seed) that"
+        " hold their GPUs for their whole run and compute nothing (zombies); default 0",
+    )
+    simulate.add_argument(
+        "--idle-after-s",
+        default="600",
+        help="seconds a zombie's GPUs stay below 5%% before telemetry reports them idle (default 600)",
+    )
+    simulate.add_argument(
+        "--idle-reclaim",
+        default="*=waiting:0",
+        metavar="RULES",
+        help="what each queue does with a zombie telemetry found, as placement's KUMIKI_PLACEMENT_IDLE_RECLAIM:"
+        " queue=never|after:SECONDS|waiting:SECONDS,... (`*`: every other queue; default `*=waiting:0`, the local"
+        " stack's: reclaim while another job waits)",
+    )
     simulate.set_defaults(handler=run_simulate)
+
+
+def idle_from(args: argparse.Namespace) -> tuple[float, IdleReclaim]:
+    """The --idle-* scenario, checked, errors naming the option: the zombies' share and what is done about them."""
+    from kumiki.sched.idle import parse_idle_reclaim
+    from kumiki.sim.scenarios import IdleReclaim
+
+    share = number_option(args.idle_fraction, "--idle-fraction")
+    after = number_option(args.idle_after_s, "--idle-after-s")
+    assert share is not None and after is not None
+    if share >= 1.0:
+        raise UsageError(f"--idle-fraction must be < 1, got {args.idle_fraction}")
+    if after <= 0:
+        raise UsageError(f"--idle-after-s must be > 0, got {args.idle_after_s}")
+    try:
+        rules = parse_idle_reclaim(args.idle_reclaim)
+    except ValueError as error:
+        raise UsageError(f"--idle-reclaim: {error}") from None
+    return share, IdleReclaim(after, rules)
 
 
 def add_progress_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
@@ -208,6 +246,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from kumiki.sim.engine import SimConfig, Simulator
     from kumiki.sim.report import (
         forecast_cost_table,
+        idle_table,
         markdown_table,
         over_seeds,
         plot_results,
@@ -241,6 +280,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     checkpoint = CheckpointModel(interval, cost, restore)
     shares = load_queue_shares(args.queues) if args.queues else None
     reports = progress_reports_from(args)
+    idle_share, idle = idle_from(args)
     shift = None
     try:
         full_trace = load_jobs(args.trace)
@@ -260,7 +300,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--day-order: {error}") from None
     try:
         trace = window(full_trace, start_s, end_s)
-        jobs_by_seed = {each: sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=each) for each in seeds}
+        jobs_by_seed = {
+            each: sim_jobs(trace, max_gpus=nodes * gpus_per_node, seed=each, idle_share=idle_share) for each in seeds
+        }
     except (TraceError, WorkloadError) as error:
         raise UsageError(f"--trace: {error}") from None
     jobs = jobs_by_seed[seed]
@@ -314,6 +356,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             "progress_reports": None
             if reports is None
             else {"min_gpus": reports.min_gpus, "share": reports.share, "noise_sigma": reports.noise_sigma},
+            "idle": None
+            if not idle_share
+            else {"fraction": idle_share, "found_after_s": idle.found_after_s, "reclaim": args.idle_reclaim},
         },
     }
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -331,6 +376,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     queue_shares=shares,
                     progress_reports=None if reports is None else replace(reports, seed=each),
                     quota=quota,
+                    idle=idle,
                 )
                 started = time.perf_counter()
                 simulator = Simulator(
@@ -355,7 +401,18 @@ def run_simulate(args: argparse.Namespace) -> int:
     sections_md = ""
     if args.day_windows:
         report["windows"] = _day_windows(
-            full_trace, trace, policies, spec, placement[0], checkpoint, shares, gpus_per_node, seeds, reports, quota
+            full_trace,
+            trace,
+            policies,
+            spec,
+            placement[0],
+            checkpoint,
+            shares,
+            gpus_per_node,
+            seeds,
+            reports,
+            quota,
+            (idle_share, idle),
         )
         report["windows_spread"] = _window_spread(report["windows"])
         sections_md = (
@@ -380,6 +437,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     per_queue = _queue_table(report["policies"])
     if quota is not None:
         sections_md += f"\n## Quota admission (`--quota {args.quota}`)\n\n{_quota_table(report['policies'])}"
+    idle_md = idle_table(report["policies"])
+    if idle_md:
+        sections_md += (
+            f"\n## Idle GPUs ({idle_share:g} of the jobs are zombies; telemetry finds one after "
+            f"{idle.found_after_s:g} s; `--idle-reclaim {args.idle_reclaim}`)\n\n{idle_md}"
+        )
     value = report["forecast_value"]
     value_md = ""
     if len(seeds) > 1:
@@ -403,6 +466,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         + (f"Synthetic shift {shift.describe()}.\n\n" if shift is not None else "")
         + (f"Days in the order {day_order} (`--day-order`).\n\n" if day_order is not None else "")
         + (f"{reports.describe()}.\n\n" if reports is not None else "")
+        + (f"{idle_share:g} of the jobs are zombies (`--idle-fraction`).\n\n" if idle_share else "")
         + f"{table}{value_md}\n## Average JCT per queue (s)\n\n{per_queue}{sections_md}",
         encoding="utf-8",
     )
@@ -427,6 +491,7 @@ def _day_windows(
     seeds: list[int],
     reports: ProgressReports | None = None,
     quota: QuotaConfig | None = None,
+    idle: tuple[float, IdleReclaim] | None = None,
 ) -> dict[str, Any]:
     """Each day of the (windowed) trace simulated on its own, once per seed (rows: the mean over seeds). A
     forecaster starts with what a live one would hold then: every job of the trace file that finished before
@@ -434,8 +499,11 @@ def _day_windows(
     from kumiki.forecast.evaluate import warm_up
     from kumiki.sim.engine import SimConfig, Simulator
     from kumiki.sim.report import over_seeds, summarize
+    from kumiki.sim.scenarios import IdleReclaim
     from kumiki.sim.trace import DAY_S, window
     from kumiki.sim.workload import sim_jobs
+
+    idle_share, idle_reclaim = idle if idle is not None else (0.0, IdleReclaim())
 
     submits = [job.submit_s for job in trace if job.submit_s is not None]
     first_day, last_day = int(min(submits) // DAY_S), int(max(submits) // DAY_S)
@@ -444,12 +512,13 @@ def _day_windows(
         start, end = day * DAY_S, (day + 1) * DAY_S
         day_jobs = window(trace, start, end)
         count = len(sim_jobs(day_jobs, max_gpus=spec.total_gpus, seed=seeds[0]))
+
         if not count:
             continue
         by_seed: dict[int, dict[str, dict[str, Any]]] = {}
         warmed = None
         for seed in seeds:
-            jobs = sim_jobs(day_jobs, max_gpus=spec.total_gpus, seed=seed)
+            jobs = sim_jobs(day_jobs, max_gpus=spec.total_gpus, seed=seed, idle_share=idle_share)
             rows: dict[str, Any] = by_seed.setdefault(seed, {})
             for name in policies:
                 forecaster = None
@@ -465,6 +534,7 @@ def _day_windows(
                     queue_shares=shares,
                     quota=quota,
                     progress_reports=None if reports is None else replace(reports, seed=seed),
+                    idle=idle_reclaim,
                 )
                 result = Simulator(spec, jobs, config, forecaster=forecaster).run()
                 summary = summarize(result, large_gpus=gpus_per_node)

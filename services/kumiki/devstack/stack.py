@@ -83,6 +83,10 @@ class StackState:
         self.path.write_text(json.dumps(payload, indent=2))
 
 
+# a job telemetry reports idle (gpu.idle) gives its GPUs to a waiting job: checkpointed, evicted, requeued
+LOCAL_IDLE_RECLAIM = "*=waiting:0"
+
+
 def launch_env(state: StackState, name: str, grpc_port: int, http_port: int) -> dict[str, str]:
     """The environment a stack service starts with: the stack's broker, database and neighbours' addresses."""
     env = dict(os.environ)
@@ -104,8 +108,7 @@ def launch_env(state: StackState, name: str, grpc_port: int, http_port: int) -> 
         env.setdefault("KUMIKI_QUOTA_ADDRESS", f"127.0.0.1:{state.services['quota']['grpc_port']}")
     if name == "placement":  # jobs quota held back are asked again every 0.1 s: the replay runs at 1000x and more
         env.setdefault("KUMIKI_PLACEMENT_CYCLE_S", "0.1")
-        # a job telemetry reports idle (gpu.idle) gives its GPUs to a waiting job: checkpointed, evicted, requeued
-        env.setdefault("KUMIKI_PLACEMENT_IDLE_RECLAIM", "*=waiting:0")
+        env.setdefault("KUMIKI_PLACEMENT_IDLE_RECLAIM", LOCAL_IDLE_RECLAIM)
     if name == "preemption" and "placement" in state.services:  # the coordinator releases the jobs it evicts
         env.setdefault("KUMIKI_PLACEMENT_ADDRESS", f"127.0.0.1:{state.services['placement']['grpc_port']}")
     if name == "binder":  # the stack's API server (kumiki.devstack.kube) and placement

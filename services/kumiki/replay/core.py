@@ -10,13 +10,12 @@ wall-clock times it measures back on the way in.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kumiki.quota.core import ANY_MODEL, Queue, QuotaConfig, build_config
 from kumiki.sched.jobs import consolidated_gang
-from kumiki.sim.scenarios import RANK_CHECK_FIRST_S, progress_marks
+from kumiki.sim.scenarios import RANK_CHECK_FIRST_S, is_idle_job, progress_marks
 from kumiki.sim.trace import TraceJob
 
 
@@ -59,7 +58,6 @@ def plan_jobs(
     if not trace:
         raise ReplayError("--trace: the trace has no jobs")
     capacity = gpus_per_node * nodes
-    rng = random.Random(seed)
     jobs = []
     for job in trace:
         if job.submit_s is None or job.duration_s is None:
@@ -78,7 +76,7 @@ def plan_jobs(
                 job.duration_s,
                 int(job.gpus),
                 tuple(int(pod.gpus) for pod in gang.pods),
-                rng.random() < idle_fraction,
+                is_idle_job(job.job_id, idle_fraction, seed),  # the draw the simulated twin makes
             )
         )
     jobs.sort(key=lambda job: (job.submit_s, job.job_id))

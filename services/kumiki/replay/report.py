@@ -103,14 +103,18 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             "Each phase against its simulated twin (same jobs, cluster, policy and queue tree; quota's own core"
-            " admits in the simulator):",
+            " admits in the simulator; the same zombies, reclaimed by placement's idle rule):",
             "",
-            "| phase | live avg JCT s | simulated avg JCT s | live against simulated |",
-            "|---|---|---|---|",
+            "| phase | live avg JCT s | simulated avg JCT s | live against simulated "
+            "| idle reclaims, live / simulated |",
+            "|---|---|---|---|---|",
         ]
         for name in rows:
             live, twin = phases[name]["summary"]["avg_jct_s"], twins[name]["avg_jct_s"]
-            lines.append(f"| {name} | {live:,.0f} | {twin:,.0f} | {live / twin - 1:+.1%} |")
+            reclaims = f"{phases[name]['summary'].get('idle_reclaimed', 0):,.0f} / " + (
+                f"{twins[name]['idle_reclaimed']:,.0f}" if "idle_reclaimed" in twins[name] else "n/a"
+            )
+            lines.append(f"| {name} | {live:,.0f} | {twin:,.0f} | {live / twin - 1:+.1%} | {reclaims} |")
     for name in names:
         if "error" in twins.get(name, {}):
             lines += ["", f"Simulated {name}: {twins[name]['error']}"]

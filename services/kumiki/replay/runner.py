@@ -32,7 +32,8 @@ from kumiki.replay.core import (
 from kumiki.replay.driver import LiveCounts, LogEntry, Replay, publish_cluster, restore_cluster
 from kumiki.replay.kube import KubeReplay, create_nodes, delete_nodes
 from kumiki.replay.nodes import NodeAgents
-from kumiki.sim.scenarios import ProgressReports
+from kumiki.sched.idle import parse_idle_reclaim
+from kumiki.sim.scenarios import IdleReclaim, ProgressReports
 from kumiki.sim.trace import load_jobs
 
 GPUS_PER_NODE = 8
@@ -117,6 +118,7 @@ class Endpoints:
     # a local service's environment overrides of the moment (what `restart` last applied, or `up` set)
     service_env: Callable[[str], dict[str, str]] | None = None
     placement_policy: str = "fifo-backfill"
+    placement_idle_reclaim: str = ""  # placement's KUMIKI_PLACEMENT_IDLE_RECLAIM, for the simulated twins
     placement_strategy: str = "kumiki"
     checkpoints: str | None = None  # the preemption service (Checkpoints), where the replay's jobs report
     kubeconfig: Path | None = None  # the stack's API server with the binder running (`kumiki up --kubernetes`)
@@ -180,27 +182,39 @@ def simulate_counterpart(
     strategy: str,
     progress: ProgressReports | None = None,
     quota: QuotaConfig | None = None,
+    idle: IdleReclaim | None = None,
 ) -> dict[str, Any]:
     """The same jobs, cluster, policy and queue tree in the simulator (None: no quota service, the open phase),
-    and the same jobs reporting their progress when the replay's did."""
+    the same jobs reporting their progress when the replay's did, and the same zombies, found and reclaimed by
+    placement's rules (`idle`; None: never reclaimed)."""
     from kumiki.sched.cluster import uniform_cluster
     from kumiki.sched.policies import POLICIES
     from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
 
-    specs = [SimJobSpec(job.job_id, job.submit_s, job.gpus, job.duration_s, job.queue) for job in jobs]
+    specs = [SimJobSpec(job.job_id, job.submit_s, job.gpus, job.duration_s, job.queue, idle=job.idle) for job in jobs]
     spec = uniform_cluster(nodes, GPUS_PER_NODE, island_size=GPUS_PER_NODE)
     forecaster = None
     if POLICIES[policy].uses_forecast:  # a fresh one, learning online as the live forecast service does
         from kumiki.forecast.models import build_default_forecaster
 
         forecaster = build_default_forecaster()
-    config = SimConfig(POLICIES[policy], placement=strategy, progress_reports=progress, quota=quota)
+    config = SimConfig(
+        POLICIES[policy], placement=strategy, progress_reports=progress, quota=quota, idle=idle or IdleReclaim()
+    )
     result = Simulator(spec, specs, config, forecaster=forecaster).run()
     jcts = [job.jct_s for job in result.jobs]
     return {
         "avg_jct_s": sum(jcts) / len(jcts),
         "avg_queue_s": sum(job.queue_s for job in result.jobs) / len(result.jobs),
+        "idle_reclaimed": result.idle_reclaimed,
     }
+
+
+def _twin_idle(phase: str, settings: ReplaySettings, endpoints: Endpoints) -> IdleReclaim:
+    """Placement's idle rule in the phase (its override, else the stack's), with telemetry's delay, for the twin.
+    A bad rule is a ValueError, which the twin reports as its failure."""
+    rules = PHASE_OVERRIDES.get(phase, {}).get("KUMIKI_PLACEMENT_IDLE_RECLAIM", endpoints.placement_idle_reclaim)
+    return IdleReclaim(settings.idle_after_s, parse_idle_reclaim(rules))
 
 
 async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> Endpoints:
@@ -330,6 +344,7 @@ async def run_session(
                     endpoints.placement_strategy,
                     settings.progress_reports if phase != "baseline" else None,
                     None if phase == "open" else trees[phase],
+                    _twin_idle(phase, settings, endpoints),
                 )
             except (ArithmeticError, ValueError) as error:  # the live run stands; the report says what failed
                 by_phase[phase] = {"error": f"simulation failed: {error!r}"}
@@ -338,7 +353,12 @@ async def run_session(
         elif "kumiki" in settings.phases:  # what the kumiki phase is also set against: the same run without quota
             try:
                 simulated = simulate_counterpart(
-                    jobs, settings.nodes, policy, endpoints.placement_strategy, settings.progress_reports
+                    jobs,
+                    settings.nodes,
+                    policy,
+                    endpoints.placement_strategy,
+                    settings.progress_reports,
+                    idle=_twin_idle("open", settings, endpoints),
                 )
             except (ArithmeticError, ValueError) as error:
                 simulated = {"error": f"simulation failed: {error!r}"}

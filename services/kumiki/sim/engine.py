@@ -24,15 +24,16 @@ from kumiki.sched.forecasting import (
     tell_started,
     tell_stopped,
 )
+from kumiki.sched.idle import rule_for
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy, admission_rank
 from kumiki.sched.preemption import OnDemand
 from kumiki.sched.scheduler import Decisions, Scheduler, Start
 from kumiki.sim.gate import ForecastGate, GateConfig, GateLook, PastJob
 from kumiki.sim.quota import SimQuota, check_jobs, cluster_tree
-from kumiki.sim.scenarios import OnDemandCheckpoint, ProgressReports, progress_marks
+from kumiki.sim.scenarios import IdleReclaim, OnDemandCheckpoint, ProgressReports, progress_marks
 
-ARRIVAL, FINISH, RECHECK, GATE, WAKE = 0, 1, 2, 3, 4
+ARRIVAL, FINISH, RECHECK, GATE, WAKE, IDLE = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,8 @@ class SimJobSpec:
     image: str = ""
     command: str = ""
     time_limit_s: float | None = None
+    # a zombie: holds its GPUs for its whole run and computes nothing (`kumiki.sim.scenarios.is_idle_job`)
+    idle: bool = False
 
 
 @dataclass(slots=True)
@@ -66,6 +69,7 @@ class JobResult:
     # the job's own run time (its work, no waiting or overhead): the same in every run, so jobs can be
     # grouped by it when two policies are compared
     duration_s: float
+    idle: bool = False  # a zombie (`SimJobSpec.idle`)
 
     @property
     def jct_s(self) -> float:
@@ -96,6 +100,9 @@ class SimResult:
     gate_looks: list[GateLook] = field(default_factory=list)
     # with a queue tree (`SimConfig.quota`): denials by code, reclaim victims, GPU-seconds metered per queue
     quota: dict[str, Any] | None = None
+    idle_gpu_s: float = 0.0  # GPU-seconds held by zombies (in busy_gpu_s too: allocated, computing nothing)
+    idle_found: int = 0  # zombie attempts that ran long enough for telemetry to find them
+    idle_reclaimed: int = 0  # of those, attempts idle reclaim evicted
 
 
 @dataclass(slots=True)
@@ -143,6 +150,8 @@ class SimConfig:
     # None: no quota service (every job queues at once); otherwise the queue tree quota admits against, with
     # the live stack's rules (`kumiki.sim.quota`)
     quota: QuotaConfig | None = None
+    # when telemetry finds a zombie (`SimJobSpec.idle`) and which queues reclaim its GPUs (default: none do)
+    idle: IdleReclaim = field(default_factory=IdleReclaim)
 
 
 class Simulator:
@@ -214,6 +223,9 @@ class Simulator:
                 look_s += self.gate.config.every_s
         self.events_done = 0
         self.busy_gpu_s = 0.0
+        self.idle_gpu_s = 0.0
+        self.idle_found = self.idle_reclaimed = 0
+        self.idle_due: dict[str, int] = {}  # zombie -> the attempt its queue's rule may now reclaim
         self.wake_s = -math.inf  # when the pending deadline pass runs
 
     def _push(self, time: float, kind: int, job_id: str, generation: int) -> None:
@@ -268,6 +280,9 @@ class Simulator:
                 elif kind == FINISH and job.running and job.generation == generation:
                     self._finish(job, now)
                     changed = True
+                elif kind == IDLE and job.running and job.generation == generation:
+                    self.idle_due[job_id] = generation
+                    changed = True
                 elif kind == RECHECK and job.running and job.generation == generation:
                     changed = True
                     if self.policy.order == "gittins":
@@ -277,6 +292,7 @@ class Simulator:
                     else:
                         preempt_check = True
             if changed:
+                self._reclaim_idle(now)
                 self._admit_held(now)
                 decisions = self.scheduler.schedule(now, consider_preemption=preempt_check, recheck=rechecked)
                 self._apply(decisions, now)
@@ -298,6 +314,9 @@ class Simulator:
             self.busy_gpu_s,
             self.gate.looks if self.gate is not None else [],
             self.quota.summary() if self.quota is not None else None,
+            self.idle_gpu_s,
+            self.idle_found,
+            self.idle_reclaimed,
         )
 
     def _wake_for_deadline(self, now: float) -> None:
@@ -335,6 +354,27 @@ class Simulator:
         present = [*self.scheduler.waiting, *self.scheduler.running]
         self.scheduler.reconsider([self.view(self.jobs[job_id]) for job_id in present])
         return True
+
+    def _reclaim_idle(self, now: float) -> None:
+        """Placement's idle reclaim (`PlacementBook._reclaim_idle`, the same `IdlePolicy.reclaims`): zombies past
+        their queue's rule are evicted, under `waiting` only while a job waits, queued or held by quota. Who waits
+        is read once, before any eviction, as placement's victims drain before they wait again."""
+        if not self.idle_due:
+            return
+        waiting = [*self.scheduler.waiting, *(self.quota.held if self.quota is not None else ())]
+        rules = self.config.idle.rules
+        preemptions = []
+        for job_id, generation in list(self.idle_due.items()):
+            job = self.jobs[job_id]
+            if not job.running or job.generation != generation:
+                del self.idle_due[job_id]
+                continue
+            if rule_for(rules, job.spec.queue).reclaims(now - job.run_start_s, bool(waiting)):
+                del self.idle_due[job_id]
+                preemptions.append(self.scheduler.preempt(job_id, waiting[0] if waiting else "", "idle-reclaim", now))
+        if preemptions:
+            self.idle_reclaimed += len(preemptions)
+            self._apply(Decisions(preemptions=preemptions), now)
 
     def _restart_moved(self, moved: Sequence[str], now: float) -> Decisions:
         """Jobs a defragmentation moved, queued again, restart elsewhere at once ahead of the queue order (they
@@ -438,8 +478,9 @@ class Simulator:
             job.run_start_progress_s = job.progress_s
             if start.job_id in delayed:
                 job.overhead_s += delayed[start.job_id]
-            if on_demand is not None:
-                job.checkpoint_until_s = 0.0  # no periodic checkpoints: it writes one when asked
+            if on_demand is not None or job.spec.idle:
+                # no periodic checkpoints: on demand it writes one when asked, and a zombie has nothing to save
+                job.checkpoint_until_s = 0.0
             else:
                 job.checkpoint_until_s = self.scheduler.checkpoint_until(job.request, self.view(job))
             job.checkpointing = job.checkpoint_until_s > job.progress_s
@@ -449,6 +490,9 @@ class Simulator:
                 self.quota.started(start.job_id, job.generation, now)
             tell_started(self.forecaster, job.spec.job_id, now)
             self._push(now + self._wall_to_finish(job), FINISH, job.spec.job_id, job.generation)
+            due_s = self.config.idle.due_after_s(job.spec.queue) if job.spec.idle else None
+            if due_s is not None:  # stale, and skipped, if the attempt ends first
+                self._push(now + due_s, IDLE, job.spec.job_id, job.generation)
             if self.policy.order in ("las", "las-forecast"):
                 self._schedule_demotion(job, now)
             elif self.policy.order == "gittins":
@@ -520,6 +564,9 @@ class Simulator:
         job.run_wall_s += wall
         job.attained_gpu_s += wall * job.spec.gpus
         self.busy_gpu_s += wall * job.spec.gpus
+        if job.spec.idle:
+            self.idle_gpu_s += wall * job.spec.gpus
+            self.idle_found += wall >= self.config.idle.found_after_s  # telemetry's rule: that long below threshold
         job.running = False
         return progress
 
@@ -546,6 +593,7 @@ class Simulator:
                 job.lost_gpu_s,
                 job.checkpoint_gpu_s,
                 job.duration_s,
+                spec.idle,
             )
         )
 
@@ -555,6 +603,12 @@ class Simulator:
         reached = self._stop(job, now)
         on_demand = self.config.on_demand
         restore = self.config.checkpoint.restore_cost_s
+        if job.spec.idle:  # it computed nothing, so it loses nothing: the time it holds GPUs for goes on counting
+            job.lost_gpu_s += restore * job.spec.gpus
+            job.progress_s = reached
+            job.overhead_s = restore
+            self._requeue(job, now)
+            return
         if on_demand is not None:
             # asked at `now`: it saves what it reached (held for the acknowledgement), or past the deadline
             # loses its whole run (held until the deadline); the held time is GPU time lost either way

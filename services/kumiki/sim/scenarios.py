@@ -1,14 +1,17 @@
 """What the simulator plays that a trace does not carry: how a victim answers a request to checkpoint
-(`OnDemandCheckpoint`, the live protocol) and which jobs report how far they have got (`ProgressReports`).
-The live replay reads the same definitions, so it and its simulated counterpart play the same scenario."""
+(`OnDemandCheckpoint`, the live protocol), which jobs report how far they have got (`ProgressReports`), and which
+hold GPUs they do not use and what is done about it (`is_idle_job`, `IdleReclaim`). The live replay reads the same
+definitions, so it and its simulated counterpart play the same scenario."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from kumiki.sched.idle import IdlePolicy, rule_for
 
 # `gittins` order: a running job is looked at again when its progress reaches 1,800 s, 3,600 s, 7,200 s, ...
 RANK_CHECK_FIRST_S = 1800.0
@@ -99,3 +102,32 @@ class ProgressReports:
             if reports and job.gpus >= self.min_gpus:
                 chosen[job.job_id] = factor
         return chosen
+
+
+def is_idle_job(job_id: str, share: float, seed: int = 0) -> bool:
+    """Whether a job is a zombie: it holds its GPUs for its whole run and computes nothing (a notebook left open, a
+    job hung on its input). A trace says nothing of GPU use, so a `share` of the jobs are drawn. Each job's draw
+    is its own (`seed` and the job's ID), so a day cut from a trace holds the zombies it held in the whole, and the
+    live replay and its simulated counterpart draw the same ones."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"idle share: expected 0 <= share < 1, got {share}")
+    return share > 0.0 and random.Random(f"idle:{seed}:{job_id}").random() < share
+
+
+@dataclass(frozen=True, slots=True)
+class IdleReclaim:
+    """What becomes of a zombie's GPUs. Telemetry finds a zombie `found_after_s` into each attempt (its rule: that
+    long below the utilisation threshold); placement then reclaims it by its queue's rule (`rules`, as
+    KUMIKI_PLACEMENT_IDLE_RECLAIM; none: never), evicting it to wait again, as any victim does."""
+
+    found_after_s: float = 600.0
+    rules: Mapping[str, IdlePolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.found_after_s > 0:
+            raise ValueError(f"idle reclaim: found_after_s must be > 0, got {self.found_after_s}")
+
+    def due_after_s(self, queue: str) -> float | None:
+        """Seconds into an attempt at which the queue's rule may reclaim a zombie; None if it never does."""
+        rule = rule_for(self.rules, queue)
+        return None if rule.mode == "never" else max(self.found_after_s, rule.idle_s)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kumiki.sim.engine import SimJobSpec
+from kumiki.sim.scenarios import is_idle_job
 from kumiki.sim.trace import TraceJob
 
 
@@ -19,8 +20,11 @@ class WorkloadError(ValueError):
     """A trace job the simulator cannot run; the message names the job and field."""
 
 
-def sim_jobs(trace: Sequence[TraceJob], *, max_gpus: int, seed: int = 0) -> list[SimJobSpec]:
-    """Simulator jobs in submit order; `seed` orders jobs submitted at the same second."""
+def sim_jobs(trace: Sequence[TraceJob], *, max_gpus: int, seed: int = 0, idle_share: float = 0.0) -> list[SimJobSpec]:
+    """Simulator jobs in submit order; `seed` orders jobs submitted at the same second and, with an `idle_share`,
+    draws the zombies (`is_idle_job`)."""
+    if not 0.0 <= idle_share < 1.0:
+        raise WorkloadError(f"idle share: expected 0 <= share < 1, got {idle_share:g}")
     jobs: list[SimJobSpec] = []
     for job in trace:
         if job.submit_s is None:
@@ -46,6 +50,7 @@ def sim_jobs(trace: Sequence[TraceJob], *, max_gpus: int, seed: int = 0) -> list
                 job.image,
                 job.command,
                 job.time_limit_s,
+                is_idle_job(job.job_id, idle_share, seed),
             )
         )
     rng = random.Random(seed)

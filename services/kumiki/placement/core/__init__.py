@@ -7,8 +7,9 @@ published; and Explain. Every arrival, release and node change is a scheduling p
 policy (ordering, reservation for the blocked head, backfill). No I/O and no clock: adapters pass the time,
 publish and persist.
 
-Modules: commands (a Bind and the book's answers, and the job as the queue policy sees it), idle (reclaim rules
-per queue), book (`PlacementBook`). Nothing here reads or builds wire messages: placement.adapters.convert turns
+Modules: commands (a Bind and the book's answers, and the job as the queue policy sees it), book
+(`PlacementBook`); idle-reclaim rules per queue come from the scheduling core (`kumiki.sched.idle`), which the
+simulator applies too. Nothing here reads or builds wire messages: placement.adapters.convert turns
 requests and events into these values and back.
 """
 
@@ -27,7 +28,7 @@ from kumiki.placement.core.commands import (
     queued_reason,
     quota_reason,
 )
-from kumiki.placement.core.idle import IDLE_MODES, IdlePolicy, parse_idle_reclaim
+from kumiki.sched.idle import IDLE_MODES, IdlePolicy, parse_idle_reclaim
 
 __all__ = [
     "ENDED_KEPT",

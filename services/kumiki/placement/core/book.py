@@ -18,9 +18,9 @@ from kumiki.placement.core.commands import (
     queued_reason,
     quota_reason,
 )
-from kumiki.placement.core.idle import IdlePolicy
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
 from kumiki.sched.forecasting import RuntimeForecast
+from kumiki.sched.idle import IdlePolicy, rule_for
 from kumiki.sched.jobs import JobView
 from kumiki.sched.placement import PendingReason, place_gang
 from kumiki.sched.policies import POLICIES, admission_rank
@@ -426,14 +426,13 @@ class PlacementBook:
         if not self.idle or not self.idle_policies:
             return
         scheduler = self.scheduler
-        fallback = self.idle_policies.get("*", IdlePolicy())
         held: list[str] | None = None  # ranked once a rule needs them, not once per idle job
         for job_id, (generation, since_s, until_s) in list(self.idle.items()):
             job = self.bound.get(job_id)
             if job is None or job.command.generation != generation or job_id in self.nominated:
                 continue
-            rule = self.idle_policies.get(job.command.queue, fallback)
-            if rule.mode == "never" or not job.command.preemptible or until_s - since_s < rule.idle_s:
+            rule = rule_for(self.idle_policies, job.command.queue)
+            if not job.command.preemptible or not rule.may_reclaim(until_s - since_s):
                 continue
             waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
@@ -441,7 +440,7 @@ class PlacementBook:
             if held is None:
                 held = [pending.command.job_id for pending in self.held_jobs_in_order(now)]
             waiting += held
-            if rule.mode == "waiting" and not waiting:
+            if not rule.reclaims(until_s - since_s, bool(waiting)):
                 continue
             del self.idle[job_id]
             preemption = scheduler.preempt(job_id, waiting[0] if waiting else "", "idle-reclaim", now)

@@ -1,7 +1,11 @@
-"""Idle-GPU reclaim rules per queue: what a queue does with a job whose GPUs telemetry reports idle."""
+"""Idle-GPU reclaim rules per queue: what a queue does with a job whose GPUs telemetry reports idle.
+
+Placement applies them to telemetry's findings (kumiki.gpu.idle) and the simulator to its zombie jobs, through
+the same `IdlePolicy.reclaims`, so the two decide alike."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -13,8 +17,22 @@ class IdlePolicy:
     mode: str = "never"
     idle_s: float = 0.0
 
+    def may_reclaim(self, idle_for_s: float) -> bool:
+        """Whether a job idle this long is reclaimed, given someone waits (`waiting`) or not (`after`)."""
+        return self.mode != "never" and idle_for_s >= self.idle_s
+
+    def reclaims(self, idle_for_s: float, anyone_waiting: bool) -> bool:
+        """Whether a job idle this long is reclaimed now: past the rule's time, and under `waiting` only while
+        another job waits for GPUs (queued, or held back by quota)."""
+        return self.may_reclaim(idle_for_s) and (self.mode == "after" or anyone_waiting)
+
 
 IDLE_MODES = ("never", "after", "waiting")
+
+
+def rule_for(rules: Mapping[str, IdlePolicy], queue: str) -> IdlePolicy:
+    """The queue's own rule, else the `*` rule, else never."""
+    return rules.get(queue) or rules.get("*") or IdlePolicy()
 
 
 def parse_idle_reclaim(text: str) -> dict[str, IdlePolicy]:
