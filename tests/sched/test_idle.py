@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kumiki.sched.idle import IdlePolicy, parse_idle_reclaim, rule_for
+from kumiki.sched.cluster import ClusterState, uniform_cluster
+from kumiki.sched.idle import IdlePolicy, WaitingFor, idle_victims, parse_idle_reclaim, rule_for
+from kumiki.sched.jobs import consolidated_gang
+from kumiki.sched.policies import POLICIES
+from kumiki.sched.scheduler import Scheduler
+from tests.sched.helpers import view
 
 
 def test_idle_reclaim_rules_parse_and_name_the_bad_entry() -> None:
@@ -38,3 +43,57 @@ def test_a_rule_reclaims_past_its_time_and_under_waiting_only_for_someone(
 ) -> None:
     assert rule.reclaims(idle_for_s, waiting) is reclaimed
     assert rule.may_reclaim(idle_for_s) is (rule.mode != "never" and idle_for_s >= rule.idle_s)
+
+
+def cluster(layout: dict[str, int], nodes: int = 2, gpus: int = 8) -> Scheduler:
+    """`layout` started in order under `fifo` (best-fit): job -> GPUs."""
+    scheduler = Scheduler(POLICIES["fifo"], ClusterState.empty(uniform_cluster(nodes, gpus)), "best-fit")
+    for job_id, count in layout.items():
+        scheduler.submit(view(job_id, count), consolidated_gang(job_id, count, gpus))
+        assert [start.job_id for start in scheduler.schedule(0.0).starts] == [job_id]
+    return scheduler
+
+
+def waiting_for(*jobs: tuple[str, int], held: bool = False) -> list[WaitingFor]:
+    return [(job_id, consolidated_gang(job_id, count, 8), held) for job_id, count in jobs]
+
+
+WAITING = parse_idle_reclaim("*=waiting:0")
+
+
+def test_a_zombie_is_reclaimed_only_for_a_job_its_gpus_let_start() -> None:
+    scheduler = cluster({"filler": 8, "busy": 7, "zombie": 1})  # both nodes full
+    idle = [("zombie", "q", 900.0)]
+    gang = waiting_for(("gang", 8))
+    assert idle_victims(scheduler, idle, WAITING, lambda: gang) == []  # one GPU of a full node: no room for 8
+    small = waiting_for(("gang", 8), ("small", 1))
+    assert idle_victims(scheduler, idle, WAITING, lambda: small) == [("zombie", "small")]
+    assert idle_victims(scheduler, idle, parse_idle_reclaim("*=after:600"), lambda: []) == [("zombie", "")]
+    assert idle_victims(scheduler, idle, parse_idle_reclaim("*=after:1000"), lambda: small) == []
+
+
+def test_zombies_that_make_room_together_are_reclaimed_together_and_one_job_takes_the_fewest() -> None:
+    together = cluster({"filler": 8, "z1": 4, "z2": 4})
+    idle = [("z1", "q", 900.0), ("z2", "q", 900.0)]
+    node = waiting_for(("node", 8))
+    assert sorted(idle_victims(together, idle, WAITING, lambda: node)) == [("z1", "node"), ("z2", "node")]
+    apart = cluster({"z1": 4, "x": 4, "z2": 4, "y": 4})
+    apart.finished("x")
+    apart.finished("y")  # each node: a zombie and 4 free GPUs
+    assert [apart.state.free_count(n) for n in (0, 1)] == [4, 4]
+    assert idle_victims(apart, idle, WAITING, lambda: node) == [("z1", "node")]
+
+
+def test_a_queued_job_that_fits_already_waits_for_its_turn_but_a_held_one_for_quota() -> None:
+    scheduler = cluster({"filler": 8, "zombie": 4})  # 4 GPUs free
+    idle = [("zombie", "q", 900.0)]
+    assert idle_victims(scheduler, idle, WAITING, lambda: waiting_for(("four", 4))) == []
+    held = waiting_for(("four", 4), held=True)
+    assert idle_victims(scheduler, idle, WAITING, lambda: held) == [("zombie", "four")]
+
+
+def test_a_gang_over_several_nodes_counts_the_nodes_free_already() -> None:
+    scheduler = cluster({"zombie": 8, "busy": 8}, nodes=3)  # node 2 is free
+    idle = [("zombie", "q", 900.0)]
+    assert idle_victims(scheduler, idle, WAITING, lambda: waiting_for(("two", 16))) == [("zombie", "two")]
+    assert idle_victims(scheduler, idle, WAITING, lambda: waiting_for(("three", 24))) == []

@@ -5,8 +5,14 @@ the same `IdlePolicy.reclaims`, so the two decide alike."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kumiki.sched.jobs import GangRequest
+    from kumiki.sched.scheduler import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,117 @@ IDLE_MODES = ("never", "after", "waiting")
 def rule_for(rules: Mapping[str, IdlePolicy], queue: str) -> IdlePolicy:
     """The queue's own rule, else the `*` rule, else never."""
     return rules.get(queue) or rules.get("*") or IdlePolicy()
+
+
+# an idle job telemetry reported: (job, its queue, seconds idle so far); it must be running
+IdleJob = tuple[str, str, float]
+# a job waiting for GPUs: (job, its gang, whether quota holds it back rather than the scheduler queuing it)
+WaitingFor = tuple[str, "GangRequest", bool]
+
+
+def waiting_for_gpus(scheduler: Scheduler, held: Iterable[tuple[str, GangRequest]]) -> list[WaitingFor]:
+    """Who waits for GPUs, in the order each would get them: the scheduler's queue in its policy's order (a higher
+    tier first), then the jobs quota holds back (`held`, in admission order)."""
+    ordered = sorted(scheduler.waiting.values(), key=lambda entry: entry.order)
+    return [(entry.view.job_id, entry.request, False) for entry in ordered] + [(job, gang, True) for job, gang in held]
+
+
+def idle_victims(
+    scheduler: Scheduler,
+    idle: Iterable[IdleJob],
+    rules: Mapping[str, IdlePolicy],
+    waiting: Callable[[], Sequence[WaitingFor]],
+) -> list[tuple[str, str]]:
+    """(job to reclaim, the waiting job it makes room for, or "") for each idle job its queue's rule reclaims now;
+    placement and the simulator both evict exactly these.
+
+    `after` reclaims once the job has been idle long enough. `waiting` reclaims only for a waiting job that the
+    GPUs would let start: `waiting` (queued, then held by quota, each in the order it starts; read only when a
+    rule needs it) is walked in order, and a job that does not fit now but would on a node once idle jobs there
+    leave takes the fewest of them (a gang over several nodes, on as many nodes as it needs). A job quota holds
+    back that fits already takes one: quota is what holds it, and a reclaim returns the idle job's GPUs to what
+    quota may lend. Reclaiming for anyone waiting, as before, evicted a one-GPU zombie for an eight-GPU gang it
+    could not make room for: the zombie restarted at once and paid its restore, over and over. Reservations, CPU
+    and memory are not weighed."""
+    chosen: dict[str, str] = {}
+    pool: dict[str, Counter[int]] = {}  # idle jobs `waiting` may reclaim: their GPUs per node
+    for job_id, queue, idle_for_s in idle:
+        rule = rule_for(rules, queue)
+        if rule.may_reclaim(idle_for_s):
+            if rule.mode == "after":
+                chosen[job_id] = ""
+            else:
+                pool[job_id] = _gpus_by_node(scheduler, job_id)
+    if pool:
+        freed: Counter[int] = Counter()
+        for job_id in chosen:
+            freed += _gpus_by_node(scheduler, job_id)
+        room = _Room(scheduler, freed)
+        for candidate, request, held in waiting():
+            taken = room.make_for(request, pool, held)
+            for job_id in taken:
+                chosen[job_id] = candidate
+                room.free(pool.pop(job_id))
+            if not pool:
+                break
+    return list(chosen.items())
+
+
+def _gpus_by_node(scheduler: Scheduler, job_id: str) -> Counter[int]:
+    return Counter(pod.node for pod in scheduler.running[job_id].placement.pods for _ in pod.gpus)
+
+
+class _Room:
+    """Free GPUs per node, counting those of the idle jobs already chosen as free."""
+
+    def __init__(self, scheduler: Scheduler, freed: Counter[int]) -> None:
+        self.scheduler = scheduler
+        self.freed = freed
+        self.ready: dict[int, int] = {}  # GPUs per node -> nodes with that many free now (cached per call)
+
+    def free(self, gpus: Counter[int]) -> None:
+        self.freed += gpus
+        self.ready.clear()
+
+    def _free_on(self, node: int) -> int:
+        return self.scheduler.state.free_count(node) + self.freed[node]
+
+    def _ready(self, need: int) -> int:
+        if need not in self.ready:
+            nodes = range(len(self.scheduler.state.spec.nodes))
+            self.ready[need] = sum(1 for node in nodes if self._free_on(node) >= need)
+        return self.ready[need]
+
+    def make_for(self, request: GangRequest, pool: Mapping[str, Counter[int]], held: bool) -> list[str]:
+        """The fewest idle jobs of `pool` whose leaving lets `request` start; none if they cannot make the room, or
+        if it fits already and is queued (it waits for its turn, not for GPUs). Held back by quota and fitting,
+        the first of them."""
+        need, count = self.scheduler.span(request.shape)
+        ready = self._ready(need)
+        if ready >= count:
+            return [next(iter(pool))] if held else []
+        on_node: dict[int, list[tuple[int, str]]] = {}
+        for job_id, by_node in pool.items():
+            for node, gpus in by_node.items():
+                on_node.setdefault(node, []).append((gpus, job_id))
+        options: list[tuple[int, list[str]]] = []  # (GPUs evicted, idle jobs) per node it would free
+        for node, held_there in on_node.items():
+            have = self._free_on(node)
+            if have >= need:
+                continue  # counted ready already
+            taken: list[str] = []
+            for gpus, job_id in sorted(held_there, reverse=True):
+                taken.append(job_id)
+                have += gpus
+                if have >= need:
+                    options.append((have - self._free_on(node), taken))
+                    break
+        if ready + len(options) < count:
+            return []
+        picked: list[str] = []
+        for _, taken in sorted(options)[: count - ready]:
+            picked += [job_id for job_id in taken if job_id not in picked]
+        return picked
 
 
 def parse_idle_reclaim(text: str) -> dict[str, IdlePolicy]:

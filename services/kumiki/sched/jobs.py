@@ -94,6 +94,11 @@ class GangRequest:
     # each pod on a node of its own (the pods' required anti-affinity to each other on the node's hostname)
     distinct_nodes: bool = False
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its pods' GPUs, largest first: what the waiting lists and the room a gang needs are keyed by."""
+        return tuple(sorted((pod.gpus for pod in self.pods), reverse=True))
+
     def __post_init__(self) -> None:
         if not self.job_id:
             raise RequestError("job_id must not be empty")

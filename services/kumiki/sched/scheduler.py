@@ -151,7 +151,7 @@ class Scheduler:
             raise ValueError(f"job {view.job_id} is already queued or running")
         self.sequence += 1
         key = (waiting_key(self.policy, view), view.submit_s, self.sequence)
-        shape = tuple(sorted((pod.gpus for pod in request.pods), reverse=True))
+        shape = request.shape
         entry = WaitingJob(view, request, key, self.lane_of(view), shape)
         self.waiting[view.job_id] = entry
         bisect.insort(self.lists.setdefault((entry.lane, shape), []), (entry.order, view.job_id))

@@ -24,7 +24,7 @@ from kumiki.sched.forecasting import (
     tell_started,
     tell_stopped,
 )
-from kumiki.sched.idle import rule_for
+from kumiki.sched.idle import IdleJob, WaitingFor, idle_victims, waiting_for_gpus
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy, admission_rank
 from kumiki.sched.preemption import OnDemand
@@ -356,22 +356,27 @@ class Simulator:
         return True
 
     def _reclaim_idle(self, now: float) -> None:
-        """Placement's idle reclaim (`PlacementBook._reclaim_idle`, the same `IdlePolicy.reclaims`): zombies past
-        their queue's rule are evicted, under `waiting` only while a job waits, queued or held by quota. Who waits
-        is read once, before any eviction, as placement's victims drain before they wait again."""
+        """Placement's idle reclaim: the zombies `kumiki.sched.idle.idle_victims` chooses, as `PlacementBook` evicts
+        them. Who waits (queued, then held by quota) is read before any eviction, as placement's victims drain
+        before they wait again."""
         if not self.idle_due:
             return
-        waiting = [*self.scheduler.waiting, *(self.quota.held if self.quota is not None else ())]
-        rules = self.config.idle.rules
-        preemptions = []
+        idle: list[IdleJob] = []
         for job_id, generation in list(self.idle_due.items()):
             job = self.jobs[job_id]
             if not job.running or job.generation != generation:
                 del self.idle_due[job_id]
-                continue
-            if rule_for(rules, job.spec.queue).reclaims(now - job.run_start_s, bool(waiting)):
-                del self.idle_due[job_id]
-                preemptions.append(self.scheduler.preempt(job_id, waiting[0] if waiting else "", "idle-reclaim", now))
+            else:
+                idle.append((job_id, job.spec.queue, now - job.run_start_s))
+
+        def waiting() -> list[WaitingFor]:
+            held = () if self.quota is None else self.quota.held
+            return waiting_for_gpus(self.scheduler, ((job_id, self.jobs[job_id].request) for job_id in held))
+
+        preemptions = []
+        for job_id, beneficiary in idle_victims(self.scheduler, idle, self.config.idle.rules, waiting):
+            del self.idle_due[job_id]
+            preemptions.append(self.scheduler.preempt(job_id, beneficiary, "idle-reclaim", now))
         if preemptions:
             self.idle_reclaimed += len(preemptions)
             self._apply(Decisions(preemptions=preemptions), now)

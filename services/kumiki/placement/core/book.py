@@ -20,7 +20,7 @@ from kumiki.placement.core.commands import (
 )
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
 from kumiki.sched.forecasting import RuntimeForecast
-from kumiki.sched.idle import IdlePolicy, rule_for
+from kumiki.sched.idle import IdleJob, IdlePolicy, WaitingFor, idle_victims, waiting_for_gpus
 from kumiki.sched.jobs import JobView
 from kumiki.sched.placement import PendingReason, place_gang
 from kumiki.sched.policies import POLICIES, admission_rank
@@ -422,28 +422,28 @@ class PlacementBook:
             self.idle[job_id] = (generation, since_s, max(until_s, known[2] if known and known[0] == generation else 0))
 
     def _reclaim_idle(self, now: float) -> None:
-        """Preempt jobs idle past their queue's threshold (`waiting`: only while some job waits)."""
+        """Preempt jobs idle past their queue's threshold (`waiting`: only for a waiting job their GPUs let start),
+        as `kumiki.sched.idle.idle_victims` chooses; the simulator evicts its zombies by the same choice."""
         if not self.idle or not self.idle_policies:
             return
         scheduler = self.scheduler
-        held: list[str] | None = None  # ranked once a rule needs them, not once per idle job
-        for job_id, (generation, since_s, until_s) in list(self.idle.items()):
+        idle: list[IdleJob] = []
+        for job_id, (generation, since_s, until_s) in self.idle.items():
             job = self.bound.get(job_id)
             if job is None or job.command.generation != generation or job_id in self.nominated:
                 continue
-            rule = rule_for(self.idle_policies, job.command.queue)
-            if not job.command.preemptible or not rule.may_reclaim(until_s - since_s):
-                continue
-            waiting = [entry.view.job_id for entry in scheduler.waiting.values()]
+            if job.command.preemptible:
+                idle.append((job_id, job.command.queue, until_s - since_s))
+
+        def waiting() -> list[WaitingFor]:
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
             # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
-            if held is None:
-                held = [pending.command.job_id for pending in self.held_jobs_in_order(now)]
-            waiting += held
-            if not rule.reclaims(until_s - since_s, bool(waiting)):
-                continue
+            held = ((job.command.job_id, job.command.request) for job in self.held_jobs_in_order(now))
+            return waiting_for_gpus(scheduler, held)
+
+        for job_id, beneficiary in idle_victims(scheduler, idle, self.idle_policies, waiting):
             del self.idle[job_id]
-            preemption = scheduler.preempt(job_id, waiting[0] if waiting else "", "idle-reclaim", now)
+            preemption = scheduler.preempt(job_id, beneficiary, "idle-reclaim", now)
             victim = Victim(self.bound.pop(job_id), preemption, now)
             self.draining[job_id] = victim
             self.preemptions.append(victim)
