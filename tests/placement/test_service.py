@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from aiokafka import ConsumerRecord
 from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer, ensure_topics
@@ -354,6 +355,50 @@ async def test_a_requeued_job_waits_again_after_a_restart_since_its_eviction(kaf
         assert (
             book.served["old"] == served and book.scheduler.running["old"].view.attained_gpu_s == served.attained_gpu_s
         )
+
+
+async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_and_stays_there_after_a_restart(
+    kafka: KafkaSettings,
+) -> None:
+    """A zombie reclaimed for a waiting job waits behind the jobs idle reclaim has not evicted: FIFO would put it
+    first, having arrived first, and it took back the GPUs it gave up. Its PREEMPTED event says why it was chosen,
+    so a restarted placement keeps it there."""
+    from kumiki.placement.core import parse_idle_reclaim
+
+    await emulate(kafka, default_nodes(1))
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: len(book.nodes) == 1, what="the nodes")
+        book.idle_policies = parse_idle_reclaim("*=waiting:0")
+        assert (await stub.Bind(bind_request("zombie", [whole(8)], preemptible=True))).outcome == BOUND
+        assert (await stub.Bind(bind_request("next", [whole(8)]))).outcome == PENDING
+        book.gpu_idle("zombie", 1, time.time() - 700.0, time.time())
+        await wait_until(lambda: "zombie" in book.draining, timeout_s=30, what="the idle reclaim")
+        evicted = placement_pb2.ReleaseRequest(
+            job=common_pb2.JobRef(job_id="zombie", generation=1), final_state=events_pb2.JOB_STATE_PREEMPTED
+        )
+        assert (await stub.Release(evicted)).released
+        await wait_until(lambda: "next" in book.bound, timeout_s=30, what="next to start on the freed GPUs")
+        assert (await stub.Bind(bind_request("later", [whole(8)]))).outcome == PENDING
+        assert book.served["zombie"].idle_reclaims == 1
+        for job, position in (("later", 1), ("zombie", 2)):
+            assert (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).queue_position == position
+
+    def preempted(records: list[ConsumerRecord]) -> list[str]:
+        events = [events_pb2.JobLifecycle.FromString(record.value) for record in records]
+        return [e.reason for e in events if e.job.job_id == "zombie" and e.state == events_pb2.JOB_STATE_PREEMPTED]
+
+    records = await read_records(kafka, JOB_LIFECYCLE.full_name(kafka.topic_prefix), 1, until=preempted)
+    assert preempted(records) == ["preempted (idle-reclaim)"]  # what the restart reads
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: {"zombie", "later"} <= set(book.scheduler.waiting), what="the rebuild")
+        assert book.served["zombie"].idle_reclaims == 1
+        for job, position in (("later", 1), ("zombie", 2)):
+            assert (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).queue_position == position
+        await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="next", generation=1)))
+        await wait_until(lambda: "later" in book.bound, timeout_s=30, what="later to start")
+        assert "zombie" in book.pending
 
 
 async def test_rebuild_queues_only_what_placement_was_asked_to_place(kafka: KafkaSettings) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kumiki.sched.cluster import ClusterState, uniform_cluster
 from kumiki.sched.idle import IdlePolicy, WaitingFor, idle_victims, parse_idle_reclaim, rule_for
 from kumiki.sched.jobs import consolidated_gang
-from kumiki.sched.policies import POLICIES
+from kumiki.sched.policies import POLICIES, admission_rank
 from kumiki.sched.scheduler import Scheduler
 from tests.sched.helpers import view
 
@@ -97,3 +99,23 @@ def test_a_gang_over_several_nodes_counts_the_nodes_free_already() -> None:
     idle = [("zombie", "q", 900.0)]
     assert idle_victims(scheduler, idle, WAITING, lambda: waiting_for(("two", 16))) == [("zombie", "two")]
     assert idle_victims(scheduler, idle, WAITING, lambda: waiting_for(("three", 24))) == []
+
+
+def test_a_job_idle_reclaim_evicted_waits_behind_its_tier_but_ahead_of_lower_tiers() -> None:
+    scheduler = Scheduler(POLICIES["fifo"], ClusterState.empty(uniform_cluster(1, 8)), "best-fit")
+    jobs = {
+        "zombie": dataclasses.replace(view("zombie", 8), idle_reclaims=1),  # the oldest: FIFO put it first
+        "newer": dataclasses.replace(view("newer", 8), submit_s=50.0),
+        "low": dataclasses.replace(view("low", 8, priority=-1), submit_s=10.0),
+        "high-zombie": dataclasses.replace(view("high-zombie", 8, priority=1), submit_s=90.0, idle_reclaims=2),
+    }
+    for job in jobs.values():
+        scheduler.submit(job, consolidated_gang(job.job_id, 8, 8))
+    started = []
+    while scheduler.waiting:
+        (start,) = scheduler.schedule(0.0).starts
+        started.append(start.job_id)
+        scheduler.finished(start.job_id)
+    assert started == ["high-zombie", "newer", "zombie", "low"]
+    held = {name: admission_rank(POLICIES["fifo"], job, 0.0, 0.0) for name, job in jobs.items()}
+    assert sorted(held, key=held.__getitem__) == started  # quota's admission order agrees

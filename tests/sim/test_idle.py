@@ -63,15 +63,18 @@ def test_after_reclaims_with_nobody_waiting_and_each_queue_keeps_its_own_rule() 
     assert by_id(other)["zombie"] == (0.0, 2_000.0) and other.idle_reclaimed == 0
 
 
-@pytest.mark.parametrize("policy", ["fifo", "tiresias"])
-def test_where_the_order_puts_a_reclaimed_zombie_back_first_reclaim_frees_nothing(policy: str) -> None:
-    # FIFO by arrival; Tiresias by attained service in levels, the zombie's 600 GPU-s still in the first level,
-    # and by arrival within it: the zombie starts again on the GPUs it gave up
-    jobs = [zombie(), SimJobSpec("waiter", 100.0, 1, 100.0, "q")]
-    kept = run(jobs, policy)
-    reclaimed = run(jobs, policy, "*=waiting:0")
-    assert reclaimed.idle_reclaimed >= 3  # every 600 s while the waiter waits
-    assert by_id(reclaimed)["waiter"][0] > by_id(kept)["waiter"][0]  # later: the zombie's restores too
+@pytest.mark.parametrize("policy", ["fifo", "fifo-backfill", "tiresias", "kumiki-noforecast"])
+def test_a_reclaimed_zombie_waits_behind_the_jobs_that_compute_whatever_the_order(policy: str) -> None:
+    # by its key alone it came back first under FIFO (its arrival) and Tiresias (its 600 GPU-s still in the first
+    # level, and older): it took back the GPU it gave up, every 600 s while the waiter waited
+    jobs = [zombie(), SimJobSpec("waiter", 100.0, 1, 100.0, "q"), SimJobSpec("later", 650.0, 1, 100.0, "q")]
+    result = run(jobs, policy, "*=waiting:0")
+    assert by_id(result) == {
+        "waiter": (600.0, 700.0),
+        "later": (700.0, 800.0),  # arrived after the eviction, and still ahead of the zombie
+        "zombie": (0.0, 800.0 + RESTORE_S + 1_400.0),
+    }
+    assert result.idle_reclaimed == 1
 
 
 def test_a_job_quota_holds_back_counts_as_waiting() -> None:

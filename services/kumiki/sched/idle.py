@@ -34,6 +34,7 @@ class IdlePolicy:
 
 
 IDLE_MODES = ("never", "after", "waiting")
+IDLE_RECLAIM = "idle-reclaim"  # the preemption reason of its evictions
 
 
 def rule_for(rules: Mapping[str, IdlePolicy], queue: str) -> IdlePolicy:

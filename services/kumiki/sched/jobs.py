@@ -197,10 +197,17 @@ class JobView:
     forecast: RuntimeForecast | None = None
     since_checkpoint_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    # times idle reclaim evicted it: it waits behind the jobs of its tier idle reclaim has not evicted
+    idle_reclaims: int = 0
 
     @property
     def job_id(self) -> str:
         return self.features.job_id
+
+    @property
+    def demoted(self) -> int:
+        """1 once idle reclaim has evicted it, else 0: the place within its tier before the policy's key."""
+        return 1 if self.idle_reclaims else 0
 
 
 @dataclass(frozen=True, slots=True)

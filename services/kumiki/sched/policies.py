@@ -282,7 +282,7 @@ def admission_rank(policy: QueuePolicy, view: JobView, waiting_since_s: float, n
     a day after it arrived would jump every round at once."""
     if policy.starvation_s > 0 and now - waiting_since_s >= policy.starvation_s:
         return (0.0, waiting_since_s)
-    return (1.0, float(-view.priority), waiting_key(policy, view), view.submit_s)
+    return (1.0, float(-view.priority), float(view.demoted), waiting_key(policy, view), view.submit_s)
 
 
 def gittins_key(policy: QueuePolicy, view: JobView, executed_s: float) -> float:

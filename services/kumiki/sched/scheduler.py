@@ -84,12 +84,14 @@ class WaitingJob:
 
     @property
     def order(self) -> _Order:
-        """Place in its list: a higher priority tier is always ahead, then the policy's key."""
-        return (-self.view.priority, self.key)
+        """Place in its list: a higher priority tier is always ahead, then a job idle reclaim has not evicted,
+        then the policy's key. An evicted idle job ordered by the key alone came back first under FIFO (its
+        arrival) and Tiresias (its first level): it took back the GPUs it gave up (docs/design/0018)."""
+        return (-self.view.priority, self.view.demoted, self.key)
 
 
 # a waiting list's sort key, and a list head in a pass: (tier, lane priority, order, job, position, list)
-_Order = tuple[int, tuple[float, float, int]]
+_Order = tuple[int, int, tuple[float, float, int]]
 _Head = tuple[int, float, _Order, str, int, tuple[str, tuple[int, ...]]]
 
 
@@ -281,8 +283,9 @@ class Scheduler:
         # only a starving job may take over one made for an ordinary blocked head
         if starving is not None and (self.reservation is None or not self.reservation.starving):
             self._reserve(self.waiting[starving], now, starving=True)
-        # a higher priority tier outranks any reservation: the pass below reserves for it if it is blocked
-        if self.reservation is not None and self._tier_above(self.waiting[self.reservation.job_id].view.priority):
+        # a higher priority tier outranks any reservation, and a job idle reclaim has not evicted one made for a
+        # job it has: the pass below reserves for it if it is blocked
+        if self.reservation is not None and self._outranked(self.waiting[self.reservation.job_id].view):
             self.reservation = None
         # the reserved job goes first: it may sit deep in a list whose head cannot start
         if self.reservation is not None:
@@ -346,9 +349,11 @@ class Scheduler:
         heapq.heapify(heads)
         return heads
 
-    def _tier_above(self, priority: int) -> bool:
-        """Whether a job of a higher priority tier than `priority` is waiting."""
-        return any(items and -items[0][0][0] > priority for items in self.lists.values())
+    def _outranked(self, view: JobView) -> bool:
+        """Whether a job waits that the order puts ahead of `view` whatever the policy's key: of a higher tier, or
+        of its tier and not evicted by idle reclaim when it was."""
+        rank = (-view.priority, view.demoted)
+        return any(items and items[0][0][:2] < rank for items in self.lists.values())
 
     def _lane_priority(self, lane: str) -> float:
         if not self.shares:

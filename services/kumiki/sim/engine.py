@@ -24,7 +24,7 @@ from kumiki.sched.forecasting import (
     tell_started,
     tell_stopped,
 )
-from kumiki.sched.idle import IdleJob, WaitingFor, idle_victims, waiting_for_gpus
+from kumiki.sched.idle import IDLE_RECLAIM, IdleJob, WaitingFor, idle_victims, waiting_for_gpus
 from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy, admission_rank
 from kumiki.sched.preemption import OnDemand
@@ -119,6 +119,7 @@ class _SimJob:
     run_wall_s: float = 0.0
     attained_gpu_s: float = 0.0
     preemptions: int = 0
+    idle_reclaims: int = 0
     lost_gpu_s: float = 0.0
     checkpoint_gpu_s: float = 0.0
     generation: int = 0
@@ -246,6 +247,7 @@ class Simulator:
             attained_gpu_s=job.attained_gpu_s,
             preemptions=job.preemptions,
             forecast=forecast,
+            idle_reclaims=job.idle_reclaims,
         )
         if self.policy.oracle:
             return OracleJobView(remaining_s=job.duration_s - job.progress_s, **common)  # type: ignore[arg-type]
@@ -376,7 +378,8 @@ class Simulator:
         preemptions = []
         for job_id, beneficiary in idle_victims(self.scheduler, idle, self.config.idle.rules, waiting):
             del self.idle_due[job_id]
-            preemptions.append(self.scheduler.preempt(job_id, beneficiary, "idle-reclaim", now))
+            self.jobs[job_id].idle_reclaims += 1  # its next attempts wait behind the jobs that compute
+            preemptions.append(self.scheduler.preempt(job_id, beneficiary, IDLE_RECLAIM, now))
         if preemptions:
             self.idle_reclaimed += len(preemptions)
             self._apply(Decisions(preemptions=preemptions), now)

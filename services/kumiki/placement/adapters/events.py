@@ -33,6 +33,7 @@ from kumiki.placement.adapters.convert import (
     runtime_forecast,
 )
 from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, ServiceSoFar, Victim
+from kumiki.sched.idle import IDLE_RECLAIM
 from kumiki.sched.jobs import RequestError
 from kumiki.sched.placement import PendingReason
 
@@ -48,6 +49,12 @@ RELEASING_STATES = {
 
 PLACEMENT_SOURCE = "//kumiki/placement/"  # ce_source of what placement publishes (kumiki.common.service)
 TRACKED_STATES = {events_pb2.JOB_STATE_SUBMITTED, events_pb2.JOB_STATE_BOUND, *RELEASING_STATES}
+
+
+def preempted_reason(cause: str) -> str:
+    """A PREEMPTED event's reason: why the victim was chosen (a preemption reason such as "idle-reclaim"), which a
+    restarted placement reads back (an idle-reclaimed job waits behind the jobs that compute)."""
+    return f"preempted ({cause})" if cause else "preempted"
 
 
 class DecisionPublisher:
@@ -135,10 +142,12 @@ class DecisionPublisher:
         await self.producer.publish(SCHEDULING_DECISIONS, job.command.job_id, decision, event_id=decision.decision_id)
         return decision.decision_id
 
-    async def requeued(self, job: BoundJob, again: BindCommand, lost_gpu_seconds: float, runtime_s: float) -> None:
-        """An evicted attempt: PREEMPTED (with its lost work, what quota's ledger records) and the next
-        generation's SUBMITTED (what a restarted placement re-queues), acknowledged together."""
-        change = lifecycle(job, events_pb2.JOB_STATE_PREEMPTED, "preempted", runtime_s=runtime_s)
+    async def requeued(
+        self, job: BoundJob, again: BindCommand, lost_gpu_seconds: float, runtime_s: float, cause: str = ""
+    ) -> None:
+        """An evicted attempt: PREEMPTED (with its lost work, what quota's ledger records, and why it was chosen,
+        `cause`) and the next generation's SUBMITTED (what a restarted placement re-queues), acknowledged together."""
+        change = lifecycle(job, events_pb2.JOB_STATE_PREEMPTED, preempted_reason(cause), runtime_s=runtime_s)
         change.lost_gpu_seconds = lost_gpu_seconds
         submitted = command_lifecycle(again, events_pb2.JOB_STATE_SUBMITTED, "requeued after preemption", job.arrived_s)
         decision = self._decision(events_pb2.DECISION_KIND_RELEASE, job.command)
@@ -208,8 +217,8 @@ class AllocationLog:
         self.book = book
         self.latest: dict[str, events_pb2.JobLifecycle] = {}
         self.published_s: dict[str, float] = {}  # job -> when its latest event was published (CloudEvent time)
-        # job -> generation -> (run time, GPUs, lost GPU-seconds) of each evicted attempt
-        self.evicted: dict[str, dict[int, tuple[float, float, float]]] = {}
+        # job -> generation -> (run time, GPUs, lost GPU-seconds, evicted by idle reclaim) of each evicted attempt
+        self.evicted: dict[str, dict[int, tuple[float, float, float, bool]]] = {}
         self.skipped = 0
 
     async def __call__(self, key: str, event: Event | None) -> None:
@@ -222,7 +231,8 @@ class AllocationLog:
         if message.state == events_pb2.JOB_STATE_SUBMITTED and not event.attributes.source.startswith(PLACEMENT_SOURCE):
             return  # another system announcing a job: placement queues only what it was asked to place
         if message.state == events_pb2.JOB_STATE_PREEMPTED and message.runtime_s >= 0:
-            attempt = (message.runtime_s, message.gpus, max(0.0, message.lost_gpu_seconds))  # gpus: the demand
+            idle_reclaim = message.reason == preempted_reason(IDLE_RECLAIM)
+            attempt = (message.runtime_s, message.gpus, max(0.0, message.lost_gpu_seconds), idle_reclaim)
             self.evicted.setdefault(message.job.job_id, {})[message.job.generation] = attempt
         current = self.latest.get(message.job.job_id)
         if current is None or message.job.generation >= current.job.generation:

@@ -81,7 +81,8 @@ async def release_preempted(
     # is updated with no await between the claim's end and it
     book.releasing.add(claim)
     try:
-        await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s))
+        cause = book.eviction_cause(request.job.job_id)
+        await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), cause)
         denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
     finally:
         book.releasing.discard(claim)

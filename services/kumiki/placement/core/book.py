@@ -20,7 +20,7 @@ from kumiki.placement.core.commands import (
 )
 from kumiki.sched.cluster import AllocationError, ClusterSpec, ClusterState, NodeSpec, Placement, PodPlacement
 from kumiki.sched.forecasting import RuntimeForecast
-from kumiki.sched.idle import IdleJob, IdlePolicy, WaitingFor, idle_victims, waiting_for_gpus
+from kumiki.sched.idle import IDLE_RECLAIM, IdleJob, IdlePolicy, WaitingFor, idle_victims, waiting_for_gpus
 from kumiki.sched.jobs import JobView
 from kumiki.sched.placement import PendingReason, place_gang
 from kumiki.sched.policies import POLICIES, admission_rank
@@ -357,10 +357,12 @@ class PlacementBook:
                 return None
             job = found
         self.preemptions = [entry for entry in self.preemptions if entry.job is not job]
+        decided = victim.preemption if victim is not None and victim.job is job else None
         if lost_gpu_s is None:
-            lost_gpu_s = victim.preemption.lost_gpu_s if victim is not None and victim.job is job else 0.0
+            lost_gpu_s = decided.lost_gpu_s if decided is not None else 0.0
+        idle_reclaim = decided is not None and decided.reason == IDLE_RECLAIM  # after a restart: `eviction_cause`
         self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
-            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s
+            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, idle_reclaim
         )
         again = replace(job.command, generation=job.command.generation + 1)
         if self.freed_for_held(beneficiary):  # freed for a job quota holds back: wait behind it, held too
@@ -443,10 +445,16 @@ class PlacementBook:
 
         for job_id, beneficiary in idle_victims(scheduler, idle, self.idle_policies, waiting):
             del self.idle[job_id]
-            preemption = scheduler.preempt(job_id, beneficiary, "idle-reclaim", now)
+            preemption = scheduler.preempt(job_id, beneficiary, IDLE_RECLAIM, now)
             victim = Victim(self.bound.pop(job_id), preemption, now)
             self.draining[job_id] = victim
             self.preemptions.append(victim)
+
+    def eviction_cause(self, job_id: str) -> str:
+        """Why a job being evicted was chosen (a preemption reason), "" if not known: the PREEMPTED event carries
+        it, so a restart knows which evictions were idle reclaims."""
+        victim = self.draining.get(job_id)
+        return victim.preemption.reason if victim is not None else ""
 
     def checkpointed(self, job_id: str, completed_s: float) -> None:
         """A job's newest acknowledged checkpoint (from kumiki.checkpoints): victim choice counts work since it.

@@ -87,13 +87,20 @@ class ServiceSoFar:
     executed_s: float = 0.0  # work kept: run time less what was lost since the last checkpoint
     attained_gpu_s: float = 0.0  # GPU-seconds held, lost work included (Tiresias' attained service)
     preemptions: int = 0
+    idle_reclaims: int = 0  # of those, evictions by idle reclaim: it then waits behind the jobs that compute
 
-    def after_eviction(self, runtime_s: float, gpus: float, lost_gpu_s: float) -> ServiceSoFar:
-        """This plus one evicted attempt that ran `runtime_s` on `gpus` and lost `lost_gpu_s` of it."""
+    def after_eviction(
+        self, runtime_s: float, gpus: float, lost_gpu_s: float, idle_reclaim: bool = False
+    ) -> ServiceSoFar:
+        """This plus one evicted attempt that ran `runtime_s` on `gpus` and lost `lost_gpu_s` of it (evicted by
+        idle reclaim: `idle_reclaim`)."""
         runtime_s = max(0.0, runtime_s)
         lost_s = min(runtime_s, max(0.0, lost_gpu_s) / gpus) if gpus > 0 else 0.0
         return ServiceSoFar(
-            self.executed_s + runtime_s - lost_s, self.attained_gpu_s + runtime_s * gpus, self.preemptions + 1
+            self.executed_s + runtime_s - lost_s,
+            self.attained_gpu_s + runtime_s * gpus,
+            self.preemptions + 1,
+            self.idle_reclaims + idle_reclaim,
         )
 
 
@@ -150,4 +157,5 @@ def job_view(
         executed_s=service.executed_s,
         attained_gpu_s=service.attained_gpu_s,
         preemptions=service.preemptions,
+        idle_reclaims=service.idle_reclaims,
     )

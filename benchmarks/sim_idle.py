@@ -1,0 +1,192 @@
+"""Idle GPUs on the Philly slice: what reclaiming them is worth, and what reclaiming for any waiting job cost.
+
+    PYTHONPATH=services .venv/bin/python benchmarks/sim_idle.py [--nodes 48,64] [--seeds 0,1,2] [--workers 2]
+        [--policy fifo,tiresias,kumiki] [--idle-fraction 0.1] [--trace philly-slice] [--out out/sim-idle]
+
+A trace says nothing of GPU use, so a share of the jobs (`--idle-fraction`, drawn per job and seed) are zombies:
+they hold their GPUs for their whole run and compute nothing, as the live replay's do (`kumiki simulate
+--idle-fraction`, docs/design/0018-idle-reclaim-in-the-simulator.md). Telemetry finds one 600 s into each attempt.
+Per cluster size, policy and seed, all in this process:
+
+- `kept` (the baseline): nothing reclaims them (`*=never`);
+- `any waiting`: a found zombie is evicted while any job waits, whether or not its GPUs let that job start (how
+  placement's `waiting` rule read before; kept here as `AnyWaiting`);
+- `room`: evicted only for a waiting job its GPUs let start (`kumiki.sched.idle.idle_victims`, the rule now).
+
+Prints one markdown table per size (the jobs that compute: their mean average JCT over the seeds and its ratio
+to `kept`; every job's; the reclaims) and writes report.json and sim-idle.png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _support import run_in_processes, simulation_grid, write_sizes_report
+
+from kumiki.forecast.models import build_default_forecaster
+from kumiki.sched.cluster import uniform_cluster
+from kumiki.sched.idle import parse_idle_reclaim, rule_for
+from kumiki.sched.policies import POLICIES
+from kumiki.sched.scheduler import Decisions
+from kumiki.sim.engine import SimConfig, Simulator
+from kumiki.sim.scenarios import IdleReclaim
+from kumiki.sim.trace import load_jobs
+from kumiki.sim.workload import sim_jobs
+
+GPUS_PER_NODE = 8
+BASELINE = "kept"
+RULES = {BASELINE: "*=never", "any waiting": "*=waiting:0", "room": "*=waiting:0"}
+
+
+class AnyWaiting(Simulator):
+    """The rule before: a found zombie past its time is evicted while any job waits, queued or held by quota."""
+
+    def _reclaim_idle(self, now: float) -> None:
+        waiting = [*self.scheduler.waiting, *(self.quota.held if self.quota is not None else ())]
+        preemptions = []
+        for job_id, generation in list(self.idle_due.items()):
+            job = self.jobs[job_id]
+            if not job.running or job.generation != generation:
+                del self.idle_due[job_id]
+            elif rule_for(self.config.idle.rules, job.spec.queue).reclaims(now - job.run_start_s, bool(waiting)):
+                del self.idle_due[job_id]
+                preemptions.append(self.scheduler.preempt(job_id, waiting[0] if waiting else "", "idle-reclaim", now))
+        if preemptions:
+            self.idle_reclaimed += len(preemptions)
+            self._apply(Decisions(preemptions=preemptions), now)
+
+
+def run_one(trace: str, nodes: int, policy: str, variant: str, fraction: float, seed: int) -> dict[str, float]:
+    """One simulation: average JCT of the jobs that compute, of every job, and the reclaims."""
+    jobs = sim_jobs(load_jobs(trace), max_gpus=nodes * GPUS_PER_NODE, seed=seed, idle_share=fraction)
+    simulator = AnyWaiting if variant == "any waiting" else Simulator
+    config = SimConfig(POLICIES[policy], idle=IdleReclaim(600.0, parse_idle_reclaim(RULES[variant])))
+    forecaster = build_default_forecaster() if POLICIES[policy].uses_forecast else None
+    result = simulator(uniform_cluster(nodes, GPUS_PER_NODE), jobs, config, forecaster=forecaster).run()
+    assert len(result.jobs) == len(jobs), "every job must finish"
+    return {
+        "computing_s": statistics.fmean(job.jct_s for job in result.jobs if not job.idle),
+        "all_s": statistics.fmean(job.jct_s for job in result.jobs),
+        "reclaims": float(result.idle_reclaimed),
+    }
+
+
+def size_summary(runs: dict[tuple[str, str], dict[int, dict[str, float]]], seeds: list[int]) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for (policy, variant), by_seed in runs.items():
+        mean = {key: statistics.fmean(by_seed[seed][key] for seed in seeds) for key in ("computing_s", "all_s")}
+        base = runs[(policy, BASELINE)]
+        rows[f"{policy}, {variant}"] = {
+            "avg_jct_s": {str(seed): by_seed[seed]["computing_s"] for seed in seeds},
+            "mean_s": mean["computing_s"],
+            "over_kept": mean["computing_s"] / statistics.fmean(base[seed]["computing_s"] for seed in seeds),
+            "over_kept_by_seed": [by_seed[seed]["computing_s"] / base[seed]["computing_s"] for seed in seeds],
+            "all_jobs_s": mean["all_s"],
+            "all_over_kept": mean["all_s"] / statistics.fmean(base[seed]["all_s"] for seed in seeds),
+            "reclaims": statistics.fmean(by_seed[seed]["reclaims"] for seed in seeds),
+        }
+    return {"rows": rows}
+
+
+def markdown(nodes: int, summary: dict[str, Any]) -> str:
+    lines = [
+        f"### {nodes} x {GPUS_PER_NODE} GPUs (means over the seeds)",
+        "",
+        "| policy, reclaim | computing jobs' avg JCT s | / kept | per seed | every job's s | / kept | reclaims |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for name, row in summary["rows"].items():
+        per_seed = ", ".join(f"{ratio:.3f}" for ratio in row["over_kept_by_seed"])
+        lines.append(
+            f"| {name} | {row['mean_s']:,.0f} | {row['over_kept']:.3f} | {per_seed} | {row['all_jobs_s']:,.0f} |"
+            f" {row['all_over_kept']:.3f} | {row['reclaims']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Per size: each policy's reclaim variants as the computing jobs' JCT over `kept` (dots: seeds), with the
+    reclaims each made written on the bar; ratios, since FIFO's JCTs are ten times the others'."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = report["sizes"]
+    variants = [variant for variant in RULES if variant != BASELINE]
+    figure, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.5), squeeze=False)
+    for axis, (nodes, summary) in zip(axes[0], sizes.items(), strict=True):
+        policies = list(dict.fromkeys(name.split(", ")[0] for name in summary["rows"]))
+        width = 0.8 / len(variants)
+        for index, variant in enumerate(variants):
+            xs = [position + index * width for position in range(len(policies))]
+            rows = [summary["rows"][f"{policy}, {variant}"] for policy in policies]
+            bars = axis.bar(xs, [row["over_kept"] for row in rows], width, label=variant, alpha=0.7)
+            for x, row, bar in zip(xs, rows, bars, strict=True):
+                axis.scatter([x] * len(row["over_kept_by_seed"]), row["over_kept_by_seed"], s=10, color="black")
+                axis.annotate(f"{row['reclaims']:,.0f}", (x, bar.get_height()), ha="center", va="bottom", fontsize=7)
+        axis.axhline(1.0, color="black", linewidth=0.9)
+        axis.set_xticks([position + width * (len(variants) - 1) / 2 for position in range(len(policies))], policies)
+        axis.set_ylabel("computing jobs' avg JCT / nothing reclaimed")
+        axis.set_title(f"{nodes} x {GPUS_PER_NODE} GPUs (numbers: reclaims)", fontsize=9)
+        axis.legend(fontsize=8)
+        axis.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(f"Idle reclaim, {report['idle_fraction']:g} of the jobs zombies (dots: seeds)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", default="fifo,tiresias,kumiki", help="policies, comma-separated")
+    parser.add_argument("--idle-fraction", default="0.1", help="share of the jobs that are zombies (0 < f < 1)")
+    args, sizes, seeds, workers, out, _ = simulation_grid(parser, default_out="out/sim-idle")
+    policies = [name.strip() for name in args.policy.split(",") if name.strip()]
+    unknown = [name for name in policies if name not in POLICIES]
+    if unknown or not policies:
+        parser.error(f"--policy: unknown {unknown} (known: {', '.join(POLICIES)})")
+    try:
+        fraction = float(args.idle_fraction)
+    except ValueError:
+        parser.error(f"--idle-fraction: expected a number, got {args.idle_fraction!r}")
+    if not 0.0 < fraction < 1.0:
+        parser.error(f"--idle-fraction: expected 0 < f < 1, got {fraction:g}")
+    plan = [
+        (str(args.trace), nodes, policy, variant, fraction, seed)
+        for nodes in sizes
+        for policy in policies
+        for variant in RULES
+        for seed in seeds
+    ]
+    started = time.perf_counter()
+    runs: dict[int, dict[tuple[str, str], dict[int, dict[str, float]]]] = {nodes: {} for nodes in sizes}
+
+    def describe(arguments: tuple[Any, ...]) -> str:
+        _, nodes, policy, variant, _, seed = arguments
+        return f"{nodes} x 8 {policy} {variant} seed {seed}"
+
+    for arguments, result in run_in_processes(run_one, plan, workers, describe):
+        _, nodes, policy, variant, _, seed = arguments
+        runs[nodes].setdefault((policy, variant), {})[seed] = result
+    for by_key in runs.values():  # the plan's order, whatever order the workers finished in
+        ordered = {(policy, variant): by_key[(policy, variant)] for policy in policies for variant in RULES}
+        by_key.clear()
+        by_key.update(ordered)
+    report = {
+        "trace": str(args.trace),
+        "idle_fraction": fraction,
+        "seeds": seeds,
+        "wall_s": time.perf_counter() - started,
+        "sizes": {str(nodes): size_summary(runs[nodes], seeds) for nodes in sizes},
+    }
+    write_sizes_report(out, report, plot, "sim-idle.png", markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
