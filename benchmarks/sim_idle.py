@@ -1,7 +1,7 @@
 """Idle GPUs on the Philly slice: what reclaiming them is worth, and what reclaiming for any waiting job cost.
 
     PYTHONPATH=services .venv/bin/python benchmarks/sim_idle.py [--nodes 48,64] [--seeds 0,1,2] [--workers 2]
-        [--policy fifo,tiresias,kumiki] [--idle-fraction 0.1] [--trace philly-slice] [--out out/sim-idle]
+        [--policy fifo,fifo-backfill,tiresias,kumiki] [--idle-fraction 0.1] [--trace philly-slice] [--out out/sim-idle]
 
 A trace says nothing of GPU use, so a share of the jobs (`--idle-fraction`, drawn per job and seed) are zombies:
 they hold their GPUs for their whole run and compute nothing, as the live replay's do (`kumiki simulate
@@ -9,9 +9,10 @@ they hold their GPUs for their whole run and compute nothing, as the live replay
 Per cluster size, policy and seed, all in this process:
 
 - `kept` (the baseline): nothing reclaims them (`*=never`);
-- `any waiting`: a found zombie is evicted while any job waits, whether or not its GPUs let that job start (how
-  placement's `waiting` rule read before; kept here as `AnyWaiting`);
-- `room`: evicted only for a waiting job its GPUs let start (`kumiki.sched.idle.idle_victims`, the rule now).
+- `any waiting`: a found zombie is evicted while any job waits, whether or not its GPUs let that job start, and
+  waits again where its order puts it (how placement reclaimed before; kept here as `AnyWaiting`);
+- `room`: evicted only for a waiting job its GPUs let start (`kumiki.sched.idle.idle_victims`), then waiting
+  behind the jobs idle reclaim has not evicted: the rule now.
 
 Prints one markdown table per size (the jobs that compute: their mean average JCT over the seeds and its ratio
 to `kept`; every job's; the reclaims) and writes report.json and sim-idle.png into --out.
@@ -143,7 +144,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="fifo,tiresias,kumiki", help="policies, comma-separated")
+    parser.add_argument("--policy", default="fifo,fifo-backfill,tiresias,kumiki", help="policies, comma-separated")
     parser.add_argument("--idle-fraction", default="0.1", help="share of the jobs that are zombies (0 < f < 1)")
     args, sizes, seeds, workers, out, _ = simulation_grid(parser, default_out="out/sim-idle")
     policies = [name.strip() for name in args.policy.split(",") if name.strip()]

@@ -1,7 +1,8 @@
 """Idle-GPU reclaim rules per queue: what a queue does with a job whose GPUs telemetry reports idle.
 
-Placement applies them to telemetry's findings (kumiki.gpu.idle) and the simulator to its zombie jobs, through
-the same `IdlePolicy.reclaims`, so the two decide alike."""
+Placement applies them to telemetry's findings (kumiki.gpu.idle) and the simulator to its zombie jobs, both
+through `idle_victims`, so the two decide alike. A job it evicted then waits behind the jobs of its tier it has
+not (`JobView.demoted`, in the scheduler's order)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ class IdlePolicy:
     idle_s: float = 0.0
 
     def may_reclaim(self, idle_for_s: float) -> bool:
-        """Whether a job idle this long is reclaimed, given someone waits (`waiting`) or not (`after`)."""
+        """Whether a job idle this long is past the rule's time (under `waiting`, it then goes only for a job)."""
         return self.mode != "never" and idle_for_s >= self.idle_s
 
-    def reclaims(self, idle_for_s: float, anyone_waiting: bool) -> bool:
-        """Whether a job idle this long is reclaimed now: past the rule's time, and under `waiting` only while
-        another job waits for GPUs (queued, or held back by quota)."""
-        return self.may_reclaim(idle_for_s) and (self.mode == "after" or anyone_waiting)
+    def reclaims(self, idle_for_s: float, someone_to_use_it: bool) -> bool:
+        """Whether a job idle this long is reclaimed now: past the rule's time, and under `waiting` only if a
+        job waits that would use its GPUs (`idle_victims` says which)."""
+        return self.may_reclaim(idle_for_s) and (self.mode == "after" or someone_to_use_it)
 
 
 IDLE_MODES = ("never", "after", "waiting")

@@ -148,15 +148,22 @@ def test_a_victim_gives_way_while_quota_still_holds_the_job_its_gpus_were_freed_
         assert book.yields("idle")
         assert [job.command.job_id for job in book.held_jobs(703.0)] == ["teammate"]
     assert not book.yields("idle")
-    assert [job.command.job_id for job in book.held_jobs(703.0)] == ["idle", "teammate"]
+    # asked again, behind the teammate: idle reclaim evicted it, so it waits behind the jobs that compute
+    assert [job.command.job_id for job in book.held_jobs(703.0)] == ["teammate", "idle"]
 
 
 def test_the_held_job_a_victim_yielded_to_gets_its_gpus_even_when_both_are_admitted_in_one_round() -> None:
     """Once the victim no longer gives way, quota may admit both in one round: the victim, older and ranked better
-    by the order, still does not take back the GPUs freed for the other (`freed_for`)."""
+    by the order, still does not take back the GPUs freed for the other (`freed_for`). (An idle-reclaimed victim
+    is ordered behind the jobs that compute anyway; its count is cleared here, as for a victim of a reclaim that
+    does not demote, so that `freed_for` alone keeps the GPUs for the teammate.)"""
+    from dataclasses import replace
+
     from kumiki.placement.core import YIELD_ROUNDS
 
     book = reclaimed_for_a_held_teammate(8)
+    assert book.served["idle"].idle_reclaims == 1
+    book.served["idle"] = replace(book.served["idle"], idle_reclaims=0)
     book.forecast("idle", RuntimeForecast(60.0, 120.0, "m", 1, error_sigma=0.1))  # the order prefers the victim
     book.forecast("teammate", RuntimeForecast(1e6, 2e6, "m", 1, error_sigma=0.1))
     for _ in range(YIELD_ROUNDS + 1):

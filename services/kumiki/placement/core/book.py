@@ -360,7 +360,8 @@ class PlacementBook:
         decided = victim.preemption if victim is not None and victim.job is job else None
         if lost_gpu_s is None:
             lost_gpu_s = decided.lost_gpu_s if decided is not None else 0.0
-        idle_reclaim = decided is not None and decided.reason == IDLE_RECLAIM  # after a restart: `eviction_cause`
+        # unknown for a victim a restart found still bound (no decision kept): it is then not counted
+        idle_reclaim = decided is not None and decided.reason == IDLE_RECLAIM
         self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
             now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, idle_reclaim
         )
