@@ -28,6 +28,9 @@ from typing import Any
 
 from _support import run_in_processes, simulation_grid, write_sizes_report
 
+from kumiki.cli.main import UsageError
+from kumiki.cli.options import names_option
+from kumiki.cli.simulate import idle_from
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.idle import parse_idle_reclaim, rule_for
@@ -147,16 +150,15 @@ def main() -> int:
     parser.add_argument("--policy", default="fifo,fifo-backfill,tiresias,kumiki", help="policies, comma-separated")
     parser.add_argument("--idle-fraction", default="0.1", help="share of the jobs that are zombies (0 < f < 1)")
     args, sizes, seeds, workers, out, _ = simulation_grid(parser, default_out="out/sim-idle")
-    policies = [name.strip() for name in args.policy.split(",") if name.strip()]
-    unknown = [name for name in policies if name not in POLICIES]
-    if unknown or not policies:
-        parser.error(f"--policy: unknown {unknown} (known: {', '.join(POLICIES)})")
-    try:
-        fraction = float(args.idle_fraction)
-    except ValueError:
-        parser.error(f"--idle-fraction: expected a number, got {args.idle_fraction!r}")
-    if not 0.0 < fraction < 1.0:
-        parser.error(f"--idle-fraction: expected 0 < f < 1, got {fraction:g}")
+    try:  # the options as `kumiki simulate` checks them
+        policies = names_option(args.policy, "--policy", tuple(POLICIES))
+        fraction, _ = idle_from(
+            argparse.Namespace(idle_fraction=args.idle_fraction, idle_after_s="600", idle_reclaim="")
+        )
+    except UsageError as error:
+        parser.error(str(error))
+    if fraction == 0:
+        parser.error("--idle-fraction must be > 0: with no zombies there is nothing to reclaim")
     plan = [
         (str(args.trace), nodes, policy, variant, fraction, seed)
         for nodes in sizes
