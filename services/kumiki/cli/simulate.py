@@ -512,7 +512,6 @@ def _day_windows(
         start, end = day * DAY_S, (day + 1) * DAY_S
         day_jobs = window(trace, start, end)
         count = len(sim_jobs(day_jobs, max_gpus=spec.total_gpus, seed=seeds[0]))
-
         if not count:
             continue
         by_seed: dict[int, dict[str, dict[str, Any]]] = {}

@@ -6,8 +6,10 @@ not (`JobView.demoted`, in the scheduler's order)."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,18 +51,19 @@ IdleJob = tuple[str, str, float]
 WaitingFor = tuple[str, "GangRequest", bool]
 
 
-def waiting_for_gpus(scheduler: Scheduler, held: Iterable[tuple[str, GangRequest]]) -> list[WaitingFor]:
+def waiting_for_gpus(scheduler: Scheduler, held: Iterable[tuple[str, GangRequest]]) -> Iterator[WaitingFor]:
     """Who waits for GPUs, in the order each would get them: the scheduler's queue in its policy's order (a higher
-    tier first), then the jobs quota holds back (`held`, in admission order)."""
-    ordered = sorted(scheduler.waiting.values(), key=lambda entry: entry.order)
-    return [(entry.view.job_id, entry.request, False) for entry in ordered] + [(job, gang, True) for job, gang in held]
+    tier first; its lists, each sorted already, merged as they are read), then the jobs quota holds back (`held`,
+    in admission order). Lazy: a reclaim that has found its room reads no further."""
+    queued = ((job, scheduler.waiting[job].request, False) for _, job in heapq.merge(*scheduler.lists.values()))
+    return itertools.chain(queued, ((job, gang, True) for job, gang in held))
 
 
 def idle_victims(
     scheduler: Scheduler,
     idle: Iterable[IdleJob],
     rules: Mapping[str, IdlePolicy],
-    waiting: Callable[[], Sequence[WaitingFor]],
+    waiting: Callable[[], Iterable[WaitingFor]],
 ) -> list[tuple[str, str]]:
     """(job to reclaim, the waiting job it makes room for, or "") for each idle job its queue's rule reclaims now;
     placement and the simulator both evict exactly these.
@@ -86,13 +89,11 @@ def idle_victims(
         freed: Counter[int] = Counter()
         for job_id in chosen:
             freed += _gpus_by_node(scheduler, job_id)
-        room = _Room(scheduler, freed)
+        room = _Room(scheduler, freed, pool)
         for candidate, request, held in waiting():
-            taken = room.make_for(request, pool, held)
-            for job_id in taken:
+            for job_id in room.make_for(request, held):
                 chosen[job_id] = candidate
-                room.free(pool.pop(job_id))
-            if not pool:
+            if not room.pool:
                 break
     return list(chosen.items())
 
@@ -102,16 +103,27 @@ def _gpus_by_node(scheduler: Scheduler, job_id: str) -> Counter[int]:
 
 
 class _Room:
-    """Free GPUs per node, counting those of the idle jobs already chosen as free."""
+    """Free GPUs per node, counting those of the idle jobs already chosen as free, and the idle jobs `waiting` may
+    still reclaim (`pool`, their GPUs per node), indexed by node once per change rather than once per waiting job."""
 
-    def __init__(self, scheduler: Scheduler, freed: Counter[int]) -> None:
+    def __init__(self, scheduler: Scheduler, freed: Counter[int], pool: dict[str, Counter[int]]) -> None:
         self.scheduler = scheduler
         self.freed = freed
-        self.ready: dict[int, int] = {}  # GPUs per node -> nodes with that many free now (cached per call)
+        self.pool = pool
+        self._index()
 
-    def free(self, gpus: Counter[int]) -> None:
-        self.freed += gpus
-        self.ready.clear()
+    def _index(self) -> None:
+        self.ready: dict[int, int] = {}  # GPUs per node -> nodes with that many free now (filled as asked)
+        self.on_node: dict[int, list[tuple[int, str]]] = {}  # node -> (GPUs, idle job) there, most GPUs first
+        for job_id, by_node in self.pool.items():
+            for node, gpus in by_node.items():
+                self.on_node.setdefault(node, []).append((gpus, job_id))
+        for held_there in self.on_node.values():
+            held_there.sort(reverse=True)
+        # the most any node could have free were every idle job on it gone: a job needing more is skipped at once
+        self.most = max(
+            (self._free_on(node) + sum(g for g, _ in there) for node, there in self.on_node.items()), default=0
+        )
 
     def _free_on(self, node: int) -> int:
         return self.scheduler.state.free_count(node) + self.freed[node]
@@ -122,36 +134,40 @@ class _Room:
             self.ready[need] = sum(1 for node in nodes if self._free_on(node) >= need)
         return self.ready[need]
 
-    def make_for(self, request: GangRequest, pool: Mapping[str, Counter[int]], held: bool) -> list[str]:
-        """The fewest idle jobs of `pool` whose leaving lets `request` start; none if they cannot make the room, or
-        if it fits already and is queued (it waits for its turn, not for GPUs). Held back by quota and fitting,
-        the first of them."""
+    def make_for(self, request: GangRequest, held: bool) -> list[str]:
+        """Take the fewest idle jobs of the pool whose leaving lets `request` start and return them; none if they
+        cannot make the room, or if it fits already and is queued (it waits for its turn, not for GPUs). Held
+        back by quota and fitting, the first of them."""
         need, count = self.scheduler.span(request.shape)
         ready = self._ready(need)
         if ready >= count:
-            return [next(iter(pool))] if held else []
-        on_node: dict[int, list[tuple[int, str]]] = {}
-        for job_id, by_node in pool.items():
-            for node, gpus in by_node.items():
-                on_node.setdefault(node, []).append((gpus, job_id))
+            return self._take([next(iter(self.pool))]) if held else []
+        if need > self.most:
+            return []
         options: list[tuple[int, list[str]]] = []  # (GPUs evicted, idle jobs) per node it would free
-        for node, held_there in on_node.items():
-            have = self._free_on(node)
+        for node, held_there in self.on_node.items():
+            free = have = self._free_on(node)
             if have >= need:
                 continue  # counted ready already
             taken: list[str] = []
-            for gpus, job_id in sorted(held_there, reverse=True):
+            for gpus, job_id in held_there:
                 taken.append(job_id)
                 have += gpus
                 if have >= need:
-                    options.append((have - self._free_on(node), taken))
+                    options.append((have - free, taken))
                     break
         if ready + len(options) < count:
             return []
         picked: list[str] = []
         for _, taken in sorted(options)[: count - ready]:
             picked += [job_id for job_id in taken if job_id not in picked]
-        return picked
+        return self._take(picked)
+
+    def _take(self, job_ids: list[str]) -> list[str]:
+        for job_id in job_ids:
+            self.freed += self.pool.pop(job_id)
+        self._index()
+        return job_ids
 
 
 def parse_idle_reclaim(text: str) -> dict[str, IdlePolicy]:

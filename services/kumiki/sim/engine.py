@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -371,7 +371,7 @@ class Simulator:
             else:
                 idle.append((job_id, job.spec.queue, now - job.run_start_s))
 
-        def waiting() -> list[WaitingFor]:
+        def waiting() -> Iterable[WaitingFor]:
             held = () if self.quota is None else self.quota.held
             return waiting_for_gpus(self.scheduler, ((job_id, self.jobs[job_id].request) for job_id in held))
 
@@ -610,27 +610,21 @@ class Simulator:
         was_checkpointing = job.checkpointing
         reached = self._stop(job, now)
         on_demand = self.config.on_demand
-        restore = self.config.checkpoint.restore_cost_s
+        held_s = 0.0  # GPU time the victim holds after the decision, lost
         if job.spec.idle:  # it computed nothing, so it loses nothing: the time it holds GPUs for goes on counting
-            job.lost_gpu_s += restore * job.spec.gpus
-            job.progress_s = reached
-            job.overhead_s = restore
-            self._requeue(job, now)
-            return
-        if on_demand is not None:
+            kept = reached
+        elif on_demand is not None:
             # asked at `now`: it saves what it reached (held for the acknowledgement), or past the deadline
             # loses its whole run (held until the deadline); the held time is GPU time lost either way
             kept = reached if on_demand.answers else job.run_start_progress_s
-            job.lost_gpu_s += ((reached - kept) + on_demand.held_s + restore) * job.spec.gpus
-            self.busy_gpu_s += on_demand.held_s * job.spec.gpus
-            job.progress_s = kept
-            job.overhead_s = restore
-            self._requeue(job, now)
-            return
-        # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
-        kept = self._last_checkpoint(reached, job.checkpoint_until_s) if was_checkpointing else job.run_start_progress_s
-        kept = max(kept, job.run_start_progress_s)
-        job.lost_gpu_s += ((reached - kept) + restore) * job.spec.gpus
+            held_s = on_demand.held_s
+            self.busy_gpu_s += held_s * job.spec.gpus
+        else:
+            # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
+            start = job.run_start_progress_s
+            kept = max(self._last_checkpoint(reached, job.checkpoint_until_s), start) if was_checkpointing else start
+        restore = self.config.checkpoint.restore_cost_s
+        job.lost_gpu_s += ((reached - kept) + held_s + restore) * job.spec.gpus
         job.progress_s = kept
         job.overhead_s = restore
         self._requeue(job, now)

@@ -438,7 +438,7 @@ class PlacementBook:
             if job.command.preemptible:
                 idle.append((job_id, job.command.queue, until_s - since_s))
 
-        def waiting() -> list[WaitingFor]:
+        def waiting() -> Iterable[WaitingFor]:
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
             # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
             held = ((job.command.job_id, job.command.request) for job in self.held_jobs_in_order(now))
