@@ -84,6 +84,31 @@ def test_summary_counts_allocation_only_while_jobs_wait() -> None:
     assert summary.idle_gpu_h == pytest.approx(8 * 100 / 3600)
     assert summary.jobs_per_gpu_h == pytest.approx(2 / (16 * 200 / 3600))
     assert percentile([5, 1, 3], 95) == 5
+    assert summary.idle_found_after_s == summary.idle_reclaimed_after_s == 0  # nothing found, nothing reclaimed
+
+
+def test_summary_reports_how_long_telemetry_took_to_find_the_zombies() -> None:
+    outcomes = [
+        Outcome(
+            "a",
+            "q",
+            8,
+            0,
+            0,
+            5000,
+            idle=True,
+            found_idle=2,
+            found_after_s=(700.0, 1900.0),
+            reclaimed=1,
+            reclaimed_after_s=(400.0,),
+        ),
+        Outcome("b", "q", 1, 0, 0, 3000, idle=True, found_idle=1, found_after_s=(1200.0,)),
+        Outcome("c", "q", 1, 0, 0, 3000, idle=False),
+    ]
+    summary = summarise("kumiki", outcomes, planned=3, capacity_gpus=16)
+    assert summary.idle_found == 3
+    assert (summary.idle_found_after_s, summary.idle_found_after_p90_s) == (1200.0, 1900.0)
+    assert (summary.idle_reclaimed_after_s, summary.idle_reclaimed_after_p90_s) == (400.0, 400.0)
 
 
 def test_double_holds_finds_a_gpu_bound_twice_and_accepts_reuse_after_release() -> None:

@@ -131,6 +131,50 @@ async def test_a_generation_requeued_after_the_driver_released_the_job_does_not_
     track.release.cancel()  # type: ignore[union-attr]
 
 
+async def test_telemetrys_delay_is_measured_per_attempt_from_its_bind_to_the_findings_own_time() -> None:
+    """The delay the twin is given: trace seconds from an attempt's BOUND to the gpu.idle event's time, for the
+    attempt that is bound (a finding repeated or for an earlier attempt adds nothing), and from that finding to
+    the attempt's PREEMPTED when idle reclaim evicts it."""
+    from datetime import UTC, datetime
+
+    from kumiki.common.bus.cloudevents import CloudEventAttributes
+    from kumiki.common.bus.topics import GPU_IDLE
+
+    job = ReplayJob("zombie", "q", 0.0, 10_000.0, 1, (1,), True)
+    replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
+    (key,) = replay.tracks
+    track = replay.tracks[key]
+    replay._submitted(track)
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 1)))
+    track.release.cancel()  # type: ignore[union-attr]
+
+    def finding(generation: int, after_wall_s: float) -> Event:
+        message = events_pb2.GpuIdle(job=common_pb2.JobRef(job_id=key, generation=generation), queue="q")
+        at = datetime.fromtimestamp(track.started_wall + after_wall_s, UTC)
+        return Event(GPU_IDLE, key, message, CloudEventAttributes.new("kumiki.gpu.idle", "//t", time=at))
+
+    replay._preempted(key, track, 1, time.time(), 0.0)  # not found while it ran
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 2)))
+    track.release.cancel()  # type: ignore[union-attr]
+    await replay._on_idle(key, finding(1, 0.5))  # read late, for the attempt before: found, but not this delay
+    await replay._on_idle(key, finding(2, 1.25))
+    await replay._on_idle(key, finding(2, 2.0))  # the same attempt, found again: counted once
+    assert track.found_wall is not None
+    replay._preempted(key, track, 2, track.found_wall + 0.9, 0.0)  # idle reclaim evicts it 0.9 s after
+    await replay._on_lifecycle(key, event(JOB_LIFECYCLE, key, bound(key, 3)))
+    track.release.cancel()  # type: ignore[union-attr]
+    (outcome,) = _ended(replay, key, track)
+    assert outcome.found_idle == 2 and outcome.reclaimed == 1
+    assert outcome.found_after_s == pytest.approx((1250.0,), abs=1.0)  # wall x speed
+    assert outcome.reclaimed_after_s == pytest.approx((900.0,))
+
+
+def _ended(replay: Replay, key: str, track: Any) -> list[Any]:
+    replay._unhold(key, track, time.time())
+    track.ended_wall = time.time()
+    return replay.outcomes()
+
+
 async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_and_not_after(
     reports: tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub],
 ) -> None:

@@ -153,6 +153,10 @@ async def test_up_replays_a_trace_and_every_gpu_second_is_billed_once(stack_home
     baseline, kumiki_phase = reclaim["phases"]["baseline"], reclaim["phases"]["kumiki"]
     assert baseline["problems"] == [] and kumiki_phase["problems"] == []
     assert baseline["summary"]["idle_found"] == 1 and baseline["summary"]["idle_reclaimed"] == 0
+    # telemetry's delay in trace seconds (wall x 500): the rule's 600 s and the pipeline's part; the twin takes it
+    found_after = baseline["summary"]["idle_found_after_s"]
+    assert 300 <= found_after < 6000
+    assert reclaim["simulated_phases"]["baseline"]["idle_found_after_s"] == max(600.0, found_after)
     assert waited("baseline") >= 5000  # it waited for the zombie to end
     assert kumiki_phase["summary"]["idle_found"] >= 1 and kumiki_phase["summary"]["idle_reclaimed"] >= 1
     assert int(rows[("kumiki", "zombie")]["runs"]) >= 2  # checkpointed, evicted, requeued, bound again

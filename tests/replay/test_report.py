@@ -67,8 +67,22 @@ def test_the_twin_has_the_replays_zombies_and_reclaims_them_by_placements_rule()
             {"baseline": {"avg_jct_s": 2_500.0, "idle_reclaimed": 0}, "kumiki": {"avg_jct_s": 1_000.0}},
         )
     )
-    assert "| baseline | 3,000 | 2,500 | +20.0% | 1 / 0 |" in text  # live's count: the summary's 1.0
-    assert "| kumiki | 1,100 | 1,000 | +10.0% | 1 / n/a |" in text  # a results file from before the twins had it
+    assert "| baseline | 3,000 | 2,500 | +20.0% | 1 / n/a | 1 / 0 |" in text  # live's count: the summary's 1.0
+    assert "| kumiki | 1,100 | 1,000 | +10.0% | 1 / n/a | 1 / n/a |" in text  # a results file from before
+    assert "as late as its live phase did" not in text  # neither twin says which delay it was given
+    none_found = results({"baseline": 3_000.0, "kumiki": 1_100.0}, {})
+    none_found["phases"]["baseline"]["summary"]["idle_found_after_s"] = 0.0
+    assert "| telemetry found a zombie after (s, median) | - | 1 | - |" in markdown(none_found)  # no delay, no ratio
+
+
+def test_the_report_sets_zombies_found_side_by_side_and_says_when_each_twin_found_them() -> None:
+    twin = {"avg_jct_s": 1_000.0, "idle_found": 7, "idle_reclaimed": 4, "idle_found_after_s": 1_253.0}
+    data = results({"kumiki": 1_100.0}, {"kumiki": twin})
+    data["phases"]["kumiki"]["summary"].update(idle_found=9, idle_reclaimed=5, idle_found_after_s=1_253.0)
+    text = markdown(data)
+    assert "| kumiki | 1,100 | 1,000 | +10.0% | 9 / 7 | 5 / 4 |" in text
+    assert "| telemetry found a zombie after (s, median) | 1,253 |" in text
+    assert "as late as its live phase did (the median, from the bind to telemetry's finding: kumiki 1,253 s)" in text
 
 
 def test_each_twin_takes_its_phases_idle_rule() -> None:
@@ -76,5 +90,8 @@ def test_each_twin_takes_its_phases_idle_rule() -> None:
     endpoints = Endpoints("127.0.0.1:1", KafkaSettings(), DatabaseSettings(), placement_idle_reclaim="*=after:60")
     assert _twin_idle("baseline", settings, endpoints) == IdleReclaim(900.0, {})  # today's cluster: never
     assert _twin_idle("kumiki", settings, endpoints) == IdleReclaim(900.0, {"*": IdlePolicy("after", 60.0)})
+    # as late as the live phase found its zombies (the rule's own duration at the least)
+    assert _twin_idle("kumiki", settings, endpoints, 1_250.0).found_after_s == 1_250.0
+    assert _twin_idle("kumiki", settings, endpoints, 850.0).found_after_s == 900.0
     with pytest.raises(ValueError, match="'\\*=sometimes'"):
         _twin_idle("kumiki", settings, dataclasses.replace(endpoints, placement_idle_reclaim="*=sometimes"))

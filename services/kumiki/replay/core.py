@@ -138,6 +138,8 @@ class Outcome:
     holds: tuple[tuple[float, float], ...] = ()  # (bound, freed) of each attempt; () means one, bound to ended
     found_idle: int = 0  # attempts telemetry reported idle
     reclaimed: int = 0  # of those, attempts preempted afterwards (idle reclaim)
+    found_after_s: tuple[float, ...] = ()  # each found attempt: from its bind to telemetry's finding
+    reclaimed_after_s: tuple[float, ...] = ()  # each attempt reclaimed: from that finding to its eviction
 
     @property
     def held(self) -> tuple[tuple[float, float], ...]:
@@ -173,6 +175,14 @@ class PhaseSummary:
     backlog_h: float  # hours during which some job waited
     idle_found: int = 0  # job attempts telemetry reported idle from the nodes' GPU samples
     idle_reclaimed: int = 0  # of those, attempts placement reclaimed (checkpointed, evicted, requeued)
+    # how long telemetry took to find a zombie, from the attempt's bind to its gpu.idle (median and p90; 0: none
+    # found): the rule's own duration, plus sampling, batching and the broker, which a speed-up magnifies
+    idle_found_after_s: float = 0.0
+    idle_found_after_p90_s: float = 0.0
+    # how long idle reclaim took, from the finding to the eviction (median and p90): placement's cycle and the
+    # checkpoint handshake (CHECKPOINT, the job's report, the eviction), each a broker round trip
+    idle_reclaimed_after_s: float = 0.0
+    idle_reclaimed_after_p90_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -224,6 +234,8 @@ def summarise(phase: str, outcomes: Sequence[Outcome], planned: int, capacity_gp
     backlog_s, allocated, busy = _backlog_shares(outcomes, capacity_gpus)
     idle_gpu_s = sum(o.gpus * o.held_s for o in outcomes if o.idle)
     offered_gpu_h = capacity_gpus * makespan / 3600.0
+    found_after = [delay for o in outcomes for delay in o.found_after_s]
+    reclaimed_after = [delay for o in outcomes for delay in o.reclaimed_after_s]
     return PhaseSummary(
         phase=phase,
         jobs=planned,
@@ -240,6 +252,10 @@ def summarise(phase: str, outcomes: Sequence[Outcome], planned: int, capacity_gp
         backlog_h=backlog_s / 3600.0,
         idle_found=sum(o.found_idle for o in outcomes),
         idle_reclaimed=sum(o.reclaimed for o in outcomes),
+        idle_found_after_s=percentile(found_after, 50),
+        idle_found_after_p90_s=percentile(found_after, 90),
+        idle_reclaimed_after_s=percentile(reclaimed_after, 50),
+        idle_reclaimed_after_p90_s=percentile(reclaimed_after, 90),
     )
 
 

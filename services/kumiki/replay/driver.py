@@ -95,6 +95,11 @@ class _Track:
     queued: bool = False
     early_checkpoint: events_pb2.PreemptionCommand | None = None  # a CHECKPOINT read before its attempt's BOUND
     found_idle: set[int] = field(default_factory=set)  # generations telemetry reported idle
+    # per attempt found while bound: wall seconds from its BOUND to telemetry's gpu.idle (the event's own time)
+    found_after_wall: list[float] = field(default_factory=list)
+    found_wall: float | None = None  # when telemetry found the bound attempt (the gpu.idle event's time)
+    # per attempt reclaimed after it was found while bound: wall seconds from the finding to its PREEMPTED
+    reclaimed_after_wall: list[float] = field(default_factory=list)
     reclaimed: int = 0
 
 
@@ -281,6 +286,7 @@ class Replay:
             self.agents.hold(key, gpus, idle=track.job.idle)
         track.bound_wall = at_wall if track.runs == 0 else track.bound_wall
         track.generation = generation
+        track.found_wall = None
         track.runs += 1
         track.started_wall = track_started = at_wall
         track.running = True
@@ -343,6 +349,8 @@ class Replay:
         if generation in track.found_idle:
             track.reclaimed += 1
             self.counts.idle_reclaimed += 1
+            if track.found_wall is not None:
+                track.reclaimed_after_wall.append(max(0.0, at_wall - track.found_wall))
         self._unhold(key, track, at_wall)
         self._queued(track)
         self._requeued(key, track)
@@ -421,6 +429,9 @@ class Replay:
             return
         track.found_idle.add(finding.job.generation)
         self.counts.idle_found += 1
+        if track.running and finding.job.generation == track.generation:
+            track.found_wall = event.attributes.time.timestamp()
+            track.found_after_wall.append(track.found_wall - track.started_wall)
 
     async def _on_command(self, key: str, event: Event | None) -> None:
         """CHECKPOINT for one of this run's jobs: report a checkpoint at once, answering the command."""
@@ -581,6 +592,8 @@ class Replay:
                     holds=tuple((self.trace_s(start), self.trace_s(end)) for start, end in track.holds),
                     found_idle=len(track.found_idle),
                     reclaimed=track.reclaimed,
+                    found_after_s=tuple(wall * self.speed for wall in track.found_after_wall),
+                    reclaimed_after_s=tuple(wall * self.speed for wall in track.reclaimed_after_wall),
                 )
             )
         return result

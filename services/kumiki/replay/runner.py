@@ -206,15 +206,22 @@ def simulate_counterpart(
     return {
         "avg_jct_s": sum(jcts) / len(jcts),
         "avg_queue_s": sum(job.queue_s for job in result.jobs) / len(result.jobs),
+        "idle_found": result.idle_found,
         "idle_reclaimed": result.idle_reclaimed,
+        "idle_found_after_s": config.idle.found_after_s,
     }
 
 
-def _twin_idle(phase: str, settings: ReplaySettings, endpoints: Endpoints) -> IdleReclaim:
-    """Placement's idle rule in the phase (its override, else the stack's), with telemetry's delay, for the twin.
-    A bad rule is a ValueError, which the twin reports as its failure."""
+def _twin_idle(phase: str, settings: ReplaySettings, endpoints: Endpoints, found_after_s: float = 0.0) -> IdleReclaim:
+    """Placement's idle rule in the phase (its override, else the stack's), for the twin, with telemetry's delay
+    as the live phase measured it (`found_after_s`, the median; 0: none found, the rule's own duration).
+
+    The live delay is the rule's duration plus sampling, chunk batching and the broker: at 1000x their fraction of
+    a wall second is hundreds of trace seconds, so a twin that found zombies at the rule's 600 s found them sooner
+    than the live phase could and reclaimed half again as many. A bad rule is a ValueError, which the twin reports
+    as its failure."""
     rules = PHASE_OVERRIDES.get(phase, {}).get("KUMIKI_PLACEMENT_IDLE_RECLAIM", endpoints.placement_idle_reclaim)
-    return IdleReclaim(settings.idle_after_s, parse_idle_reclaim(rules))
+    return IdleReclaim(max(settings.idle_after_s, found_after_s), parse_idle_reclaim(rules))
 
 
 async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> Endpoints:
@@ -334,6 +341,7 @@ async def run_session(
     by_phase: dict[str, Any] = {}  # each phase's: its policy and queue tree
     if settings.simulate:
         policy = settings.policy or endpoints.placement_policy
+        found_after = {result.phase: float(result.summary["idle_found_after_s"]) for result in results}
         for phase in settings.phases:
             phase_policy = "fifo" if phase == "baseline" else policy
             try:
@@ -344,7 +352,7 @@ async def run_session(
                     endpoints.placement_strategy,
                     settings.progress_reports if phase != "baseline" else None,
                     None if phase == "open" else trees[phase],
-                    _twin_idle(phase, settings, endpoints),
+                    _twin_idle(phase, settings, endpoints, found_after.get(phase, 0.0)),
                 )
             except (ArithmeticError, ValueError) as error:  # the live run stands; the report says what failed
                 by_phase[phase] = {"error": f"simulation failed: {error!r}"}
@@ -358,7 +366,7 @@ async def run_session(
                     policy,
                     endpoints.placement_strategy,
                     settings.progress_reports,
-                    idle=_twin_idle("open", settings, endpoints),
+                    idle=_twin_idle("open", settings, endpoints, found_after.get("kumiki", 0.0)),
                 )
             except (ArithmeticError, ValueError) as error:
                 simulated = {"error": f"simulation failed: {error!r}"}
