@@ -27,14 +27,15 @@ from kumiki.replay.core import plan_jobs, queue_tree
 from kumiki.replay.runner import vc_weights
 from kumiki.sched.cluster import uniform_cluster
 from kumiki.sched.policies import POLICIES
-from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator, _SimJob
+from kumiki.sim.engine import SimConfig, SimJobSpec, Simulator
+from kumiki.sim.jobs import SimJob
 from kumiki.sim.trace import DAY_S, load_jobs
 
 
 class ArrivalOrder(Simulator):
     """The baseline: held jobs asked oldest first."""
 
-    def _rank(self, job: _SimJob, now: float) -> tuple[float, ...]:
+    def _rank(self, job: SimJob, now: float) -> tuple[float, ...]:
         return (job.spec.submit_s,)
 
 

@@ -142,26 +142,6 @@ def test_kumiki_full_node_jobs_checkpoint_only_while_they_may_yield():
     assert plain.jct_s == duration
 
 
-def test_limited_checkpointing_wall_and_progress_are_inverse():
-    simulator = Simulator(uniform_cluster(1, 8), [], SimConfig(POLICIES["kumiki-oracle"]))
-    for start in (0.0, 900.0, 1800.0, 5000.0):
-        for end in (start + 10.0, 3600.0 + start, 9000.0, 20_000.0):
-            for until in (0.0, 3600.0, 9000.0, math.inf):
-                if end <= start:
-                    continue
-                wall = simulator._run_wall(start, end, until)
-                assert wall >= end - start
-                assert simulator._progress_after(start, wall, until) == pytest.approx(end)
-
-
-def test_kumiki_preempted_full_node_job_keeps_its_last_checkpoint():
-    simulator = Simulator(uniform_cluster(1, 8), [], SimConfig(POLICIES["kumiki-oracle"]))
-    # checkpoints only strictly below `until`: past it, the last one is the one before it
-    assert simulator._last_checkpoint(8000.0, 9000.0) == 7200.0
-    assert simulator._last_checkpoint(50_000.0, 9000.0) == 7200.0
-    assert simulator._last_checkpoint(4000.0, math.inf) == 3600.0
-
-
 def test_pod_features_reach_the_forecaster():
     """The simulator hands the forecaster what a trace's pods carry (how much they are worth to the schedule is
     measured over seeds and loads by `benchmarks/pod_features.py`, not asserted here: it is not always positive)."""

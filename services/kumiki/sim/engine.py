@@ -1,6 +1,6 @@
 """The discrete-event simulator: a clock, a cluster, and the scheduling core deciding everything.
 
-The simulator is the only holder of each job's true duration (`_SimJob.duration_s`). Policies get a
+The simulator is the only holder of each job's true duration (`SimJob.duration_s`). Policies get a
 `JobView` (no duration) or, if they are `*-oracle`, an `OracleJobView`; the forecaster learns a run
 time only when the job has finished. Deterministic: events are ordered by (time, sequence), and the
 seed only drives synthetic inputs and tie-free choices.
@@ -12,126 +12,31 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kumiki.quota.core import LifecycleState, QuotaConfig
 from kumiki.sched.cluster import ClusterSpec, ClusterState
 from kumiki.sched.forecasting import (
     JobFeatures,
-    RuntimeForecast,
     RuntimeForecaster,
     tell_progress,
     tell_started,
     tell_stopped,
 )
 from kumiki.sched.idle import IDLE_RECLAIM, IdleJob, WaitingFor, idle_victims, waiting_for_gpus
-from kumiki.sched.jobs import CheckpointModel, GangRequest, JobView, OracleJobView, consolidated_gang
+from kumiki.sched.jobs import CheckpointModel, JobView, OracleJobView, consolidated_gang
 from kumiki.sched.policies import TIRESIAS_THRESHOLDS_GPU_S, QueuePolicy, admission_rank
 from kumiki.sched.preemption import OnDemand
 from kumiki.sched.scheduler import Decisions, Scheduler, Start
-from kumiki.sim.gate import ForecastGate, GateConfig, GateLook, PastJob
+from kumiki.sim.gate import ForecastGate, GateConfig, PastJob
+from kumiki.sim.jobs import JobResult, Sample, SimJob, SimJobSpec, SimResult
+from kumiki.sim.progress import last_checkpoint, progress_after, run_wall
 from kumiki.sim.quota import SimQuota, check_jobs, cluster_tree
 from kumiki.sim.scenarios import IdleReclaim, OnDemandCheckpoint, ProgressReports, progress_marks
 
+# the simulator's public names: the job specs and results live in `kumiki.sim.jobs`, and are taken from here too
+__all__ = ["JobResult", "Sample", "SimConfig", "SimJobSpec", "SimResult", "Simulator"]
+
 ARRIVAL, FINISH, RECHECK, GATE, WAKE, IDLE = 0, 1, 2, 3, 4, 5
-
-
-@dataclass(frozen=True, slots=True)
-class SimJobSpec:
-    """One job to simulate; `duration_s` is the truth and stays inside the simulator."""
-
-    job_id: str
-    submit_s: float
-    gpus: int
-    duration_s: float
-    queue: str = ""
-    user: str = ""
-    name: str = ""
-    image: str = ""
-    command: str = ""
-    time_limit_s: float | None = None
-    # a zombie: holds its GPUs for its whole run and computes nothing (`kumiki.sim.scenarios.is_idle_job`)
-    idle: bool = False
-
-
-@dataclass(slots=True)
-class JobResult:
-    job_id: str
-    gpus: int
-    queue: str
-    submit_s: float
-    first_start_s: float
-    finish_s: float
-    run_wall_s: float
-    preemptions: int
-    lost_gpu_s: float
-    checkpoint_gpu_s: float
-    # the job's own run time (its work, no waiting or overhead): the same in every run, so jobs can be
-    # grouped by it when two policies are compared
-    duration_s: float
-    idle: bool = False  # a zombie (`SimJobSpec.idle`)
-
-    @property
-    def jct_s(self) -> float:
-        return self.finish_s - self.submit_s
-
-    @property
-    def queue_s(self) -> float:
-        return self.jct_s - self.run_wall_s
-
-
-@dataclass(slots=True)
-class Sample:
-    time_s: float
-    allocated_gpus: int
-    queue_length: int
-    fragmented_gpus: int
-
-
-@dataclass(slots=True)
-class SimResult:
-    policy: str
-    total_gpus: int
-    jobs: list[JobResult]
-    samples: list[Sample]
-    events: int
-    busy_gpu_s: float = 0.0
-    # the forecast gate's looks, for policies that gate their forecasts (`kumiki.sim.gate`)
-    gate_looks: list[GateLook] = field(default_factory=list)
-    # with a queue tree (`SimConfig.quota`): denials by code, reclaim victims, GPU-seconds metered per queue
-    quota: dict[str, Any] | None = None
-    idle_gpu_s: float = 0.0  # GPU-seconds held by zombies (in busy_gpu_s too: allocated, computing nothing)
-    idle_found: int = 0  # zombie attempts that ran long enough for telemetry to find them
-    idle_reclaimed: int = 0  # of those, attempts idle reclaim evicted
-
-
-@dataclass(slots=True)
-class _SimJob:
-    spec: SimJobSpec
-    features: JobFeatures
-    duration_s: float
-    request: GangRequest
-    progress_s: float = 0.0
-    run_start_s: float = -1.0
-    run_start_progress_s: float = 0.0
-    overhead_s: float = 0.0
-    first_start_s: float = -1.0
-    run_wall_s: float = 0.0
-    attained_gpu_s: float = 0.0
-    preemptions: int = 0
-    idle_reclaims: int = 0
-    lost_gpu_s: float = 0.0
-    checkpoint_gpu_s: float = 0.0
-    generation: int = 0
-    # when the attempt began to wait (its arrival, or its previous attempt's eviction): the starvation clock, held
-    # by quota or queued (placement's `PendingJob.waiting_since_s`); set at arrival
-    waiting_since_s: float = 0.0
-    forecast: RuntimeForecast | None = None
-    finish_s: float = -1.0
-    running: bool = False
-    checkpointing: bool = False
-    checkpoint_until_s: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +99,7 @@ class Simulator:
             tree = cluster_tree(config.quota, spec.total_gpus)
             check_jobs(tree, ((job.job_id, job.queue, job.gpus) for job in jobs))
             self.quota = SimQuota(tree)
-        self.jobs: dict[str, _SimJob] = {}
+        self.jobs: dict[str, SimJob] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
         self.sequence = 0
         for job in jobs:
@@ -212,7 +117,7 @@ class Simulator:
                 job.time_limit_s,
             )
             request = consolidated_gang(job.job_id, job.gpus, self.gpus_per_node)
-            self.jobs[job.job_id] = _SimJob(job, features, job.duration_s, request, waiting_since_s=job.submit_s)
+            self.jobs[job.job_id] = SimJob(job, features, job.duration_s, request, waiting_since_s=job.submit_s)
             self._push(job.submit_s, ARRIVAL, job.job_id, 0)
         self.results: list[JobResult] = []
         self.samples: list[Sample] = []
@@ -234,7 +139,7 @@ class Simulator:
         heapq.heappush(self.events, (time, kind, self.sequence, job_id, generation))
 
     # ---- what policies may see -----------------------------------------------------------------
-    def view(self, job: _SimJob) -> JobView:
+    def view(self, job: SimJob) -> JobView:
         forecast = job.forecast if self.forecaster is not None else None
         if self.gate is not None and not self.gate.on:
             forecast = None
@@ -394,14 +299,14 @@ class Simulator:
                 decisions.starts.append(Start(job_id, placed))
         return decisions
 
-    def _arrive(self, job: _SimJob, now: float) -> None:
+    def _arrive(self, job: SimJob, now: float) -> None:
         if self.forecaster is not None:
             job.forecast = self.forecaster.predict(job.features)
         self._enter(job, now)
         if self.progress is not None:
             self.progress(1)
 
-    def _enter(self, job: _SimJob, now: float) -> bool:
+    def _enter(self, job: SimJob, now: float) -> bool:
         """Queue an attempt, once quota admits it; victims it names for the job are preempted and the job
         starts on their GPUs ahead of the queue order, as placement starts the job a reclaim freed GPUs for."""
         quota = self.quota
@@ -429,7 +334,7 @@ class Simulator:
             self._apply(decisions, now)
         return True
 
-    def _rank(self, job: _SimJob, now: float) -> tuple[float, ...]:
+    def _rank(self, job: SimJob, now: float) -> tuple[float, ...]:
         return admission_rank(self.policy, self.view(job), job.waiting_since_s, now)
 
     def _admit_held(self, now: float) -> None:
@@ -440,36 +345,8 @@ class Simulator:
             starving_before = now - starvation_s if starvation_s > 0 else -math.inf
             self.quota.ask_held(lambda job_id: self._enter(self.jobs[job_id], now), starving_before)
 
-    def _wall_to_finish(self, job: _SimJob) -> float:
-        return job.overhead_s + self._run_wall(job.progress_s, job.duration_s, job.checkpoint_until_s)
-
-    def _run_wall(self, start_s: float, end_s: float, until_s: float) -> float:
-        """Wall seconds from one progress point to another, checkpointing only below `until_s`."""
-        checkpoint = self.config.checkpoint
-        if until_s <= start_s:
-            return end_s - start_s
-        if end_s <= until_s:
-            return checkpoint.wall_time(start_s, end_s)
-        return checkpoint.wall_time(start_s, until_s) + (end_s - until_s)
-
-    def _progress_after(self, start_s: float, wall_s: float, until_s: float) -> float:
-        """Inverse of `_run_wall`: progress reached after `wall_s` of running."""
-        checkpoint = self.config.checkpoint
-        if until_s <= start_s:
-            return start_s + wall_s
-        if until_s == math.inf:
-            return checkpoint.progress_after(start_s, wall_s)
-        to_until = checkpoint.wall_time(start_s, until_s)
-        if wall_s <= to_until:
-            return min(checkpoint.progress_after(start_s, wall_s), until_s)
-        return until_s + (wall_s - to_until)
-
-    def _last_checkpoint(self, progress_s: float, until_s: float) -> float:
-        """The last checkpoint written at or below `progress_s` (checkpoints only strictly below `until_s`)."""
-        interval = self.config.checkpoint.interval_s
-        if progress_s >= until_s:
-            return max(0.0, (math.ceil(until_s / interval) - 1) * interval)
-        return self.config.checkpoint.checkpointed(progress_s)
+    def _wall_to_finish(self, job: SimJob) -> float:
+        return job.overhead_s + run_wall(self.config.checkpoint, job.progress_s, job.duration_s, job.checkpoint_until_s)
 
     def _apply(self, decisions: Decisions, now: float) -> None:
         on_demand = self.config.on_demand
@@ -508,7 +385,7 @@ class Simulator:
         if decisions.preemptions:
             self._admit_held(now)
 
-    def _report_progress(self, job: _SimJob, now: float) -> None:
+    def _report_progress(self, job: SimJob, now: float) -> None:
         """A reporting job tells the forecaster how far it has got; the policy sees the forecast that gives."""
         factor = self.reporters.get(job.spec.job_id)
         if factor is None:
@@ -522,7 +399,7 @@ class Simulator:
             job.forecast = forecast
             self.scheduler.reconsider([self.view(job)])
 
-    def _schedule_rank_check(self, job: _SimJob, now: float) -> None:
+    def _schedule_rank_check(self, job: SimJob, now: float) -> None:
         """A running job's Gittins rank moves as it runs; look again each time its progress doubles.
 
         Without this a job blocked at its arrival could only start when something finishes, even
@@ -539,29 +416,29 @@ class Simulator:
         for mark in sorted(marks):
             if mark <= start or mark >= job.duration_s:
                 continue
-            wall = job.overhead_s + self._run_wall(start, mark, until)
+            wall = job.overhead_s + run_wall(self.config.checkpoint, start, mark, until)
             if job.checkpointing and mark < until:
                 wall += self.config.checkpoint.checkpoint_cost_s
             if job.run_start_s + wall > now:
                 self._push(job.run_start_s + wall, RECHECK, job.spec.job_id, job.generation)
                 return
 
-    def _schedule_demotion(self, job: _SimJob, now: float) -> None:
+    def _schedule_demotion(self, job: SimJob, now: float) -> None:
         for threshold in TIRESIAS_THRESHOLDS_GPU_S:
             if job.attained_gpu_s < threshold:
                 wall = job.overhead_s + (threshold - job.attained_gpu_s) / job.spec.gpus
                 self._push(now + wall, RECHECK, job.spec.job_id, job.generation)
                 return
 
-    def _progress_now(self, job: _SimJob, now: float) -> float:
+    def _progress_now(self, job: SimJob, now: float) -> float:
         """Progress a running job has reached by `now` (its restore and checkpoint stops are not progress),
         not yet capped at its end."""
         useful = max(0.0, now - job.run_start_s - job.overhead_s)
         if job.checkpointing:
-            return self._progress_after(job.run_start_progress_s, useful, job.checkpoint_until_s)
+            return progress_after(self.config.checkpoint, job.run_start_progress_s, useful, job.checkpoint_until_s)
         return job.run_start_progress_s + useful
 
-    def _stop(self, job: _SimJob, now: float) -> float:
+    def _stop(self, job: SimJob, now: float) -> float:
         """Account a run that ends now; returns progress reached."""
         wall = now - job.run_start_s
         progress = self._progress_now(job, now)
@@ -578,7 +455,7 @@ class Simulator:
         job.running = False
         return progress
 
-    def _finish(self, job: _SimJob, now: float) -> None:
+    def _finish(self, job: SimJob, now: float) -> None:
         self._stop(job, now)
         job.progress_s = job.duration_s
         job.finish_s = now
@@ -605,7 +482,7 @@ class Simulator:
             )
         )
 
-    def _preempted(self, job: _SimJob, now: float) -> None:
+    def _preempted(self, job: SimJob, now: float) -> None:
         tell_stopped(self.forecaster, job.spec.job_id, now)
         was_checkpointing = job.checkpointing
         reached = self._stop(job, now)
@@ -622,14 +499,18 @@ class Simulator:
         else:
             # a run that took no checkpoints (its policy did not expect to preempt it) keeps nothing of itself
             start = job.run_start_progress_s
-            kept = max(self._last_checkpoint(reached, job.checkpoint_until_s), start) if was_checkpointing else start
+            kept = (
+                max(last_checkpoint(self.config.checkpoint, reached, job.checkpoint_until_s), start)
+                if was_checkpointing
+                else start
+            )
         restore = self.config.checkpoint.restore_cost_s
         job.lost_gpu_s += ((reached - kept) + held_s + restore) * job.spec.gpus
         job.progress_s = kept
         job.overhead_s = restore
         self._requeue(job, now)
 
-    def _requeue(self, job: _SimJob, now: float) -> None:
+    def _requeue(self, job: SimJob, now: float) -> None:
         """A preempted attempt ends its quota admission; the next generation waits to be admitted afresh, asked
         once the preemptions at hand are applied (`_apply`)."""
         job.preemptions += 1
