@@ -383,6 +383,9 @@ async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_and_stay
         assert book.served["zombie"].idle_reclaims == 1
         for job, position in (("later", 1), ("zombie", 2)):
             assert (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).queue_position == position
+        explained = await stub.Explain(placement_pb2.ExplainRequest(job_id="zombie"))
+        assert (explained.evictions, explained.idle_reclaims) == (1, 1)  # why it waits behind "later"
+        assert (await stub.Explain(placement_pb2.ExplainRequest(job_id="later"))).idle_reclaims == 0
 
     def preempted(records: list[ConsumerRecord]) -> list[str]:
         events = [events_pb2.JobLifecycle.FromString(record.value) for record in records]
@@ -396,6 +399,7 @@ async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_and_stay
         assert book.served["zombie"].idle_reclaims == 1
         for job, position in (("later", 1), ("zombie", 2)):
             assert (await stub.Explain(placement_pb2.ExplainRequest(job_id=job))).queue_position == position
+        assert (await stub.Explain(placement_pb2.ExplainRequest(job_id="zombie"))).idle_reclaims == 1
         await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="next", generation=1)))
         await wait_until(lambda: "later" in book.bound, timeout_s=30, what="later to start")
         assert "zombie" in book.pending

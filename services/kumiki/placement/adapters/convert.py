@@ -148,6 +148,7 @@ def explain_response(explanation: Explanation) -> placement_pb2.ExplainResponse:
         executed_seconds=explanation.service.executed_s,
         attained_gpu_seconds=explanation.service.attained_gpu_s,
         evictions=explanation.service.preemptions,
+        idle_reclaims=explanation.service.idle_reclaims,
     )
     if explanation.job is not None:
         response.assignments.extend(assignments(explanation.job))
