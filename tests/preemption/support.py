@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +127,8 @@ class Stack:
     coordinator: Coordinator
     events: Events
     kafka: KafkaSettings
+    # stops placement and starts a fresh one on the same address, rebuilt from the topics as after a crash
+    restart_placement: Callable[[], Awaitable[None]]
 
 
 @asynccontextmanager
@@ -164,25 +166,32 @@ async def live_stack(
     os.environ.update(
         KUMIKI_PLACEMENT_POLICY=policy, KUMIKI_PLACEMENT_MIN_RUN_S="0", KUMIKI_PLACEMENT_IDLE_RECLAIM=idle_reclaim
     )
-    host = ServiceHost(PLACEMENT, settings_for(kafka))
+    port = free_port()  # fixed, so a restarted placement keeps the address the coordinator calls
+    hosts = [ServiceHost(PLACEMENT, settings_for(kafka, grpc_port=port))]
     events = Events()
     stopping = asyncio.Event()
     follower: asyncio.Task[None] | None = None
     coordinator: Coordinator | None = None
+
+    async def restart_placement() -> None:
+        await hosts[-1].stop()
+        hosts.append(ServiceHost(PLACEMENT, settings_for(kafka, grpc_port=port)))
+        await hosts[-1].start()
+
     try:
-        await host.start()
-        coordinator = Coordinator(kafka, database, f"127.0.0.1:{host.grpc_port}", deadline_s, tmp / "preemption.log")
+        await hosts[0].start()
+        coordinator = Coordinator(kafka, database, f"127.0.0.1:{port}", deadline_s, tmp / "preemption.log")
         await coordinator.start()
         follower = asyncio.create_task(follow(kafka, events, stopping))
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.grpc_port}") as channel:
-            yield Stack(placement_pb2_grpc.PlacementStub(channel), coordinator, events, kafka)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield Stack(placement_pb2_grpc.PlacementStub(channel), coordinator, events, kafka, restart_placement)
     finally:
         stopping.set()
         if follower is not None:
             await follower
         if coordinator is not None:
             coordinator.stop()
-        await host.stop()
+        await hosts[-1].stop()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

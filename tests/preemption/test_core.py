@@ -103,3 +103,8 @@ def test_a_watch_stream_gets_the_commands_still_relevant_to_its_attempt() -> Non
 def test_request_validation_names_the_field() -> None:
     bad = PreemptRequest("", 0, "q", -1.0, "priority", "", 0.0)
     assert [field for field, _ in core.validate_request(bad)] == ["job.job_id", "job.generation", "gpus", "decision_id"]
+    # the reason becomes a metric label and the PREEMPTED event's reason: a code, never free text
+    for reason in ("Priority", "idle reclaim", "x" * 65, "", "idle-reclaim\n"):
+        problems = core.validate_request(PreemptRequest("j", 1, "q", 1.0, reason, "d", 0.0))
+        assert [field for field, _ in problems] == ["preemption_reason"], reason
+    assert core.validate_request(PreemptRequest("j", 1, "q", 1.0, "idle-reclaim", "d", 0.0)) == []

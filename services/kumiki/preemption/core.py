@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from kumiki.sched.preemption import is_preemption_reason
+
 
 @dataclass(frozen=True, slots=True)
 class CheckpointRecord:
@@ -125,6 +127,9 @@ def validate_request(request: PreemptRequest) -> list[tuple[str, str]]:
         problems.append(("gpus", f"must be >= 0, got {request.gpus:g}"))
     if not request.decision_id:
         problems.append(("decision_id", "required"))
+    if not is_preemption_reason(request.reason):
+        expected = "expected lowercase letters and hyphens (at most 64)"
+        problems.append(("preemption_reason", f"{expected}, got {request.reason!r}"))
     return problems
 
 

@@ -14,10 +14,19 @@ only by fragmentation needs when the gang's expected wait saved outweighs what t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kumiki.sched.jobs import CheckpointModel
+
+# a preemption's reason as events and requests carry it ("idle-reclaim", "quota-reclaim", "priority"): a metric
+# label and a lifecycle reason, so from outside only this shape, never free text
+PREEMPTION_REASON = re.compile(r"[a-z][a-z-]{0,63}")
+
+
+def is_preemption_reason(text: str) -> bool:
+    return PREEMPTION_REASON.fullmatch(text) is not None
 
 
 @dataclass(frozen=True, slots=True)

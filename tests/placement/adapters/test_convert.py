@@ -105,3 +105,18 @@ def test_distinct_nodes_on_one_shared_node_is_refused_naming_the_field() -> None
     assert raised.value.field == "topology.distinct_nodes"
     request.min_members = 1  # one pod at least: it may have the node to itself
     assert bind_command(request).request.distinct_nodes
+
+
+@pytest.mark.parametrize("reason", ["Idle-Reclaim", "idle reclaim", "idle_reclaim", "-" + "x" * 64, "é"])
+def test_a_release_whose_preemption_reason_is_not_a_code_is_refused_naming_the_field(reason: str) -> None:
+    from kumiki.placement.adapters.convert import release_state
+
+    request = placement_pb2.ReleaseRequest(
+        job=common_pb2.JobRef(job_id="j", generation=1),
+        final_state=events_pb2.JOB_STATE_PREEMPTED,
+        preemption_reason=reason,
+    )
+    with pytest.raises(InvalidRequest, match="preemption_reason"):
+        release_state(request)
+    request.preemption_reason = "idle-reclaim"
+    assert release_state(request) == events_pb2.JOB_STATE_PREEMPTED

@@ -81,7 +81,8 @@ async def release_preempted(
     # is updated with no await between the claim's end and it
     book.releasing.add(claim)
     try:
-        cause = book.eviction_cause(request.job.job_id)
+        # placement's own while the victim drains; after a restart, the coordinator's (from the PREEMPT decision)
+        cause = book.eviction_cause(request.job.job_id) or request.preemption_reason
         await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), cause)
         denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
     finally:
@@ -91,7 +92,7 @@ async def release_preempted(
         while len(_REQUEUED) > _REQUEUED_KEPT:
             _REQUEUED.popitem(last=False)
     book.release_preempted(
-        request.job.job_id, request.job.generation, now, beneficiary, denied, request.lost_gpu_seconds
+        request.job.job_id, request.job.generation, now, beneficiary, denied, request.lost_gpu_seconds, cause
     )  # what it published: a restart folds the same PREEMPTED event into the job's service so far
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 

@@ -336,6 +336,7 @@ class PlacementBook:
         beneficiary: str = "",
         denied: str | None = None,
         lost_gpu_s: float | None = None,
+        cause: str = "",
     ) -> tuple[BoundJob, BindCommand] | None:
         """The coordinator evicted this attempt: free it and queue the job again as the next generation (keeping
         its arrival time). None when that attempt holds nothing (released already: idempotent).
@@ -344,7 +345,8 @@ class PlacementBook:
         arrival: `denied` is quota's reason when it was not, and the job is then held (asked again each cycle)
         rather than queued, even one moved off a gang's node. The attempt's run, less `lost_gpu_s` (what the
         coordinator says was lost since the last checkpoint; default the book's own estimate), counts towards the
-        job's service so far (`served`), which the policy ranks its next generations by."""
+        job's service so far (`served`), which the policy ranks its next generations by. `cause`: why it was
+        chosen, for a victim this book has no decision for (a restart found it still bound)."""
         victim = self.draining.get(job_id)
         moved = False
         if victim is not None and (not generation or victim.job.command.generation == generation):
@@ -360,8 +362,8 @@ class PlacementBook:
         decided = victim.preemption if victim is not None and victim.job is job else None
         if lost_gpu_s is None:
             lost_gpu_s = decided.lost_gpu_s if decided is not None else 0.0
-        # unknown for a victim a restart found still bound (no decision kept): it is then not counted
-        idle_reclaim = decided is not None and decided.reason == IDLE_RECLAIM
+        # a victim a restart found still bound has no decision kept here: the caller's cause (the coordinator's)
+        idle_reclaim = (decided.reason if decided is not None else cause) == IDLE_RECLAIM
         self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
             now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, idle_reclaim
         )

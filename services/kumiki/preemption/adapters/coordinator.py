@@ -444,6 +444,8 @@ class Coordinator:
                 final_state=events_pb2.JOB_STATE_PREEMPTED,
                 lost_gpu_seconds=item.lost_gpu_seconds,
                 beneficiary=beneficiary,
+                # why it was chosen: a placement restarted while the victim drained knows it only from here
+                preemption_reason=victim.protocol.reason if victim is not None else "",
             ),
             timeout=10.0,
         )

@@ -200,6 +200,7 @@ class ReleaseRequest(_message.Message):
     FINAL_STATE_FIELD_NUMBER: _builtins.int
     LOST_GPU_SECONDS_FIELD_NUMBER: _builtins.int
     BENEFICIARY_FIELD_NUMBER: _builtins.int
+    PREEMPTION_REASON_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why: "completed", "failed", "cancelled", "preempted"."""
     final_state: _events_pb2.JobState.ValueType
@@ -210,6 +211,12 @@ class ReleaseRequest(_message.Message):
     """
     lost_gpu_seconds: _builtins.float
     """With JOB_STATE_PREEMPTED: work lost since the newest acknowledged checkpoint, GPU-seconds."""
+    preemption_reason: _builtins.str
+    """With JOB_STATE_PREEMPTED: why the victim was chosen, as its PREEMPT decision said ("idle-reclaim",
+    "quota-reclaim", "priority", ...: lowercase letters and hyphens). Placement keeps its own while the victim
+    drains; a placement restarted meanwhile has none, and takes this one (an idle reclaim's next generation then
+    still waits behind the jobs that compute).
+    """
     @_builtins.property
     def job(self) -> _common_pb2.JobRef:
         """Job and attempt whose allocation is freed."""
@@ -226,10 +233,11 @@ class ReleaseRequest(_message.Message):
         final_state: _events_pb2.JobState.ValueType = ...,
         lost_gpu_seconds: _builtins.float = ...,
         beneficiary: _common_pb2.JobRef | None = ...,
+        preemption_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "final_state", b"final_state", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beneficiary", b"beneficiary", "final_state", b"final_state", "job", b"job", "lost_gpu_seconds", b"lost_gpu_seconds", "preemption_reason", b"preemption_reason", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
