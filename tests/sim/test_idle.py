@@ -11,7 +11,7 @@ from kumiki.sched.idle import parse_idle_reclaim
 from kumiki.sched.policies import POLICIES
 from kumiki.sim.engine import SimConfig, SimJobSpec, SimResult, Simulator
 from kumiki.sim.report import idle_table, summarize
-from kumiki.sim.scenarios import IdleReclaim, is_idle_job
+from kumiki.sim.scenarios import IdleReclaim, OnDemandCheckpoint, is_idle_job
 from kumiki.sim.trace import TraceJob
 from kumiki.sim.workload import WorkloadError, sim_jobs
 
@@ -46,6 +46,18 @@ def test_a_found_zombie_gives_its_gpus_to_a_waiting_job_and_keeps_the_time_it_he
     assert (result.idle_found, result.idle_reclaimed) == (2, 1)  # found again on its second run; nobody waits
     (evicted,) = [job for job in result.jobs if job.idle]
     assert evicted.preemptions == 1 and evicted.lost_gpu_s == RESTORE_S
+
+
+def test_on_demand_the_job_a_zombie_is_reclaimed_for_waits_for_its_acknowledgement() -> None:
+    """Idle reclaim evicts before the pass that starts the waiter; the waiter still waits while the zombie answers
+    the checkpoint request (60 s), as the live protocol makes it, and the zombie holds its GPU idle meanwhile."""
+    on_demand = OnDemandCheckpoint(deadline_s=300.0, ack_s=60.0)
+    jobs = [zombie(), SimJobSpec("waiter", 100.0, 1, 100.0, "q")]
+    result = run(jobs, "kumiki-noforecast", "*=waiting:0", on_demand=on_demand)
+    assert by_id(result) == {"waiter": (600.0, 760.0), "zombie": (0.0, 760.0 + RESTORE_S + 1_400.0)}
+    assert result.idle_gpu_s == 600.0 + 60.0 + 1_400.0 + RESTORE_S  # its runs, its restore, and the 60 s it held
+    periodic = run(jobs, "kumiki-noforecast", "*=waiting:0")
+    assert by_id(periodic)["waiter"] == (600.0, 700.0)  # periodic checkpoints: nothing to wait for
 
 
 def test_under_waiting_a_zombie_is_reclaimed_only_once_someone_waits() -> None:

@@ -132,6 +132,10 @@ class Simulator:
         self.idle_gpu_s = 0.0
         self.idle_found = self.idle_reclaimed = 0
         self.idle_due: dict[str, int] = {}  # zombie -> the attempt its queue's rule may now reclaim
+        # beneficiaries of this instant's preemptions -> how long their victims still hold the GPUs (on demand, the
+        # checkpoint's acknowledgement): a start in this instant waits that long. Idle reclaim evicts before the
+        # pass that starts its beneficiary, so this outlives one `_apply`; cleared when the instant is done
+        self.delayed: dict[str, float] = {}
         self.wake_s = -math.inf  # when the pending deadline pass runs
 
     def _push(self, time: float, kind: int, job_id: str, generation: int) -> None:
@@ -211,6 +215,7 @@ class Simulator:
                     if problems:
                         raise AssertionError(f"t={now}: {problems}")
                 self._wake_for_deadline(now)
+                self.delayed.clear()
         self._sample_until(until_s)
         return SimResult(
             self.policy.name,
@@ -350,19 +355,17 @@ class Simulator:
 
     def _apply(self, decisions: Decisions, now: float) -> None:
         on_demand = self.config.on_demand
-        delayed: dict[str, float] = {}  # beneficiaries wait while their victims write checkpoints on demand
         for preemption in decisions.preemptions:
             self._preempted(self.jobs[preemption.job_id], now)
             if on_demand is not None:
-                delayed[preemption.for_job] = on_demand.held_s
+                self.delayed[preemption.for_job] = on_demand.held_s
         for start in decisions.starts:
             job = self.jobs[start.job_id]
             job.running = True
             job.generation += 1
             job.run_start_s = now
             job.run_start_progress_s = job.progress_s
-            if start.job_id in delayed:
-                job.overhead_s += delayed[start.job_id]
+            job.overhead_s += self.delayed.pop(start.job_id, 0.0)
             if on_demand is not None or job.spec.idle:
                 # no periodic checkpoints: on demand it writes one when asked, and a zombie has nothing to save
                 job.checkpoint_until_s = 0.0
@@ -490,6 +493,9 @@ class Simulator:
         held_s = 0.0  # GPU time the victim holds after the decision, lost
         if job.spec.idle:  # it computed nothing, so it loses nothing: the time it holds GPUs for goes on counting
             kept = reached
+            if on_demand is not None:  # asked to checkpoint too, it holds its GPUs idle until it answers
+                self.busy_gpu_s += on_demand.held_s * job.spec.gpus
+                self.idle_gpu_s += on_demand.held_s * job.spec.gpus
         elif on_demand is not None:
             # asked at `now`: it saves what it reached (held for the acknowledgement), or past the deadline
             # loses its whole run (held until the deadline); the held time is GPU time lost either way
