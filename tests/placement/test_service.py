@@ -374,10 +374,15 @@ async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_and_stay
         assert (await stub.Bind(bind_request("next", [whole(8)]))).outcome == PENDING
         book.gpu_idle("zombie", 1, time.time() - 700.0, time.time())
         await wait_until(lambda: "zombie" in book.draining, timeout_s=30, what="the idle reclaim")
+        released = {"reason": "idle-reclaim"}
+        before = REGISTRY.get_sample_value("kumiki_placement_preemption_release_seconds_count", released) or 0.0
         evicted = placement_pb2.ReleaseRequest(
             job=common_pb2.JobRef(job_id="zombie", generation=1), final_state=events_pb2.JOB_STATE_PREEMPTED
         )
         assert (await stub.Release(evicted)).released
+        # the decision to release, timed by reason: how long an idle job's GPUs took to come back
+        after = REGISTRY.get_sample_value("kumiki_placement_preemption_release_seconds_count", released)
+        assert after == before + 1
         await wait_until(lambda: "next" in book.bound, timeout_s=30, what="next to start on the freed GPUs")
         assert (await stub.Bind(bind_request("later", [whole(8)]))).outcome == PENDING
         assert book.served["zombie"].idle_reclaims == 1

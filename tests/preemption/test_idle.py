@@ -15,11 +15,23 @@ from kumiki.common.bus.topics import GPU_IDLE
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2, placement_pb2
 from tests.conftest import wait_until
-from tests.preemption.support import bind_until_bound, job_ref, live_stack, start_attempt, train_request
+from tests.preemption.support import Stack, bind_until_bound, job_ref, live_stack, start_attempt, train_request
 
 pytestmark = pytest.mark.slow
 
 JOB = "team/train"
+
+
+async def report_idle(stack: Stack, node: str) -> None:
+    """kumiki.gpu.idle for the job's first attempt, idle for the last 10 s, as telemetry-ingest publishes it."""
+    now = time.time()
+    idle = events_pb2.GpuIdle(
+        job=job_ref(JOB, 1), queue="team", node=node, mean_utilization_pct=0.0, idle_gpu_seconds=40.0
+    )
+    idle.since.FromNanoseconds(int((now - 10.0) * 1e9))
+    idle.until.FromNanoseconds(int(now * 1e9))
+    async with EventProducer(stack.kafka, "//kumiki/telemetry/test") as producer:
+        await producer.publish(GPU_IDLE, JOB, idle)
 
 
 async def test_job_idle_past_its_queues_threshold_is_checkpointed_and_its_gpus_go_to_a_waiting_job(
@@ -34,14 +46,7 @@ async def test_job_idle_past_its_queues_threshold_is_checkpointed_and_its_gpus_g
         assert (await stack.placement.Bind(waiting)).outcome == placement_pb2.BindResponse.OUTCOME_PENDING
         assert not stack.events.preempt_decisions(JOB)  # waiting alone does not preempt it (same tier, rank)
 
-        now = time.time()
-        idle = events_pb2.GpuIdle(
-            job=job_ref(JOB, 1), queue="team", node=train_node, mean_utilization_pct=0.0, idle_gpu_seconds=40.0
-        )
-        idle.since.FromNanoseconds(int((now - 10.0) * 1e9))
-        idle.until.FromNanoseconds(int(now * 1e9))
-        async with EventProducer(stack.kafka, "//kumiki/telemetry/test") as producer:
-            await producer.publish(GPU_IDLE, JOB, idle)
+        await report_idle(stack, train_node)
 
         assert await first.process.wait() == 0  # asked to checkpoint, did, exited
         assert first.steps()[-1][0] < 3000
@@ -67,14 +72,7 @@ async def test_a_placement_restarted_while_an_idle_victim_drains_still_counts_it
         train_node = await bind_until_bound(stack, train_request(JOB, 1, preemptible=True))
         waiting = train_request("team/next", 1, gpus=8)
         assert (await stack.placement.Bind(waiting)).outcome == placement_pb2.BindResponse.OUTCOME_PENDING
-        now = time.time()
-        idle = events_pb2.GpuIdle(
-            job=job_ref(JOB, 1), queue="team", node=train_node, mean_utilization_pct=0.0, idle_gpu_seconds=40.0
-        )
-        idle.since.FromNanoseconds(int((now - 10.0) * 1e9))
-        idle.until.FromNanoseconds(int(now * 1e9))
-        async with EventProducer(stack.kafka, "//kumiki/telemetry/test") as producer:
-            await producer.publish(GPU_IDLE, JOB, idle)
+        await report_idle(stack, train_node)
         # nothing answers the CHECKPOINT (no training process): the victim drains until the 8 s deadline
         await wait_until(
             lambda: stack.events.command(JOB, 1, events_pb2.PREEMPTION_ACTION_CHECKPOINT),

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from kumiki.common.contracts.v1 import placement_pb2
 from kumiki.placement.adapters.admission import Admission
@@ -35,6 +35,12 @@ _REQUEUED_KEPT = 10_000  # a requeued job never bound (withdrawn) must not grow 
 
 PREEMPT_DECISIONS = Counter(
     "kumiki_placement_preemptions_total", "Victims named by placement's scheduling pass, by reason", ["reason"]
+)
+RELEASE_SECONDS = Histogram(
+    "kumiki_placement_preemption_release_seconds",
+    "From placement's preemption decision to the victim's PREEMPTED release (GPUs held meanwhile), by reason",
+    ["reason"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
 )
 
 
@@ -91,9 +97,12 @@ async def release_preempted(
         _REQUEUED[(again.job_id, again.generation)] = otel_context.get_current()
         while len(_REQUEUED) > _REQUEUED_KEPT:
             _REQUEUED.popitem(last=False)
+    decided = book.draining.get(request.job.job_id)
     book.release_preempted(
         request.job.job_id, request.job.generation, now, beneficiary, denied, request.lost_gpu_seconds, cause
     )  # what it published: a restart folds the same PREEMPTED event into the job's service so far
+    if decided is not None and decided.job is job and decided.decided_s:  # a decision this placement made
+        RELEASE_SECONDS.labels(decided.preemption.reason).observe(max(0.0, now - decided.decided_s))
     return placement_pb2.ReleaseResponse(released=True, gpus_freed=job.command.request.gpu_demand)
 
 
