@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -93,5 +94,13 @@ def test_each_twin_takes_its_phases_idle_rule() -> None:
     # as late as the live phase found its zombies (the rule's own duration at the least)
     assert _twin_idle("kumiki", settings, endpoints, 1_250.0).found_after_s == 1_250.0
     assert _twin_idle("kumiki", settings, endpoints, 850.0).found_after_s == 900.0
+    # never, where the nodes send no samples (KWOK): the twin neither finds nor reclaims
+    never = _twin_idle("kumiki", settings, endpoints, math.inf)
+    assert never.due_after_s("any") is None
+    jobs = plan_jobs(load_jobs("philly-replay"), gpus_per_node=8, nodes=10, idle_fraction=0.1)
+    twin = simulate_counterpart(jobs, 10, "kumiki-noforecast", "best-fit", idle=never)
+    assert (twin["idle_found"], twin["idle_reclaimed"], twin["idle_found_after_s"]) == (0, 0, None)
+    data = results({"kumiki": 1_100.0}, {"kumiki": {**twin, "avg_jct_s": 1_000.0}})
+    assert "nor does a twin" in markdown(data) and "as late as" not in markdown(data)
     with pytest.raises(ValueError, match="'\\*=sometimes'"):
         _twin_idle("kumiki", settings, dataclasses.replace(endpoints, placement_idle_reclaim="*=sometimes"))

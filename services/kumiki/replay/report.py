@@ -127,9 +127,10 @@ def markdown(results: dict[str, Any]) -> str:
                 for key in ("idle_found", "idle_reclaimed")
             )
             lines.append(f"| {name} | {live:,.0f} | {twin:,.0f} | {live / twin - 1:+.1%} | {found} | {reclaims} |")
-        delays = [
-            f"{name} {twins[name]['idle_found_after_s']:,.0f} s" for name in rows if "idle_found_after_s" in twins[name]
-        ]
+        found_after = {name: twins[name]["idle_found_after_s"] for name in rows if "idle_found_after_s" in twins[name]}
+        delays = [f"{name} {delay:,.0f} s" for name, delay in found_after.items() if delay is not None]
+        if found_after and not delays:
+            lines += ["", "Telemetry finds no zombie on this path (its nodes send no GPU samples), nor does a twin."]
         if delays:
             lines += [
                 "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -208,20 +209,25 @@ def simulate_counterpart(
         "avg_queue_s": sum(job.queue_s for job in result.jobs) / len(result.jobs),
         "idle_found": result.idle_found,
         "idle_reclaimed": result.idle_reclaimed,
-        "idle_found_after_s": config.idle.found_after_s,
+        # None: never (the path's nodes send no GPU samples), which JSON has no number for
+        "idle_found_after_s": None if math.isinf(config.idle.found_after_s) else config.idle.found_after_s,
     }
 
 
 def _twin_idle(phase: str, settings: ReplaySettings, endpoints: Endpoints, found_after_s: float = 0.0) -> IdleReclaim:
     """Placement's idle rule in the phase (its override, else the stack's), for the twin, with telemetry's delay
-    as the live phase measured it (`found_after_s`, the median; 0: none found, the rule's own duration).
+    as the live phase measured it (`found_after_s`, the median; 0: none found, the rule's own duration; inf:
+    never, as on the pods path, whose KWOK nodes send no GPU samples).
 
     The live delay is the rule's duration plus sampling, chunk batching and the broker: at 1000x their fraction of
     a wall second is hundreds of trace seconds, so a twin that found zombies at the rule's 600 s found them sooner
     than the live phase could and reclaimed half again as many. A bad rule is a ValueError, which the twin reports
     as its failure."""
     rules = PHASE_OVERRIDES.get(phase, {}).get("KUMIKI_PLACEMENT_IDLE_RECLAIM", endpoints.placement_idle_reclaim)
-    return IdleReclaim(max(settings.idle_after_s, found_after_s), parse_idle_reclaim(rules))
+    policies = parse_idle_reclaim(rules)  # checked even when unused: a bad rule is the twin's reported failure
+    if math.isinf(found_after_s):
+        return IdleReclaim(math.inf, {})
+    return IdleReclaim(max(settings.idle_after_s, found_after_s), policies)
 
 
 async def _telemetry_for(settings: ReplaySettings, endpoints: Endpoints) -> Endpoints:
@@ -342,6 +348,8 @@ async def run_session(
     if settings.simulate:
         policy = settings.policy or endpoints.placement_policy
         found_after = {result.phase: float(result.summary["idle_found_after_s"]) for result in results}
+        if via == "pods":  # KWOK nodes send no GPU samples: telemetry finds no zombie there, nor may a twin
+            found_after = dict.fromkeys([*settings.phases, "kumiki"], math.inf)
         for phase in settings.phases:
             phase_policy = "fifo" if phase == "baseline" else policy
             try:
