@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from kumiki.sched.preemption import is_preemption_reason
+from kumiki.sched.preemption import reason_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +127,9 @@ def validate_request(request: PreemptRequest) -> list[tuple[str, str]]:
         problems.append(("gpus", f"must be >= 0, got {request.gpus:g}"))
     if not request.decision_id:
         problems.append(("decision_id", "required"))
-    if not is_preemption_reason(request.reason):
-        expected = "expected lowercase letters and hyphens (at most 64)"
-        problems.append(("preemption_reason", f"{expected}, got {request.reason!r}"))
+    reason_wrong = reason_problem(request.reason)
+    if reason_wrong is not None:
+        problems.append(("preemption_reason", reason_wrong))
     return problems
 
 

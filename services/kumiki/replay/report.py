@@ -35,11 +35,8 @@ def load_results(run: Path) -> dict[str, Any]:
     return data
 
 
-# counts of events and how long telemetry took, not figures of merit: no ratio
-NO_RATIO = {"idle_found", "idle_reclaimed", "idle_found_after_s", "idle_reclaimed_after_s"}
-
-
-DELAYS = {"idle_found_after_s", "idle_reclaimed_after_s"}
+DELAYS = {"idle_found_after_s", "idle_reclaimed_after_s"}  # how long telemetry and reclaim took
+NO_RATIO = {"idle_found", "idle_reclaimed", *DELAYS}  # counts of events and delays, not figures of merit
 
 
 def _cell(value: float, key: str, fmt: str) -> str:

@@ -25,8 +25,11 @@ from kumiki.sched.jobs import CheckpointModel
 PREEMPTION_REASON = re.compile(r"[a-z][a-z-]{0,63}")
 
 
-def is_preemption_reason(text: str) -> bool:
-    return PREEMPTION_REASON.fullmatch(text) is not None
+def reason_problem(text: str) -> str | None:
+    """What is wrong with `text` as a preemption reason, None if nothing: the one message both ends give."""
+    if PREEMPTION_REASON.fullmatch(text) is not None:
+        return None
+    return f"expected lowercase letters and hyphens (at most 64), got {text!r}"
 
 
 @dataclass(frozen=True, slots=True)

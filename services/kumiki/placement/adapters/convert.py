@@ -13,7 +13,7 @@ from kumiki.sched.cluster import GpuShare, MigSlice, NodeSpec, PodPlacement
 from kumiki.sched.forecasting import RuntimeForecast
 from kumiki.sched.jobs import MIB_PER_GB, GangRequest
 from kumiki.sched.placement import PendingReason
-from kumiki.sched.preemption import is_preemption_reason
+from kumiki.sched.preemption import reason_problem
 
 MAX_PODS = 4096
 
@@ -182,11 +182,9 @@ def release_state(request: placement_pb2.ReleaseRequest) -> int:
         )
     if request.lost_gpu_seconds < 0 or request.lost_gpu_seconds != request.lost_gpu_seconds:
         raise InvalidRequest("lost_gpu_seconds", f"must be >= 0, got {request.lost_gpu_seconds}")
-    if request.preemption_reason and not is_preemption_reason(request.preemption_reason):
-        raise InvalidRequest(
-            "preemption_reason",
-            f"expected lowercase letters and hyphens (at most 64), got {request.preemption_reason!r}",
-        )
+    reason_wrong = reason_problem(request.preemption_reason) if request.preemption_reason else None
+    if reason_wrong is not None:
+        raise InvalidRequest("preemption_reason", reason_wrong)
     return state
 
 

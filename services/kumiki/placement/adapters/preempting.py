@@ -88,7 +88,7 @@ async def release_preempted(
     book.releasing.add(claim)
     try:
         # placement's own while the victim drains; after a restart, the coordinator's (from the PREEMPT decision)
-        cause = book.eviction_cause(request.job.job_id) or request.preemption_reason
+        cause = book.eviction_cause(request.job.job_id, request.preemption_reason)
         await publisher.requeued(job, again, request.lost_gpu_seconds, max(0.0, now - job.bound_s), cause)
         denied = None if book.freed_for_held(beneficiary) else await admission.admit(again)  # held behind it then
     finally:

@@ -347,6 +347,7 @@ class PlacementBook:
         coordinator says was lost since the last checkpoint; default the book's own estimate), counts towards the
         job's service so far (`served`), which the policy ranks its next generations by. `cause`: why it was
         chosen, for a victim this book has no decision for (a restart found it still bound)."""
+        cause = self.eviction_cause(job_id, cause)
         victim = self.draining.get(job_id)
         moved = False
         if victim is not None and (not generation or victim.job.command.generation == generation):
@@ -362,10 +363,8 @@ class PlacementBook:
         decided = victim.preemption if victim is not None and victim.job is job else None
         if lost_gpu_s is None:
             lost_gpu_s = decided.lost_gpu_s if decided is not None else 0.0
-        # a victim a restart found still bound has no decision kept here: the caller's cause (the coordinator's)
-        idle_reclaim = (decided.reason if decided is not None else cause) == IDLE_RECLAIM
         self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
-            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, idle_reclaim
+            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, cause == IDLE_RECLAIM
         )
         again = replace(job.command, generation=job.command.generation + 1)
         if self.freed_for_held(beneficiary):  # freed for a job quota holds back: wait behind it, held too
@@ -453,11 +452,12 @@ class PlacementBook:
             self.draining[job_id] = victim
             self.preemptions.append(victim)
 
-    def eviction_cause(self, job_id: str) -> str:
-        """Why a job being evicted was chosen (a preemption reason), "" if not known: the PREEMPTED event carries
+    def eviction_cause(self, job_id: str, told: str = "") -> str:
+        """Why the attempt being evicted was chosen (a preemption reason): this book's decision while it drains,
+        else `told` (the coordinator's, for a victim a restart found still bound). The PREEMPTED event carries
         it, so a restart knows which evictions were idle reclaims."""
         victim = self.draining.get(job_id)
-        return victim.preemption.reason if victim is not None else ""
+        return victim.preemption.reason if victim is not None else told
 
     def checkpointed(self, job_id: str, completed_s: float) -> None:
         """A job's newest acknowledged checkpoint (from kumiki.checkpoints): victim choice counts work since it.
