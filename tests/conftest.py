@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from kumiki.common.config import DatabaseSettings, KafkaSettings
+from kumiki.common.taskdump import print_tasks
 from kumiki.devstack.broker import start_noida
 from kumiki.devstack.processes import free_port, terminate
 
@@ -117,12 +118,7 @@ def asyncio_task_dump_on_hang(request: pytest.FixtureRequest) -> Iterator[None]:
     def dump() -> None:
         fired.set()
         loop = getattr(request.node, "_kumiki_loop", None)
-        print(f"\n--- {request.node.nodeid} still running after 240 s; asyncio tasks: ---", file=sys.stderr)
-        for task in asyncio.all_tasks(loop) if loop else ():
-            try:
-                task.print_stack(file=sys.stderr)
-            except Exception as error:  # a frame without line numbers must not hide the others
-                print(f"{task!r}: {error!r}", file=sys.stderr)
+        print_tasks(loop, sys.stderr, header=f"{request.node.nodeid} still running after 240 s; asyncio tasks")
 
     timer = threading.Timer(240, dump)
     timer.daemon = True

@@ -987,6 +987,62 @@ async def test_a_recreated_worker_takes_the_place_of_the_one_deleted(kube: Async
     assert counted.get("kumiki_binder_replacements_total") == 1, counted
 
 
+async def test_the_next_generations_pods_made_during_an_eviction_wait_for_its_release(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    """A job controller recreates an evicted gang's pods as soon as the old ones are gone, which can be before the
+    coordinator's PREEMPTED reaches the binder. They are the next generation, not replacements of the members the
+    eviction deleted: Placement may have given those GPUs to the job the eviction was for. (They once were taken
+    for replacements and bound there, over a GPU another job held; found by the replay through KWOK.)"""
+    await start(processes, kube, [node_object("gpu-0", 8)])
+    ns = await namespace(kube)
+    job = f"{ns}/victim"
+    await create_all(
+        kube,
+        [podgroup_object(ns, "victim", 2), *(pod_object(ns, f"victim-{i}", gpus=4, group="victim") for i in range(2))],
+    )
+    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
+    await send_evict(processes, job, 1, "c-evict")
+
+    async def evicted() -> bool:
+        return not await pods_in(kube, ns)
+
+    await until(evicted, timeout_s=60, what="the first generation's pods evicted")
+    # no PREEMPTED yet (no coordinator here): the controller's next pods ask for exactly what the evicted ones did
+    await create_all(kube, [pod_object(ns, f"victim-g2-{i}", gpus=4, group="victim", run_for="1s") for i in range(2)])
+
+    async def waiting_for_the_release() -> bool:
+        pods = await pods_in(kube, ns)
+        reasons = {(condition(pod) or {}).get("reason") for pod in pods}
+        return len(pods) == 2 and reasons == {"PreviousGenerationEvicting"}
+
+    await until_or_say(kube, ns, waiting_for_the_release, 60, "the next generation's pods told they wait")
+    assert bound(await pods_in(kube, ns)) == []
+    replaced = binder_metrics(processes, "kumiki_binder_replacements")
+    assert replaced.get("kumiki_binder_replacements_total") == 0, replaced
+
+    # the coordinator's release: the pods go to Placement as generation 2, are bound and run
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{processes.placement_port}") as channel:
+        await placement_pb2_grpc.PlacementStub(channel).Release(
+            placement_pb2.ReleaseRequest(
+                job=common_pb2.JobRef(job_id=job, generation=1),
+                reason="preempted",
+                final_state=events_pb2.JOB_STATE_PREEMPTED,
+            ),
+            timeout=10.0,
+        )
+
+    async def second_generation_states() -> set[int]:
+        states = {r.state for r in await lifecycle(processes.kafka) if r.job.job_id == job and r.job.generation == 2}
+        return states if events_pb2.JOB_STATE_COMPLETED in states else set()
+
+    states = await until(second_generation_states, timeout_s=60, what="the second generation COMPLETED")
+    assert {events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING} <= states
+    pods = await pods_in(kube, ns)
+    assert {pod["metadata"]["annotations"][core.GENERATION_ANNOTATION] for pod in pods} == {"2"}
+    assert over_commits(pods) == []
+
+
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:
     await start(processes, kube, [node_object(f"gpu-{index}", 8) for index in range(2)])
     ns = await namespace(kube)

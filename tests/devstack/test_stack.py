@@ -8,9 +8,11 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,11 +35,55 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def kumiki(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`kumiki ARGS` on the stack in `home`. Past `timeout` the command and the stack's services are asked
+    where they wait (SIGUSR1: kumiki.common.taskdump), and the test fails with their answers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUMIKI_")}
     env["KUMIKI_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "kumiki.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    command = [sys.executable, "-m", "kumiki.cli", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            logs = _dump_stack(home)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=3)  # the answer is in the pipe; the process keeps running
+            process.kill()
+            stdout, stderr = process.communicate()
+            raise AssertionError(
+                f"kumiki {' '.join(args)}: still running after {timeout:.0f} s\n--- its stdout:\n{stdout[-4000:]}"
+                f"\n--- its stderr (tasks at the end):\n{stderr[-20000:]}\n{_log_tails(logs)}"
+            ) from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _dump_stack(home: Path) -> dict[str, Path]:
+    """SIGUSR1 to each service of the stack in `home` (each prints its tasks to its log); their logs."""
+    try:
+        services = json.loads((home / "stack.json").read_text())["services"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    logs = {}
+    for name, service in services.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError):
+            os.kill(int(service["pid"]), signal.SIGUSR1)
+        logs[name] = Path(service.get("log") or home / "logs" / f"{name}.log")
+    for path in sorted((home / "kube" / "logs").glob("*.log")):  # `kumiki up --kubernetes`: etcd, API server, KWOK
+        logs[f"kube {path.stem}"] = path
+    return logs
+
+
+def _log_tails(logs: dict[str, Path], lines: int = 60) -> str:
+    """The last `lines` of each log, given a moment for the services' dumps to land."""
+    time.sleep(2)  # not a race being waited out: the dumps only add to what is shown, present or not
+    parts = []
+    for name, path in logs.items():
+        with contextlib.suppress(OSError):
+            parts.append(
+                f"--- {name} ({path}), last {lines} lines:\n" + "\n".join(path.read_text().splitlines()[-lines:])
+            )
+    return "\n".join(parts)
 
 
 def status(home: Path) -> dict[str, dict[str, object]]:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
+import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -16,6 +20,7 @@ from rich.table import Table
 from kumiki.cli.main import UsageError, message_console
 from kumiki.cli.simulate import add_progress_options, progress_reports_from
 from kumiki.common.config import ConfigError, DatabaseSettings, KafkaSettings
+from kumiki.common.taskdump import dump_tasks_on_signal
 from kumiki.devstack.processes import StackError
 from kumiki.devstack.stack import (
     LOCAL_IDLE_RECLAIM,
@@ -32,6 +37,8 @@ from kumiki.replay.runner import DEFAULT_TRACE, Endpoints, ReplaySettings, run_s
 from kumiki.sim.trace import TraceError
 
 console = message_console()
+LINE_EVERY_S = 10.0  # the live view's line, where stderr is not a terminal
+STILL_EVERY_S = 60.0  # ... and while nothing changes
 
 
 def add_replay_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, prefix: str = "") -> None:
@@ -176,13 +183,50 @@ def _view(counts: LiveCounts) -> Table:
     return table
 
 
+@dataclass
+class LogLines:
+    """The live view where stderr is not a terminal (CI, a pipe, a file): a line when it changed, at most every
+    LINE_EVERY_S, and one every STILL_EVERY_S while nothing does, saying for how long (a stalled replay shows)."""
+
+    last: str = ""
+    changed_at: float = 0.0
+    printed_at: float = -math.inf
+
+    def due(self, line: str, now: float) -> str | None:
+        """What to print now, if anything."""
+        if line != self.last and now - self.printed_at >= LINE_EVERY_S:
+            self.last, self.changed_at, self.printed_at = line, now, now
+            return line
+        if line == self.last and now - self.printed_at >= STILL_EVERY_S:
+            self.printed_at = now
+            return f"{line} (no change for {now - self.changed_at:.0f} s)"
+        return None
+
+
+def _line(counts: LiveCounts) -> str:
+    """The live view as one log line, for a console that is not a terminal (CI, a pipe, a file)."""
+    return (
+        f"replay {counts.phase}: submitted {counts.submitted}/{counts.planned}, waiting {counts.waiting}, "
+        f"running {counts.running}, done {counts.done}; GPUs held {counts.gpus_allocated}, "
+        f"computing {counts.gpus_busy}; idle jobs found {counts.idle_found}, reclaimed {counts.idle_reclaimed}"
+    )
+
+
 async def _with_view(settings: ReplaySettings, where: Endpoints) -> dict[str, object]:
+    dump_tasks_on_signal("kumiki replay")  # `kill -USR1` shows where a replay that seems stuck waits
     counts = LiveCounts()
-    with Live(_view(counts), console=Console(stderr=True), refresh_per_second=4, transient=False) as live:
+    view = Console(stderr=True)
+    with Live(_view(counts), console=view, refresh_per_second=4, transient=False) as live:
 
         async def refresh() -> None:
+            lines = LogLines()  # a terminal redraws the table; anything else gets lines
             while True:
-                live.update(_view(counts))
+                if view.is_terminal:
+                    live.update(_view(counts))
+                else:
+                    line = lines.due(_line(counts), time.monotonic())
+                    if line is not None:
+                        print(line, file=sys.stderr, flush=True)
                 await asyncio.sleep(0.25)
 
         refresher = asyncio.create_task(refresh())

@@ -32,6 +32,7 @@ from kumiki.common.config import EXIT_PORT_IN_USE, ConfigError, PortInUse, Setti
 from kumiki.common.db import DatabaseUnavailable, MigrationError, apply_migrations, create_pool
 from kumiki.common.grpcutil import RequestGuard
 from kumiki.common.logs import configure_logging
+from kumiki.common.taskdump import dump_tasks_on_signal
 from kumiki.common.tracing import ServerTracingInterceptor, configure_tracing, sampler_from_env
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,7 @@ async def _serve(spec: ServiceSpec, settings: Settings) -> None:
     stop_requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
+    dump_tasks_on_signal(f"kumiki-{spec.name}")
     try:
         await host.start()
         waiter = asyncio.create_task(host.wait())

@@ -196,8 +196,11 @@ class Binder(Submissions, Eviction):
             if waiting_in_placement and not gang.waiting() and gang.submitted:
                 gang.released = gang.generation  # its pods are gone: withdraw it from Placement's queue
                 self._spawn(self._release(gang.job_id, gang.generation, "pods deleted while waiting", 0))
+            if told := self.told_late.get(gang.job_id):
+                told.discard(pod.key)
             if not gang.pods and (not gang.bound or gang.released == gang.generation):
                 self.gangs.pop(gang.job_id, None)
+                self.told_late.pop(gang.job_id, None)
             return
         previous = gang.pods.get(pod.key)
         gang.pods[pod.key] = pod

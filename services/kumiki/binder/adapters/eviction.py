@@ -106,7 +106,7 @@ class Eviction(BinderState):
         gang.released = generation
         gang.submitted = ()
         gang.waiting_since = 0.0
-        self.told_late.discard(job_id)
+        self.told_late.pop(job_id, None)
         if not any(not pod.deleting and not pod.ended for pod in gang.pods.values()):
             self.gangs.pop(job_id, None)
         self.touch(job_id)

@@ -99,7 +99,7 @@ class BinderState:
         self.synced = asyncio.Event()
         self.node_changes = 0
         self.dirty: set[str] = set()
-        self.told_late: set[str] = set()
+        self.told_late: dict[str, set[PodKey]] = {}  # per job: the late pods told why they wait
         self.never_fit: set[str] = set()
         self.settle_s = settle_s
         # a gang queued in Placement shows Placement's reason as of now, asked again this often (0: never)

@@ -21,6 +21,8 @@ from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2
 
 log = logging.getLogger(__name__)
 
+EVICTING = "the pod group's previous generation is being evicted: these pods run its next one once it is released"
+
 
 class Submissions(Binding):
     """Submits through `Binding`: an answer of BOUND binds at once."""
@@ -60,14 +62,18 @@ class Submissions(Binding):
                     continue
                 if gang.bound and gang.released != gang.generation:
                     late = [pod for pod in gang.waiting() if pod.key not in gang.submitted]
+                    if late and self.evicting.get(job_id, 0) >= gang.generation:
+                        # The next generation's pods: the job's controller made them once the eviction deleted
+                        # the old ones, before the coordinator's PREEMPTED reached us. They are no replacements:
+                        # Placement may have given the evicted members' GPUs away already. They wait for the
+                        # release (`_evicted`), then go to Placement as the next generation.
+                        self._tell_late(gang, late, "PreviousGenerationEvicting", EVICTING)
+                        continue
                     if late and self._replace_members(gang, late):
                         continue
-                    if late and job_id not in self.told_late:
-                        self.told_late.add(job_id)
-                        self._spawn(
-                            self._tell_pending(
-                                gang, late, "GroupAlreadyPlaced", "the pod group was placed before this pod joined it"
-                            )
+                    if late:
+                        self._tell_late(
+                            gang, late, "GroupAlreadyPlaced", "the pod group was placed before this pod joined it"
                         )
                     continue
                 if not gang.ready_to_submit():
@@ -93,6 +99,16 @@ class Submissions(Binding):
                 self._spawn(self._submit(gang))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=0.25)
+
+    def _tell_late(self, gang: Gang, late: list[Pod], reason: str, message: str) -> None:
+        """Each late pod of a placed gang is told once why it waits, however many arrive one after another."""
+        told = self.told_late.setdefault(gang.job_id, set())
+        untold = [pod for pod in late if pod.key not in told]
+        if not untold:
+            return
+        told.update(pod.key for pod in untold)
+        gang.reason = ""  # the gang's reason reads the same, but these pods have not heard it
+        self._spawn(self._tell_pending(gang, untold, reason, message))
 
     def _replace_members(self, gang: Gang, late: list[Pod]) -> bool:
         """Late pods of a placed gang that ask for what a deleted member asked take its place: Placement still
