@@ -20,7 +20,14 @@ import pytest
 from kumiki.common.bus.codec import Event
 from kumiki.common.bus.topics import JOB_LIFECYCLE, PREEMPTION_COMMANDS
 from kumiki.common.config import KafkaSettings
-from kumiki.common.contracts.v1 import checkpoints_pb2, checkpoints_pb2_grpc, common_pb2, events_pb2
+from kumiki.common.contracts.v1 import (
+    checkpoints_pb2,
+    checkpoints_pb2_grpc,
+    common_pb2,
+    events_pb2,
+    placement_pb2,
+    placement_pb2_grpc,
+)
 from kumiki.replay.core import ReplayJob
 from kumiki.replay.driver import Replay
 from tests.conftest import wait_until
@@ -229,3 +236,60 @@ def test_a_trace_job_is_named_afresh_in_each_run_and_phase_so_its_earlier_run_ti
         assert request.name == request.job.job_id == key and "philly-7" in key
         names.add(request.name)
     assert len(names) == 3, "the forecaster keys history on the name: never the same across replays"
+
+
+class Explains(placement_pb2_grpc.PlacementServicer):
+    """A Placement server that answers Explain only: every job pending behind the same reason, each ask kept."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def Explain(
+        self, request: placement_pb2.ExplainRequest, context: grpc.aio.ServicerContext
+    ) -> placement_pb2.ExplainResponse:
+        self.asked.append(request.job_id)
+        reason = common_pb2.PendingReason(code="insufficient_gpus", message="no node has 8 free GPUs")
+        return placement_pb2.ExplainResponse(status="pending", queue="q", queue_position=1, reasons=[reason])
+
+
+async def test_a_replay_that_stops_moving_asks_placement_why_its_longest_waiting_jobs_wait() -> None:
+    """Nothing moves for the stall time while two jobs wait: the driver asks Placement (Explain, over real gRPC on
+    loopback) about them, longest waiting first, and logs its answers; the running job is not asked about."""
+    servicer = Explains()  # type: ignore[abstract]  # only Explain is called here
+    server = grpc.aio.server()
+    placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    jobs = [ReplayJob(name, "q", 0.0, 10_000.0, 8, (8,), False) for name in ("runs", "first", "second")]
+    replay = Replay(
+        jobs,
+        placement_address="unused",
+        kafka=KafkaSettings(),
+        speed=1000,
+        phase="p",
+        preemptible=False,
+        stall_after_s=0.2,
+    )
+    replay._stub = placement_pb2_grpc.PlacementStub(channel)
+    runs, first, second = replay.tracks
+    for key in (runs, first, second):
+        replay._submitted(replay.tracks[key])
+    replay.tracks[first].queued_wall -= 2.0  # it has waited longest (2 wall s: 2,000 trace s)
+    await replay._on_lifecycle(runs, event(JOB_LIFECYCLE, runs, bound(runs, 1)))
+    stopping = asyncio.Event()
+    watch = asyncio.create_task(replay._watch_stalls(stopping))
+    try:
+        await wait_until(lambda: len(replay.stalls) >= 2, timeout_s=30, what="a stall report")
+    finally:
+        stopping.set()
+        await watch
+        replay.tracks[runs].release.cancel()  # type: ignore[union-attr]
+        await channel.close()
+        await server.stop(None)
+    assert servicer.asked[:2] == [first, second]
+    assert replay.stalls[0].startswith(f"stalled: {first} has waited 2,")
+    assert replay.stalls[0].endswith(
+        "placement says pending, position 1 in queue q (insufficient_gpus: no node has 8 free GPUs)"
+    )
+    assert all(runs not in line for line in replay.stalls)

@@ -36,6 +36,7 @@ from kumiki.common.grpcutil import client_channel, unix_seconds
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.replay.core import Outcome, ReplayJob, next_report_mark
 from kumiki.replay.nodes import NodeAgents
+from kumiki.replay.stalls import STALL_AFTER_S, STALL_JOBS, StallWatch, placement_said, pods_said
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class _Track:
     # counted in `counts.waiting`: submitted or preempted, not bound since (a generation placement requeued after
     # the driver released the job, its PREEMPTED read too late to count, is bound without having been counted)
     queued: bool = False
+    queued_wall: float = 0.0  # when it last began to wait (submitted, or its attempt preempted)
     early_checkpoint: events_pb2.PreemptionCommand | None = None  # a CHECKPOINT read before its attempt's BOUND
     found_idle: set[int] = field(default_factory=set)  # generations telemetry reported idle
     # per attempt found while bound: wall seconds from its BOUND to telemetry's gpu.idle (the event's own time)
@@ -192,6 +194,7 @@ class Replay:
         channel_factory: Callable[[str], grpc.aio.Channel] = client_channel,  # mTLS when KUMIKI_GRPC_* say so
         agents: NodeAgents | None = None,
         progress: Mapping[str, float] | None = None,
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
@@ -222,6 +225,8 @@ class Replay:
         self._done = asyncio.Event()
         self._stub: placement_pb2_grpc.PlacementStub | None = None
         self._pending_calls: set[asyncio.Task[None]] = set()
+        self.stall_watch = StallWatch(stall_after_s)
+        self.stalls: list[str] = []  # what each stall report said (also logged)
 
     # ---- how jobs are named, started and ended (the Kubernetes replay overrides these) ----------------------
     def job_prefix(self) -> str:
@@ -249,6 +254,40 @@ class Replay:
 
     async def _close(self) -> None:
         """Undo `_open` (after the last job)."""
+
+    async def _pods_of(self, key: str) -> list[dict[str, Any]]:
+        """The job's pods as the API server has them (the Kubernetes replay; none here)."""
+        return []
+
+    # ---- stalls -------------------------------------------------------------------------------------------
+    async def stall_report(self) -> list[str]:
+        """Why the jobs that have waited longest still wait: Placement's Explain of each, and its pods' states."""
+        waiting = sorted((track.queued_wall, key) for key, track in self.tracks.items() if track.queued)
+        lines: list[str] = []
+        for queued_wall, key in waiting[:STALL_JOBS]:
+            waited_s = (time.time() - queued_wall) * self.speed
+            try:
+                assert self._stub is not None
+                reply = await self._stub.Explain(placement_pb2.ExplainRequest(job_id=key), timeout=10.0)
+                lines.append(placement_said(key, waited_s, reply))
+            except grpc.aio.AioRpcError as error:
+                lines.append(f"stalled: {key} has waited {waited_s:,.0f} s; Explain: {error.code().name}")
+            with contextlib.suppress(Exception):  # what the pods say only adds to the line above
+                lines += pods_said(await self._pods_of(key))
+        return lines
+
+    async def _watch_stalls(self, stopping: asyncio.Event) -> None:
+        """Every few seconds: when nothing moved for `stall_watch.after_s` while jobs wait, log why they wait."""
+        interval_s = max(0.05, min(5.0, self.stall_watch.after_s / 4))
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=interval_s)
+            counts = self.counts
+            mark = (counts.submitted, counts.waiting, counts.running, counts.done, counts.preempted, counts.binds)
+            if self.stall_watch.due(mark, counts.waiting, time.monotonic()):
+                for line in await self.stall_report():
+                    log.warning(line)
+                    self.stalls.append(line)
 
     # ---- clock --------------------------------------------------------------------------------------------
     def trace_s(self, wall: float) -> float:
@@ -411,6 +450,7 @@ class Replay:
     def _queued(self, track: _Track) -> None:
         if not track.queued:
             track.queued = True
+            track.queued_wall = time.time()
             self.counts.waiting += 1
 
     def _dequeued(self, track: _Track) -> None:
@@ -526,6 +566,7 @@ class Replay:
         self._stub = placement_pb2_grpc.PlacementStub(channel)
         commands: TopicReader | None = None
         commands_task: asyncio.Task[None] | None = None
+        stalls_task: asyncio.Task[None] | None = None
         checkpoints_channel = None
         if self.checkpoints_address is not None:
             checkpoints_channel = self.channel_factory(self.checkpoints_address)
@@ -538,6 +579,7 @@ class Replay:
             await self._open()
             self._t0 = time.time()
             self.counts.started_wall = time.monotonic()
+            stalls_task = asyncio.create_task(self._watch_stalls(stopping), name="replay-stalls")
             for key, track in self.tracks.items():
                 due = self._t0 + track.job.submit_s / self.speed
                 delay = due - time.time()
@@ -559,7 +601,7 @@ class Replay:
                     track.release.cancel()
             with contextlib.suppress(Exception):  # teardown: what `_open` made may be gone already
                 await self._close()
-            for background in (follower, idle_task, commands_task):
+            for background in (follower, idle_task, commands_task, stalls_task):
                 if background is not None:
                     background.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -180,6 +180,11 @@ class KubeReplay(Replay):
         await self._client.close()
         self._client = None
 
+    async def _pods_of(self, key: str) -> list[dict[str, Any]]:
+        group = key.rsplit("/", 1)[1]
+        pods = self._client.list(Pod, namespace=self.namespace, labels={POD_GROUP_LABEL: group})
+        return [pod.to_dict() async for pod in pods]
+
     async def _submit(self, key: str, track: _Track) -> None:
         self._submitted(track)
         await self._create(key, track.job, 1, track.job.duration_s)
