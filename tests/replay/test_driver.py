@@ -288,7 +288,7 @@ async def test_a_replay_that_stops_moving_asks_placement_why_its_longest_waiting
         await channel.close()
         await server.stop(None)
     assert servicer.asked[:2] == [first, second]
-    assert replay.stalls[0].startswith(f"stalled: {first} has waited 2,")
+    assert replay.stalls[0].startswith(f"still waiting: {first} has waited 2,")
     assert replay.stalls[0].endswith(
         "placement says pending, position 1 in queue q (insufficient_gpus: no node has 8 free GPUs)"
     )

@@ -28,7 +28,7 @@ def test_placement_pending_answer_with_its_reasons_and_place_in_the_queue() -> N
         ],
     )
     assert placement_said("r1-kumiki/j00007", 1234.4, reply) == (
-        "stalled: r1-kumiki/j00007 has waited 1,234 s; placement says pending, position 3 in queue research "
+        "still waiting: r1-kumiki/j00007 has waited 1,234 s; placement says pending, position 3 in queue research "
         "(insufficient_gpus: no node has 8 free GPUs; queue_order)"
     )
 
@@ -39,11 +39,12 @@ def test_placement_bound_answer_names_the_nodes_the_replay_has_not_seen_run() ->
         assignments=[common_pb2.PodAssignment(node="kwok-1"), common_pb2.PodAssignment(node="kwok-0", pod_index=1)],
     )
     assert placement_said("ns/j00000", 50.0, reply) == (
-        "stalled: ns/j00000 has waited 50 s; placement says bound on kwok-0, kwok-1, but its run has not been seen "
-        "to start"
+        "still waiting: ns/j00000 has waited 50 s; placement says bound on kwok-0, kwok-1, "
+        "but its run has not been seen to start"
     )
     assert (
-        placement_said("x", 0.0, placement_pb2.ExplainResponse()) == "stalled: x has waited 0 s; placement says nothing"
+        placement_said("x", 0.0, placement_pb2.ExplainResponse())
+        == "still waiting: x has waited 0 s; placement says nothing"
     )
 
 

@@ -271,7 +271,7 @@ class Replay:
                 reply = await self._stub.Explain(placement_pb2.ExplainRequest(job_id=key), timeout=10.0)
                 lines.append(placement_said(key, waited_s, reply))
             except grpc.aio.AioRpcError as error:
-                lines.append(f"stalled: {key} has waited {waited_s:,.0f} s; Explain: {error.code().name}")
+                lines.append(f"still waiting: {key} has waited {waited_s:,.0f} s; Explain: {error.code().name}")
             with contextlib.suppress(Exception):  # what the pods say only adds to the line above
                 lines += pods_said(await self._pods_of(key))
         return lines

@@ -40,7 +40,7 @@ class StallWatch:
 
 def placement_said(job_id: str, waited_s: float, reply: placement_pb2.ExplainResponse) -> str:
     """One line: the job, how long it has waited (trace seconds), and Placement's answer to Explain."""
-    head = f"stalled: {job_id} has waited {waited_s:,.0f} s; placement says {reply.status or 'nothing'}"
+    head = f"still waiting: {job_id} has waited {waited_s:,.0f} s; placement says {reply.status or 'nothing'}"
     if reply.status == "bound":
         nodes = sorted({assignment.node for assignment in reply.assignments})
         return f"{head} on {', '.join(nodes)}, but its run has not been seen to start"
