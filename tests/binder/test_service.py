@@ -422,14 +422,35 @@ async def test_an_evict_command_read_after_its_release_still_lets_the_next_gener
     (job.lifecycle): two topics, so the binder may read them in either order. Read release first, the command
     must still evict that generation's pods and must not hold back the next generation's progress (it once did:
     the next generation's pods ran and succeeded, and the job never ended)."""
+    ns, job = await bound_victim(kube, processes, gpus_each=2)
+    await release_preempted(processes, job)
+    confirmed = "kumiki_binder_evictions_confirmed_total"
+    await until(lambda: binder_metrics(processes, confirmed).get(confirmed) == 1, 30, "the binder to read the release")
+    await send_evict(processes, job, 1, "c-late")
+    await until(lambda: no_pods(kube, ns), timeout_s=60, what="the first generation's pods evicted on the late command")
+    # the job's controller makes the next generation's pods (resuming from the checkpoint)
+    await create_all(kube, next_generation(ns, gpus_each=2))
+    states = await until(lambda: ended_states(processes, job, 2), timeout_s=60, what="the second generation COMPLETED")
+    assert {events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING} <= states
+
+
+async def bound_victim(kube: AsyncClient, processes: Processes, gpus_each: int) -> tuple[str, str]:
+    """One 8-GPU node and a gang `victim` of two pods bound on it: (its namespace, its job id)."""
     await start(processes, kube, [node_object("gpu-0", 8)])
     ns = await namespace(kube)
-    job = f"{ns}/victim"
-    await create_all(
-        kube,
-        [podgroup_object(ns, "victim", 2), *(pod_object(ns, f"victim-{i}", gpus=2, group="victim") for i in range(2))],
-    )
+    pods = [pod_object(ns, f"victim-{i}", gpus=gpus_each, group="victim") for i in range(2)]
+    await create_all(kube, [podgroup_object(ns, "victim", 2), *pods])
     await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
+    return ns, f"{ns}/victim"
+
+
+def next_generation(ns: str, gpus_each: int) -> list[dict[str, Any]]:
+    """The pods the victim's job controller makes again (resuming from its checkpoint); they run a second."""
+    return [pod_object(ns, f"victim-g2-{i}", gpus=gpus_each, group="victim", run_for="1s") for i in range(2)]
+
+
+async def release_preempted(processes: Processes, job: str) -> None:
+    """The coordinator's release of the job's first generation as PREEMPTED, as it sends it to Placement."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{processes.placement_port}") as channel:
         await placement_pb2_grpc.PlacementStub(channel).Release(
             placement_pb2.ReleaseRequest(
@@ -439,23 +460,17 @@ async def test_an_evict_command_read_after_its_release_still_lets_the_next_gener
             ),
             timeout=10.0,
         )
-    confirmed = "kumiki_binder_evictions_confirmed_total"
-    await until(lambda: binder_metrics(processes, confirmed).get(confirmed) == 1, 30, "the binder to read the release")
-    await send_evict(processes, job, 1, "c-late")
 
-    async def evicted() -> bool:
-        return not await pods_in(kube, ns)
 
-    await until(evicted, timeout_s=60, what="the first generation's pods evicted on the late command")
-    # the job's controller makes the next generation's pods (resuming from the checkpoint)
-    await create_all(kube, [pod_object(ns, f"victim-g2-{i}", gpus=2, group="victim", run_for="1s") for i in range(2)])
+async def no_pods(kube: AsyncClient, ns: str) -> bool:
+    return not await pods_in(kube, ns)
 
-    async def second_generation_states() -> set[int]:
-        states = {r.state for r in await lifecycle(processes.kafka) if r.job.job_id == job and r.job.generation == 2}
-        return states if events_pb2.JOB_STATE_COMPLETED in states else set()
 
-    states = await until(second_generation_states, timeout_s=60, what="the second generation COMPLETED")
-    assert {events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING} <= states
+async def ended_states(processes: Processes, job: str, generation: int) -> set[int]:
+    """The states job.lifecycle has for the job's `generation` once it COMPLETED (empty until then)."""
+    events = await lifecycle(processes.kafka)
+    states = {r.state for r in events if r.job.job_id == job and r.job.generation == generation}
+    return states if events_pb2.JOB_STATE_COMPLETED in states else set()
 
 
 async def test_binder_sigkilled_mid_500_binds_resumes_without_double_binding(
@@ -994,22 +1009,11 @@ async def test_the_next_generations_pods_made_during_an_eviction_wait_for_its_re
     coordinator's PREEMPTED reaches the binder. They are the next generation, not replacements of the members the
     eviction deleted: Placement may have given those GPUs to the job the eviction was for. (They once were taken
     for replacements and bound there, over a GPU another job held; found by the replay through KWOK.)"""
-    await start(processes, kube, [node_object("gpu-0", 8)])
-    ns = await namespace(kube)
-    job = f"{ns}/victim"
-    await create_all(
-        kube,
-        [podgroup_object(ns, "victim", 2), *(pod_object(ns, f"victim-{i}", gpus=4, group="victim") for i in range(2))],
-    )
-    await until(lambda: all_bound(kube, ns, 2), timeout_s=60, what="the victim gang bound")
+    ns, job = await bound_victim(kube, processes, gpus_each=4)
     await send_evict(processes, job, 1, "c-evict")
-
-    async def evicted() -> bool:
-        return not await pods_in(kube, ns)
-
-    await until(evicted, timeout_s=60, what="the first generation's pods evicted")
+    await until(lambda: no_pods(kube, ns), timeout_s=60, what="the first generation's pods evicted")
     # no PREEMPTED yet (no coordinator here): the controller's next pods ask for exactly what the evicted ones did
-    await create_all(kube, [pod_object(ns, f"victim-g2-{i}", gpus=4, group="victim", run_for="1s") for i in range(2)])
+    await create_all(kube, next_generation(ns, gpus_each=4))
 
     async def waiting_for_the_release() -> bool:
         pods = await pods_in(kube, ns)
@@ -1022,21 +1026,8 @@ async def test_the_next_generations_pods_made_during_an_eviction_wait_for_its_re
     assert replaced.get("kumiki_binder_replacements_total") == 0, replaced
 
     # the coordinator's release: the pods go to Placement as generation 2, are bound and run
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{processes.placement_port}") as channel:
-        await placement_pb2_grpc.PlacementStub(channel).Release(
-            placement_pb2.ReleaseRequest(
-                job=common_pb2.JobRef(job_id=job, generation=1),
-                reason="preempted",
-                final_state=events_pb2.JOB_STATE_PREEMPTED,
-            ),
-            timeout=10.0,
-        )
-
-    async def second_generation_states() -> set[int]:
-        states = {r.state for r in await lifecycle(processes.kafka) if r.job.job_id == job and r.job.generation == 2}
-        return states if events_pb2.JOB_STATE_COMPLETED in states else set()
-
-    states = await until(second_generation_states, timeout_s=60, what="the second generation COMPLETED")
+    await release_preempted(processes, job)
+    states = await until(lambda: ended_states(processes, job, 2), timeout_s=60, what="the second generation COMPLETED")
     assert {events_pb2.JOB_STATE_BOUND, events_pb2.JOB_STATE_RUNNING} <= states
     pods = await pods_in(kube, ns)
     assert {pod["metadata"]["annotations"][core.GENERATION_ANNOTATION] for pod in pods} == {"2"}

@@ -10,8 +10,9 @@ tests/replay/test_live.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -46,20 +47,29 @@ class Reports(checkpoints_pb2_grpc.CheckpointsServicer):
         return checkpoints_pb2.CheckpointAck()
 
 
-@pytest.fixture
-async def reports() -> AsyncIterator[tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub]]:
-    """The recording server on loopback and a client stub for it, as the driver builds one."""
-    servicer = Reports()  # type: ignore[abstract]  # only Report is called here
+@contextlib.asynccontextmanager
+async def on_loopback(add: Callable[[grpc.aio.Server], None]) -> AsyncIterator[grpc.aio.Channel]:
+    """A gRPC server with what `add` puts on it, on a free loopback port, and a channel to it."""
     server = grpc.aio.server()
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(servicer, server)
+    add(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield servicer, checkpoints_pb2_grpc.CheckpointsStub(channel)
+        yield channel
     finally:
         await channel.close()
         await server.stop(None)
+
+
+@pytest.fixture
+async def reports() -> AsyncIterator[tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub]]:
+    """The recording server on loopback and a client stub for it, as the driver builds one."""
+    servicer = Reports()  # type: ignore[abstract]  # only Report is called here
+    async with on_loopback(
+        lambda server: checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(servicer, server)
+    ) as channel:
+        yield servicer, checkpoints_pb2_grpc.CheckpointsStub(channel)
 
 
 def event(topic: Any, key: str, payload: Any) -> Event:
@@ -256,11 +266,6 @@ async def test_a_replay_that_stops_moving_asks_placement_why_its_longest_waiting
     """Nothing moves for the stall time while two jobs wait: the driver asks Placement (Explain, over real gRPC on
     loopback) about them, longest waiting first, and logs its answers; the running job is not asked about."""
     servicer = Explains()  # type: ignore[abstract]  # only Explain is called here
-    server = grpc.aio.server()
-    placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     jobs = [ReplayJob(name, "q", 0.0, 10_000.0, 8, (8,), False) for name in ("runs", "first", "second")]
     replay = Replay(
         jobs,
@@ -271,22 +276,23 @@ async def test_a_replay_that_stops_moving_asks_placement_why_its_longest_waiting
         preemptible=False,
         stall_after_s=0.2,
     )
-    replay._stub = placement_pb2_grpc.PlacementStub(channel)
     runs, first, second = replay.tracks
     for key in (runs, first, second):
         replay._submitted(replay.tracks[key])
     replay.tracks[first].queued_wall -= 2.0  # it has waited longest (2 wall s: 2,000 trace s)
     await replay._on_lifecycle(runs, event(JOB_LIFECYCLE, runs, bound(runs, 1)))
     stopping = asyncio.Event()
-    watch = asyncio.create_task(replay._watch_stalls(stopping))
-    try:
-        await wait_until(lambda: len(replay.stalls) >= 2, timeout_s=30, what="a stall report")
-    finally:
-        stopping.set()
-        await watch
-        replay.tracks[runs].release.cancel()  # type: ignore[union-attr]
-        await channel.close()
-        await server.stop(None)
+    async with on_loopback(
+        lambda server: placement_pb2_grpc.add_PlacementServicer_to_server(servicer, server)
+    ) as channel:
+        replay._stub = placement_pb2_grpc.PlacementStub(channel)
+        watch = asyncio.create_task(replay._watch_stalls(stopping))
+        try:
+            await wait_until(lambda: len(replay.stalls) >= 2, timeout_s=30, what="a stall report")
+        finally:
+            stopping.set()
+            await watch
+            replay.tracks[runs].release.cancel()  # type: ignore[union-attr]
     assert servicer.asked[:2] == [first, second]
     assert replay.stalls[0].startswith(f"still waiting: {first} has waited 2,")
     assert replay.stalls[0].endswith(
