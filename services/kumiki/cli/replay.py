@@ -223,7 +223,7 @@ async def _with_view(settings: ReplaySettings, where: Endpoints) -> dict[str, ob
             while True:
                 if view.is_terminal:
                     live.update(_view(counts))
-                else:
+                elif counts.phase:  # nothing to say while the cluster and queues are set up
                     line = lines.due(_line(counts), time.monotonic())
                     if line is not None:
                         print(line, file=sys.stderr, flush=True)
