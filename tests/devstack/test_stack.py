@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from kumiki.common.bus import EventProducer
 from kumiki.common.bus.topics import JOB_FORECAST, JOB_LIFECYCLE
 from kumiki.common.config import DatabaseSettings, KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, forecast_pb2, forecast_pb2_grpc
+from kumiki.common.taskdump import DUMP_SIGNAL, DUMP_TITLE
 from kumiki.devstack.processes import free_port
 from kumiki.devstack.stack import SERVICES
 from kumiki.replay.runner import Endpoints
@@ -32,6 +32,7 @@ from tests.conftest import read_records
 # two full stack starts and stops per test: on a loaded 2-core machine (CI building the Go tools beside it) one
 # test took more than the default 300 s, and the timeout then cut its teardown short, leaving the stack running
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+DUMP_HEADER = f"{DUMP_TITLE} {DUMP_SIGNAL.name}".encode()  # in a service's log once it has dumped its tasks
 
 
 def kumiki(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -46,7 +47,7 @@ def kumiki(home: Path, *args: str, timeout: float = 240) -> subprocess.Completed
         except subprocess.TimeoutExpired:
             logs = _dump_stack(home)
             with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGUSR1)
+                process.send_signal(DUMP_SIGNAL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.communicate(timeout=3)  # the answer is in the pipe; the process keeps running
             process.kill()
@@ -65,18 +66,36 @@ def _dump_stack(home: Path) -> dict[str, Path]:
     except (OSError, ValueError, KeyError):
         return {}
     logs = {}
+    signalled: dict[Path, int] = {}  # each signalled service's log and its size before the signal
     for name, service in services.items():
-        with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError):
-            os.kill(int(service["pid"]), signal.SIGUSR1)
-        logs[name] = Path(service.get("log") or home / "logs" / f"{name}.log")
+        path = Path(service.get("log") or home / "logs" / f"{name}.log")
+        logs[name] = path
+        with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError, OSError):
+            size = path.stat().st_size if path.exists() else 0
+            os.kill(int(service["pid"]), DUMP_SIGNAL)
+            signalled[path] = size
+    _wait_for_dumps(signalled)
     for path in sorted((home / "kube" / "logs").glob("*.log")):  # `kumiki up --kubernetes`: etcd, API server, KWOK
         logs[f"kube {path.stem}"] = path
     return logs
 
 
+def _wait_for_dumps(signalled: dict[Path, int], within_s: float = 5.0) -> None:
+    """Until each signalled log holds its task dump (written after its recorded size), or `within_s`: the dumps
+    only add to the failure's message, so one that does not come is left out, not waited for."""
+    deadline = time.monotonic() + within_s
+    pending = dict(signalled)
+    while pending and time.monotonic() < deadline:
+        for path, size in list(pending.items()):
+            with contextlib.suppress(OSError), path.open("rb") as log:
+                log.seek(size)
+                if DUMP_HEADER in log.read():
+                    del pending[path]
+        time.sleep(0.1)
+
+
 def _log_tails(logs: dict[str, Path], lines: int = 60) -> str:
-    """The last `lines` of each log, given a moment for the services' dumps to land."""
-    time.sleep(2)  # not a race being waited out: the dumps only add to what is shown, present or not
+    """The last `lines` of each log."""
     parts = []
     for name, path in logs.items():
         with contextlib.suppress(OSError):

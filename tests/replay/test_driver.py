@@ -72,6 +72,19 @@ async def reports() -> AsyncIterator[tuple[Reports, checkpoints_pb2_grpc.Checkpo
         yield servicer, checkpoints_pb2_grpc.CheckpointsStub(channel)
 
 
+def replay_of(jobs: list[ReplayJob], *, speed: float = 1000, preemptible: bool = True, **options: Any) -> Replay:
+    """A driver over `jobs` that no test here lets reach Placement or Kafka (what it would call is handed in)."""
+    return Replay(
+        jobs,
+        placement_address="unused",
+        kafka=KafkaSettings(),
+        speed=speed,
+        phase=options.pop("phase", "p"),
+        preemptible=preemptible,
+        **options,
+    )
+
+
 def event(topic: Any, key: str, payload: Any) -> Event:
     return Event(topic=topic, key=key, payload=payload, attributes=None)  # type: ignore[arg-type]
 
@@ -91,7 +104,7 @@ async def test_a_checkpoint_read_before_its_bind_is_answered_when_the_bind_is_re
     reports: tuple[Reports, checkpoints_pb2_grpc.CheckpointsStub],
 ) -> None:
     job = ReplayJob("zombie", "q", 0.0, 10_000.0, 1, (1,), True)
-    replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
+    replay = replay_of([job])
     server, replay._checkpoints = reports
     (key,) = replay.tracks
     command = events_pb2.PreemptionCommand(
@@ -109,7 +122,7 @@ async def test_a_checkpoint_read_before_its_bind_is_answered_when_the_bind_is_re
 
 def test_a_job_is_counted_done_once() -> None:
     jobs = [ReplayJob(name, "q", 0.0, 1.0, 1, (1,), False) for name in ("a", "b")]
-    replay = Replay(jobs, placement_address="unused", kafka=KafkaSettings(), speed=1, phase="p", preemptible=False)
+    replay = replay_of(jobs, speed=1, preemptible=False)
     first = next(iter(replay.tracks.values()))
     replay._finished(first)
     stamp = first.ended_wall
@@ -122,7 +135,7 @@ async def test_a_generation_requeued_after_the_driver_released_the_job_does_not_
     """Placement preempts a job just as the driver releases it: the PREEMPTED is read after the release (too late
     to count the job waiting again), and the next generation's BOUND must not take the waiting count below 0."""
     job = ReplayJob("late", "q", 0.0, 10_000.0, 1, (1,), False)
-    replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
+    replay = replay_of([job])
     (key,) = replay.tracks
     track = replay.tracks[key]
     replay._submitted(track)
@@ -158,7 +171,7 @@ async def test_telemetrys_delay_is_measured_per_attempt_from_its_bind_to_the_fin
     from kumiki.common.bus.topics import GPU_IDLE
 
     job = ReplayJob("zombie", "q", 0.0, 10_000.0, 1, (1,), True)
-    replay = Replay([job], placement_address="unused", kafka=KafkaSettings(), speed=1000, phase="p", preemptible=True)
+    replay = replay_of([job])
     (key,) = replay.tracks
     track = replay.tracks[key]
     replay._submitted(track)
@@ -203,15 +216,7 @@ async def test_a_reporting_job_reports_its_progress_at_each_mark_while_it_runs_a
     ]
     # 100,000x: the marks at 1,800, 3,600 and 7,200 trace seconds fall 18, 36 and 72 ms after the bind
     progress = {"reports": 1.5, "zombie": 1.0, "preempted": 1.0}
-    replay = Replay(
-        jobs,
-        placement_address="-",
-        kafka=KafkaSettings(),
-        speed=100_000,
-        phase="p",
-        preemptible=True,
-        progress=progress,
-    )
+    replay = replay_of(jobs, speed=100_000, progress=progress)
     server, replay._checkpoints = reports
     keys = {track.job.job_id: key for key, track in replay.tracks.items()}
     for key, track in replay.tracks.items():
@@ -238,9 +243,7 @@ def test_a_trace_job_is_named_afresh_in_each_run_and_phase_so_its_earlier_run_ti
     job = ReplayJob("philly-7", "q", 0.0, 100.0, 8, (8,), False)
     names = set()
     for run_id, phase in (("r1", "baseline"), ("r1", "kumiki"), ("r2", "kumiki")):
-        replay = Replay(
-            [job], placement_address="-", kafka=KafkaSettings(), speed=1, phase=phase, preemptible=True, run_id=run_id
-        )
+        replay = replay_of([job], speed=1, phase=phase, run_id=run_id)
         (key,) = replay.tracks
         request = replay.bind_request(key, job)
         assert request.name == request.job.job_id == key and "philly-7" in key
@@ -267,15 +270,7 @@ async def test_a_replay_that_stops_moving_asks_placement_why_its_longest_waiting
     loopback) about them, longest waiting first, and logs its answers; the running job is not asked about."""
     servicer = Explains()  # type: ignore[abstract]  # only Explain is called here
     jobs = [ReplayJob(name, "q", 0.0, 10_000.0, 8, (8,), False) for name in ("runs", "first", "second")]
-    replay = Replay(
-        jobs,
-        placement_address="unused",
-        kafka=KafkaSettings(),
-        speed=1000,
-        phase="p",
-        preemptible=False,
-        stall_after_s=0.2,
-    )
+    replay = replay_of(jobs, preemptible=False, stall_after_s=0.2)
     runs, first, second = replay.tracks
     for key in (runs, first, second):
         replay._submitted(replay.tracks[key])

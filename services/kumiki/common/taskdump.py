@@ -15,6 +15,7 @@ import sys
 from typing import TextIO
 
 DUMP_SIGNAL = signal.SIGUSR1
+DUMP_TITLE = "asyncio tasks on"  # each dump's first line holds it, then the signal's name
 
 
 def print_tasks(loop: asyncio.AbstractEventLoop | None, file: TextIO, *, header: str = "") -> int:
@@ -34,7 +35,7 @@ def dump_tasks_on_signal(name: str, signum: signal.Signals = DUMP_SIGNAL) -> Non
     loop = asyncio.get_running_loop()
 
     def dump() -> None:
-        print_tasks(loop, sys.stderr, header=f"{name}: asyncio tasks on {signal.Signals(signum).name}")
+        print_tasks(loop, sys.stderr, header=f"{name}: {DUMP_TITLE} {signal.Signals(signum).name}")
         sys.stderr.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()

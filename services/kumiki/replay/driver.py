@@ -36,7 +36,7 @@ from kumiki.common.grpcutil import client_channel, unix_seconds
 from kumiki.devstack.cluster import NodeShape, emulated_nodes
 from kumiki.replay.core import Outcome, ReplayJob, next_report_mark
 from kumiki.replay.nodes import NodeAgents
-from kumiki.replay.stalls import STALL_AFTER_S, STALL_JOBS, StallWatch, placement_said, pods_said
+from kumiki.replay.stalls import STALL_AFTER_S, STALL_JOBS, StallWatch, placement_said, pods_said, still_waiting
 
 log = logging.getLogger(__name__)
 
@@ -262,16 +262,17 @@ class Replay:
     # ---- stalls -------------------------------------------------------------------------------------------
     async def stall_report(self) -> list[str]:
         """Why the jobs that have waited longest still wait: Placement's Explain of each, and its pods' states."""
+        if self._stub is None:  # not running
+            return []
         waiting = sorted((track.queued_wall, key) for key, track in self.tracks.items() if track.queued)
         lines: list[str] = []
         for queued_wall, key in waiting[:STALL_JOBS]:
             waited_s = (time.time() - queued_wall) * self.speed
             try:
-                assert self._stub is not None
                 reply = await self._stub.Explain(placement_pb2.ExplainRequest(job_id=key), timeout=10.0)
                 lines.append(placement_said(key, waited_s, reply))
             except grpc.aio.AioRpcError as error:
-                lines.append(f"still waiting: {key} has waited {waited_s:,.0f} s; Explain: {error.code().name}")
+                lines.append(f"{still_waiting(key, waited_s)}; Explain: {error.code().name}")
             with contextlib.suppress(Exception):  # what the pods say only adds to the line above
                 lines += pods_said(await self._pods_of(key))
         return lines

@@ -38,9 +38,14 @@ class StallWatch:
         return False
 
 
+def still_waiting(job_id: str, waited_s: float) -> str:
+    """The head of each stall line: the job and how long it has waited (trace seconds)."""
+    return f"still waiting: {job_id} has waited {waited_s:,.0f} s"
+
+
 def placement_said(job_id: str, waited_s: float, reply: placement_pb2.ExplainResponse) -> str:
     """One line: the job, how long it has waited (trace seconds), and Placement's answer to Explain."""
-    head = f"still waiting: {job_id} has waited {waited_s:,.0f} s; placement says {reply.status or 'nothing'}"
+    head = f"{still_waiting(job_id, waited_s)}; placement says {reply.status or 'nothing'}"
     if reply.status == "bound":
         nodes = sorted({assignment.node for assignment in reply.assignments})
         return f"{head} on {', '.join(nodes)}, but its run has not been seen to start"
