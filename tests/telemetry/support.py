@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 from aiokafka import AIOKafkaConsumer
 
-from kumiki.common.bus.topics import CLUSTER_STATE, DEAD_LETTER, GPU_IDLE
+from kumiki.common.bus.topics import CLUSTER_STATE, DEAD_LETTER, GPU_BUSY, GPU_IDLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import events_pb2
 from tests.agent.fake_nvml.build import FakeNvmlConfig
@@ -70,12 +70,13 @@ class Topics:
     """Everything on the output topics so far (a consumer without a group, from the beginning)."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        names = [spec.full_name(settings.topic_prefix) for spec in (CLUSTER_STATE, GPU_IDLE, DEAD_LETTER)]
+        names = [spec.full_name(settings.topic_prefix) for spec in (CLUSTER_STATE, GPU_IDLE, GPU_BUSY, DEAD_LETTER)]
         self.states: list[events_pb2.NodeState] = []
         self.idle: list[events_pb2.GpuIdle] = []
+        self.busy: list[events_pb2.GpuBusy] = []
         self.dead: list[dict[str, bytes]] = []
         self.dead_values: list[bytes | None] = []
-        self._names = dict(zip(names, ("states", "idle", "dead"), strict=True))
+        self._names = dict(zip(names, ("states", "idle", "busy", "dead"), strict=True))
         self._consumer = AIOKafkaConsumer(
             *names, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest", group_id=None
         )
@@ -89,6 +90,8 @@ class Topics:
                     self.states.append(events_pb2.NodeState.FromString(record.value))
                 elif kind == "idle":
                     self.idle.append(events_pb2.GpuIdle.FromString(record.value))
+                elif kind == "busy":
+                    self.busy.append(events_pb2.GpuBusy.FromString(record.value))
                 else:
                     self.dead.append(dict(record.headers))
                     self.dead_values.append(record.value)

@@ -96,6 +96,18 @@ async def test_agents_to_cluster_state_and_gpu_idle(
         assert state.labels["kumiki.dev/pcie-0-1"] == "SINGLE"
         assert state.labels[FREE_GPUS_LABEL] == ""  # both held
         assert not any(event.job.job_id == "busy-job" for event in topics.idle)
+        # ... and gpu.busy says it computes (placement lifts a reclaimed job's demotion on it), once for the attempt
+
+        async def busy_reported() -> bool:
+            await topics.poll()
+            return any(event.job.job_id == "busy-job" for event in topics.busy)
+
+        await wait_until(busy_reported, timeout_s=60, what=f"gpu.busy for busy-job\n{processes.log('telemetry')}")
+        busy = [event for event in topics.busy if event.job.job_id == "busy-job"]
+        assert [(event.queue, event.node, list(event.gpu_uuids)) for event in busy] == [("prod", "node-a", [BUSY_GPU])]
+        assert busy[0].mean_utilization_pct >= 88
+        assert busy[0].until.ToNanoseconds() - busy[0].since.ToNanoseconds() >= 1.5e9
+        assert not any(event.job.job_id == "idle-job" for event in topics.busy)
 
         async def node_b_known() -> bool:
             await topics.poll()

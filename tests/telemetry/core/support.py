@@ -1,5 +1,6 @@
 """Helpers shared by the telemetry core's tests: a config with short idle rules, readings, inventories,
-holds, and feeding readings through `summarise` and `apply_chunk` as stage 1 and 2 do."""
+holds, and feeding readings through `summarise` and `apply_chunk` as stage 1 and 2 do (`fold`; `feed` keeps the
+idle findings, `feed_busy` the busy ones)."""
 
 from __future__ import annotations
 
@@ -42,11 +43,24 @@ def hold(
     return core.apply_allocation(record, core.AllocationChange(node, job, generation, queue, indices, True))
 
 
-def feed(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[core.IdleFinding], list[core.Usage]]:
-    findings: list[core.IdleFinding] = []
+def fold(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[core.GpuFinding], list[core.Usage]]:
+    """The samples through stage 1 and 2: the record, every finding (idle and busy) and the usage."""
+    findings: list[core.GpuFinding] = []
     usages: list[core.Usage] = []
     for chunk in core.summarise(samples, CONFIG.bucket_s):
         record, found, used = core.apply_chunk(record, chunk, CONFIG)
         findings += found
         usages += used
     return record, findings, usages
+
+
+def feed(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[core.IdleFinding], list[core.Usage]]:
+    """As `fold`, with the idle findings only (gpu.idle)."""
+    record, findings, usages = fold(record, samples)
+    return record, [finding for finding in findings if isinstance(finding, core.IdleFinding)], usages
+
+
+def feed_busy(record: NodeRecord, samples: list[Reading]) -> tuple[NodeRecord, list[core.BusyFinding]]:
+    """As `fold`, with the busy findings only (gpu.busy)."""
+    record, findings, _ = fold(record, samples)
+    return record, [finding for finding in findings if isinstance(finding, core.BusyFinding)]

@@ -61,3 +61,10 @@ def test_the_view_is_rebuilt_only_when_placement_could_change_or_the_interval_ra
     assert core.may_need_publication(None, busier, 1001.0, 10.0)
     # Whenever it is False, building the view would not have published either.
     assert core.publish_decision(busier, core.node_view(busier), 1001.0, 10.0) is None
+    # A held job's busy stretch grows with every chunk (gpu.busy); placement sees none of it, so neither does this.
+    held = hold(busier, "n1", "job", (0,))
+    holding = core.publish_decision(held, core.node_view(held), 1001.0, 10.0)
+    assert holding is not None
+    stretched, _, _ = feed(holding, [reading("n1", 0, 1002.0, 90.0)])
+    assert stretched.holdings["job"].stretch_held_s > 0
+    assert not core.may_need_publication(holding, stretched, 1002.0, 10.0)

@@ -20,6 +20,7 @@ from kumiki.common.bus.topics import (
     CHECKPOINTS,
     CLUSTER_STATE,
     DEAD_LETTER,
+    GPU_BUSY,
     GPU_IDLE,
     GPU_SAMPLES,
     JOB_FORECAST,
@@ -40,6 +41,7 @@ PUBLIC_TOPICS: tuple[TopicSpec, ...] = (
     QUOTA_STATE,
     CLUSTER_STATE,
     GPU_IDLE,
+    GPU_BUSY,
     PREEMPTION_COMMANDS,
     CHECKPOINTS,
 )
@@ -80,11 +82,11 @@ class Access:
 ACCESS: dict[str, Access] = {
     access.role: access
     for access in (
-        # rebuilds its book from lifecycle and follows nodes, checkpoints, forecasts and idle findings with
+        # rebuilds its book from lifecycle and follows nodes, checkpoints, forecasts and idle and busy findings with
         # group-less readers; publishes every decision and the lifecycle it decides
         Access(
             "placement",
-            reads=(JOB_LIFECYCLE, CLUSTER_STATE, CHECKPOINTS, JOB_FORECAST, GPU_IDLE),
+            reads=(JOB_LIFECYCLE, CLUSTER_STATE, CHECKPOINTS, JOB_FORECAST, GPU_IDLE, GPU_BUSY),
             writes=(SCHEDULING_DECISIONS, JOB_LIFECYCLE),
         ),
         # meters lifecycle in its group; follows nodes with a group-less reader (the capacity it lends)
@@ -109,7 +111,7 @@ ACCESS: dict[str, Access] = {
         Access(
             "telemetry-ingest",
             reads=(GPU_SAMPLES, NODE_INVENTORY, JOB_LIFECYCLE, CLUSTER_STATE),
-            writes=(CLUSTER_STATE, GPU_IDLE, DEAD_LETTER),
+            writes=(CLUSTER_STATE, GPU_IDLE, GPU_BUSY, DEAD_LETTER),
             own_prefix="telemetry-ingest",
         ),
         # the Kubernetes binder: follows lifecycle and nodes, takes preemption commands, reports pods running

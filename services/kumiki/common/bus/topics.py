@@ -131,6 +131,9 @@ NODE_INVENTORY = TopicSpec(
     "node.inventory", events_pb2.NodeState, "node", cleanup_policy="compact", validate=validate_node_state
 )
 GPU_IDLE = TopicSpec("gpu.idle", events_pb2.GpuIdle, "job_id", retention_ms=7 * DAY_MS, validate=_job_required)
+# The complement of gpu.idle: a job's GPUs computing, once per attempt and node and again after each idle episode
+# (placement lifts an idle-reclaimed job's demotion and drops an idle finding the job has left behind).
+GPU_BUSY = TopicSpec("gpu.busy", events_pb2.GpuBusy, "job_id", retention_ms=7 * DAY_MS, validate=_job_required)
 JOB_LIFECYCLE = TopicSpec(
     "job.lifecycle", events_pb2.JobLifecycle, "job_id", retention_ms=30 * DAY_MS, validate=validate_job_lifecycle
 )
@@ -163,6 +166,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     CLUSTER_STATE,
     NODE_INVENTORY,
     GPU_IDLE,
+    GPU_BUSY,
     JOB_LIFECYCLE,
     JOB_FORECAST,
     QUOTA_STATE,

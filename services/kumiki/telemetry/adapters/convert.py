@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from kumiki.common.contracts.v1 import common_pb2, events_pb2
 from kumiki.telemetry.core import (
     Assignment,
+    GpuFinding,
     IdleFinding,
     Inventory,
     InventoryGpu,
@@ -111,14 +112,19 @@ def node_state(view: NodeView, version: int, now: float) -> events_pb2.NodeState
     )
 
 
-def gpu_idle(finding: IdleFinding) -> events_pb2.GpuIdle:
-    return events_pb2.GpuIdle(
-        job=common_pb2.JobRef(job_id=finding.job_id, generation=finding.generation),
-        queue=finding.queue,
-        node=finding.node,
-        gpu_uuids=list(finding.gpu_uuids),
-        mean_utilization_pct=finding.mean_utilization_pct,
-        since=timestamp(finding.since),
-        until=timestamp(finding.until),
-        idle_gpu_seconds=finding.idle_gpu_seconds,
-    )
+def gpu_finding(finding: GpuFinding) -> events_pb2.GpuIdle | events_pb2.GpuBusy:
+    """gpu.idle's GpuIdle for an idle finding, gpu.busy's GpuBusy for a busy one (the same fields but one)."""
+    message: events_pb2.GpuIdle | events_pb2.GpuBusy
+    if isinstance(finding, IdleFinding):
+        message = events_pb2.GpuIdle(idle_gpu_seconds=finding.idle_gpu_seconds)
+    else:
+        message = events_pb2.GpuBusy()
+    message.job.job_id = finding.job_id
+    message.job.generation = finding.generation
+    message.queue = finding.queue
+    message.node = finding.node
+    message.gpu_uuids.extend(finding.gpu_uuids)
+    message.mean_utilization_pct = finding.mean_utilization_pct
+    message.since.CopyFrom(timestamp(finding.since))
+    message.until.CopyFrom(timestamp(finding.until))
+    return message

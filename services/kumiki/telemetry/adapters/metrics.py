@@ -25,6 +25,7 @@ IDLE_GPU_HOURS = Counter(
     "kumiki_queue_idle_gpu_hours", "GPU-hours allocated to a queue's jobs while below its idle threshold", ["queue"]
 )
 IDLE_EVENTS = Counter("kumiki_gpu_idle_events_total", "gpu.idle events published", ["queue"])
+BUSY_EVENTS = Counter("kumiki_gpu_busy_events_total", "gpu.busy events published", ["queue"])
 SAMPLES = Counter("kumiki_telemetry_samples_total", "Valid samples aggregated")
 SAMPLE_LAG = Gauge("kumiki_telemetry_sample_lag_seconds", "Age of the newest sample in the last batch at ingest")
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300)

@@ -8,7 +8,7 @@
                  two batches in stage 2; the faust one is the `ingest` agent.
      lifecycle   job.lifecycle → JobPlacement table (by job) → AllocationChange per node → node-input.
   2. nodes       node-input: NodeRecord table (one write per node per record), per-GPU and per-node tumbling
-                 windows, cluster.state and gpu.idle through the bus EventProducer (awaited together per
+                 windows, cluster.state, gpu.idle and gpu.busy through the bus EventProducer (awaited together per
                  record), usage per job and queue → <app>-usage in batch records. The two node tables'
                  changelog records go out in record batches of faust's producer (`changelog.py`).
   3. usage       <app>-usage: per-job and per-queue hopping windows, queue gauges.
@@ -40,6 +40,7 @@ from kumiki.common.bus.producer import EventProducer
 from kumiki.common.bus.topics import (
     CLUSTER_STATE,
     DEAD_LETTER,
+    GPU_BUSY,
     GPU_IDLE,
     GPU_SAMPLES,
     JOB_LIFECYCLE,
@@ -113,6 +114,7 @@ class TelemetryStreams:
         self.dead_lettered = 0
         self.published_states = 0
         self.published_idle = 0
+        self.published_busy = 0
         self.samples_applied = 0  # samples folded into node state (stage 2): what "ingested" means end to end
         self.unknown_rejected = 0
         self.partitions = settings.default_partitions
@@ -448,7 +450,7 @@ class TelemetryStreams:
         window_writes: list[tuple[Any, Json]] = []
         before: dict[str, core.NodeRecord | None] = {}
         current: dict[str, core.NodeRecord] = {}
-        findings: list[core.IdleFinding] = []
+        findings: list[core.GpuFinding] = []
         usage: dict[tuple[str, float], core.WindowAggregate] = {}
         now = self.clock()
         for data in items:
@@ -505,17 +507,19 @@ class TelemetryStreams:
         publishing = []
         if states:
             publishing.append(self.producer.publish_many(CLUSTER_STATE, states))
-        if findings:
-            publishing.append(
-                self.producer.publish_many(
-                    GPU_IDLE, [(finding.job_id, convert.gpu_idle(finding), finding.event_id) for finding in findings]
-                )
-            )
+        idle: list[core.GpuFinding] = [finding for finding in findings if isinstance(finding, core.IdleFinding)]
+        busy: list[core.GpuFinding] = [finding for finding in findings if isinstance(finding, core.BusyFinding)]
+        for topic, found in ((GPU_IDLE, idle), (GPU_BUSY, busy)):
+            if found:
+                events = [(finding.job_id, convert.gpu_finding(finding), finding.event_id) for finding in found]
+                publishing.append(self.producer.publish_many(topic, events))
         await asyncio.gather(*publishing)
         self.published_states += len(states)
-        self.published_idle += len(findings)
-        for finding in findings:
-            metrics.IDLE_EVENTS.labels(finding.queue).inc()
+        self.published_idle += len(idle)
+        self.published_busy += len(busy)
+        for counter, found in ((metrics.IDLE_EVENTS, idle), (metrics.BUSY_EVENTS, busy)):
+            for finding in found:
+                counter.labels(finding.queue).inc()
 
     def _chunk_metrics(self, chunk: core.NodeChunk, now: float) -> None:
         newest = 0.0

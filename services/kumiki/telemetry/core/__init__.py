@@ -5,12 +5,12 @@ tables; every decision is here, deterministic and clock-free (time comes in as a
 Data flow (see docs/telemetry.md):
   samples  --summarise-->  NodeChunk (per node and time bucket)  --apply_chunk-->  NodeRecord
   job.lifecycle  --allocation_changes-->  AllocationChange (per node)  --apply_allocation-->  NodeRecord
-  NodeRecord  --node_view-->  NodeView (what cluster.state carries)  and IdleFinding (gpu.idle)
+  NodeRecord  --node_view-->  NodeView (what cluster.state carries)  and IdleFinding (gpu.idle), BusyFinding (gpu.busy)
 Everything a table stores has `to_json`/`from_json`, so faust's changelog can restore it.
 
 One module per concept: `config`, `chunks` (readings grouped per node and bucket), `windows` (window
 aggregates), `allocations` (job.lifecycle), `records` (the node record and its inventory), `idle` (folding
-a chunk: idle findings and usage), `views` (cluster.state and when to publish it), `registry` (known nodes),
+a chunk: idle and busy findings and usage), `views` (cluster.state and when to publish it), `registry` (known nodes),
 `agents` (which node an agent may speak for).
 This package re-exports all of their public names, so `core.Name` works whichever module holds it.
 """
@@ -51,7 +51,7 @@ from kumiki.telemetry.core.allocations import (
 )
 from kumiki.telemetry.core.chunks import FATAL_XIDS, GpuChunk, NodeChunk, Reading, gpu_key, summarise
 from kumiki.telemetry.core.config import IdleRule, TelemetryConfig, parse_idle_rules
-from kumiki.telemetry.core.idle import IdleFinding, Usage, apply_chunk
+from kumiki.telemetry.core.idle import BusyFinding, GpuFinding, IdleFinding, Usage, apply_chunk
 from kumiki.telemetry.core.json_types import Json
 from kumiki.telemetry.core.records import (
     GpuLive,
@@ -105,7 +105,9 @@ __all__ = [
     "AgentProof",
     "AllocationChange",
     "Assignment",
+    "BusyFinding",
     "GpuChunk",
+    "GpuFinding",
     "GpuLive",
     "GpuView",
     "Holding",

@@ -1,9 +1,12 @@
 """Folding a chunk of readings into a node record: latest values, health, idle tracking per GPU (and the
-findings gpu.idle carries, once per episode) and each job's GPU-seconds for the usage windows."""
+findings gpu.idle carries, once per episode), busy tracking per holding (gpu.busy) and each job's GPU-seconds
+for the usage windows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar, Self
 
 from kumiki.telemetry.core.chunks import FATAL_XIDS, GpuChunk, NodeChunk
 from kumiki.telemetry.core.config import TelemetryConfig
@@ -13,8 +16,8 @@ from kumiki.telemetry.core.windows import WindowAggregate
 
 
 @dataclass(frozen=True, slots=True)
-class IdleFinding:
-    """A job's GPUs on one node stayed below its queue's threshold for the configured time (gpu.idle)."""
+class GpuFinding:
+    """What telemetry found of a job's GPUs on one node over a stretch of time."""
 
     job_id: str
     generation: int
@@ -25,14 +28,38 @@ class IdleFinding:
     since: float
     until: float
 
+    KIND: ClassVar[str] = ""  # the event id's head: one per topic
+
+    @classmethod
+    def of(
+        cls, holding: Holding, node: str, gpu_uuids: Sequence[str], mean_pct: float, since: float, until: float
+    ) -> Self:
+        return cls(holding.job_id, holding.generation, holding.queue, node, tuple(gpu_uuids), mean_pct, since, until)
+
+    @property
+    def event_id(self) -> str:
+        """Stable per finding, so a redelivered chunk republishes the same ce_id and consumers dedupe it."""
+        return f"{self.KIND}/{self.job_id}/{self.generation}/{self.node}/{self.since:.3f}"
+
+
+@dataclass(frozen=True, slots=True)
+class IdleFinding(GpuFinding):
+    """A job's GPUs on one node stayed below its queue's threshold for the configured time (gpu.idle)."""
+
+    KIND: ClassVar[str] = "gpu-idle"
+
     @property
     def idle_gpu_seconds(self) -> float:
         return (self.until - self.since) * len(self.gpu_uuids)
 
-    @property
-    def event_id(self) -> str:
-        """Stable per episode, so a redelivered chunk republishes the same ce_id and consumers dedupe it."""
-        return f"gpu-idle/{self.job_id}/{self.generation}/{self.node}/{self.since:.3f}"
+
+@dataclass(frozen=True, slots=True)
+class BusyFinding(GpuFinding):
+    """A job's GPUs on one node computed: their mean utilisation over a stretch as long as its queue's idle rule
+    was at or above the rule's threshold (gpu.busy). Once per holding, and again after each idle episode: what
+    tells placement that a job found idle, or evicted as idle, computes again."""
+
+    KIND: ClassVar[str] = "gpu-busy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +86,9 @@ def _gpu_healthy(gpu: GpuChunk) -> bool:
 
 def apply_chunk(
     record: NodeRecord | None, chunk: NodeChunk, config: TelemetryConfig
-) -> tuple[NodeRecord, list[IdleFinding], list[Usage]]:
-    """Fold one chunk into the node: latest values, health, idle tracking per GPU, and usage per job.
+) -> tuple[NodeRecord, list[GpuFinding], list[Usage]]:
+    """Fold one chunk into the node: latest values, health, idle tracking per GPU, busy tracking per holding,
+    and usage per job. The findings are idle ones (gpu.idle) and busy ones (gpu.busy).
 
     A GPU's time between its previous sample and the newest one in the chunk (at most node_timeout_s)
     is what it was allocated, used (utilisation share) and idle (below threshold) for.
@@ -123,7 +151,14 @@ def apply_chunk(
                 sums[5] += seconds * mean / 100.0
                 sums[6] += seconds if below else 0.0
     record = evolve(record, gpus=gpus, last_seen=last_seen, stale=False)
-    record, findings = _idle_findings(record, config) if record.holdings else (record, [])
+    findings: list[GpuFinding] = []
+    if record.holdings:
+        record, idle = _idle_findings(record, config)
+        found_idle = {finding.job_id for finding in idle}  # this chunk ended their stretch: the next starts after it
+        record, busy = _busy_findings(
+            record, {job: sums for job, sums in usage.items() if job not in found_idle}, config
+        )
+        findings = [*idle, *busy]
     usages = [
         Usage(
             job_id, record.holdings[job_id].queue, chunk.bucket, WindowAggregate(int(sums[0]), int(sums[1]), *sums[2:])
@@ -150,19 +185,46 @@ def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRec
             continue
         util_n = sum(gpu.idle_util_n for _, gpu in present)
         mean = sum(gpu.idle_util_sum for _, gpu in present) / util_n if util_n else 0.0
-        findings.append(
-            IdleFinding(
-                job_id,
-                holding.generation,
-                holding.queue,
-                record.node,
-                tuple(uuid for uuid, _ in present),
-                mean,
-                since,
-                until,
-            )
+        findings.append(IdleFinding.of(holding, record.node, [uuid for uuid, _ in present], mean, since, until))
+        # an idle episode ends what computing was seen: the next busy stretch is news again
+        changed[job_id] = replace(
+            holding, reported_since=since, busy_reported=False, stretch_held_s=0.0, stretch_used_s=0.0
         )
-        changed[job_id] = replace(holding, reported_since=since)
-    if not changed:
-        return record, findings
-    return evolve(record, holdings={**record.holdings, **changed}), findings
+    return _with_holdings(record, changed), findings
+
+
+def _busy_findings(
+    record: NodeRecord, usage: dict[str, list[float]], config: TelemetryConfig
+) -> tuple[NodeRecord, list[BusyFinding]]:
+    """Per holding not yet reported busy, sum what this chunk held and used into the current stretch; a stretch as
+    long as the idle rule (per GPU) ends there: busy when its mean utilisation reached the rule's threshold, else
+    it starts over. A mean, not every sample: a job that computes in bursts is busy, a zombie's flickers are not."""
+    changed: dict[str, Holding] = {}
+    findings: list[BusyFinding] = []
+    for job_id, sums in usage.items():
+        holding = record.holdings.get(job_id)
+        if holding is None or holding.busy_reported or not holding.gpu_indices:
+            continue
+        held_s = holding.stretch_held_s + sums[4]
+        used_s = holding.stretch_used_s + sums[5]
+        stretch_s = held_s / len(holding.gpu_indices)
+        rule = config.rule_for(holding.queue)
+        if stretch_s < rule.duration_s:
+            changed[job_id] = replace(holding, stretch_held_s=held_s, stretch_used_s=used_s)
+            continue
+        mean = 100.0 * used_s / held_s if held_s > 0 else 0.0
+        changed[job_id] = replace(
+            holding, busy_reported=mean >= rule.threshold_pct, stretch_held_s=0.0, stretch_used_s=0.0
+        )
+        if mean < rule.threshold_pct:
+            continue
+        present = [(uuid, gpu) for uuid, gpu in record.gpus.items() if gpu.gpu_index in holding.gpu_indices]
+        until = max(gpu.last_ts for _, gpu in present)
+        findings.append(
+            BusyFinding.of(holding, record.node, [uuid for uuid, _ in present], mean, until - stretch_s, until)
+        )
+    return _with_holdings(record, changed), findings
+
+
+def _with_holdings(record: NodeRecord, changed: dict[str, Holding]) -> NodeRecord:
+    return evolve(record, holdings={**record.holdings, **changed}) if changed else record

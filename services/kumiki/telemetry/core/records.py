@@ -81,6 +81,13 @@ class Holding:
     queue: str
     gpu_indices: tuple[int, ...]
     reported_since: float | None = None  # the idle episode already published (once per episode)
+    # Busy tracking (gpu.busy): published once computing is seen, and again after each idle episode. Until then the
+    # job's GPU-seconds held and used are summed over stretches as long as its idle rule. The sums change with every
+    # chunk and mean nothing to placement, so they are left out of equality: `may_need_publication` compares
+    # holdings to decide whether to build the node's view.
+    busy_reported: bool = False
+    stretch_held_s: float = field(default=0.0, compare=False)
+    stretch_used_s: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -170,12 +177,10 @@ def apply_allocation(record: NodeRecord | None, change: AllocationChange) -> Nod
         return record
     same = current is not None and current.generation == change.generation
     if change.holding:
-        holdings[change.job_id] = Holding(
-            change.job_id,
-            change.generation,
-            change.queue,
-            change.gpu_indices,
-            current.reported_since if same and current else None,
+        holdings[change.job_id] = (
+            replace(current, queue=change.queue, gpu_indices=change.gpu_indices)
+            if same and current
+            else Holding(change.job_id, change.generation, change.queue, change.gpu_indices)
         )
     else:
         holdings.pop(change.job_id, None)

@@ -872,3 +872,62 @@ class GpuIdle(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GpuIdle: _TypeAlias = GpuIdle  # noqa: Y015
+
+@_typing.final
+class GpuBusy(_message.Message):
+    """Topic kumiki.gpu.busy, key = job id. A job's GPUs on one node computed: their mean utilisation over a stretch
+    as long as its queue's idle rule stayed at or above the rule's threshold. Published once when an attempt is
+    first seen computing on a node, and again each time it computes after a gpu.idle episode, so a subscriber
+    knows a job reported idle is working again. Placement drops the idle finding it supersedes and lifts the
+    demotion of a job idle reclaim evicted (design 0019).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GPU_UUIDS_FIELD_NUMBER: _builtins.int
+    MEAN_UTILIZATION_PCT_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    """Queue of the job."""
+    node: _builtins.str
+    """Node of the GPUs."""
+    mean_utilization_pct: _builtins.float
+    """Mean SM utilisation over the stretch, percent."""
+    @_builtins.property
+    def job(self) -> _common_pb2.JobRef:
+        """The job holding the GPUs."""
+
+    @_builtins.property
+    def gpu_uuids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """UUIDs of the job's GPUs on that node."""
+
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Start of the stretch."""
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """End of the stretch."""
+
+    def __init__(
+        self,
+        *,
+        job: _common_pb2.JobRef | None = ...,
+        queue: _builtins.str = ...,
+        node: _builtins.str = ...,
+        gpu_uuids: _abc.Iterable[_builtins.str] | None = ...,
+        mean_utilization_pct: _builtins.float = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_uuids", b"gpu_uuids", "job", b"job", "mean_utilization_pct", b"mean_utilization_pct", "node", b"node", "queue", b"queue", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuBusy: _TypeAlias = GpuBusy  # noqa: Y015
