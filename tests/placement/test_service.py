@@ -15,7 +15,7 @@ from aiokafka import ConsumerRecord
 from prometheus_client import REGISTRY
 
 from kumiki.common.bus import EventProducer, ensure_topics
-from kumiki.common.bus.topics import JOB_LIFECYCLE
+from kumiki.common.bus.topics import GPU_BUSY, JOB_LIFECYCLE
 from kumiki.common.config import KafkaSettings
 from kumiki.common.contracts.v1 import common_pb2, events_pb2, placement_pb2, placement_pb2_grpc
 from kumiki.common.service import ServiceHost
@@ -357,12 +357,12 @@ async def test_a_requeued_job_waits_again_after_a_restart_since_its_eviction(kaf
         )
 
 
-async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_and_stays_there_after_a_restart(
+async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_until_it_computes_again_across_restarts(
     kafka: KafkaSettings,
 ) -> None:
     """A zombie reclaimed for a waiting job waits behind the jobs idle reclaim has not evicted: FIFO would put it
     first, having arrived first, and it took back the GPUs it gave up. Its PREEMPTED event says why it was chosen,
-    so a restarted placement keeps it there."""
+    so a restarted placement keeps it there, until telemetry reports a later attempt computing."""
     from kumiki.placement.core import parse_idle_reclaim
 
     await emulate(kafka, default_nodes(1))
@@ -408,6 +408,44 @@ async def test_an_idle_reclaimed_job_waits_behind_the_jobs_that_compute_and_stay
         await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="next", generation=1)))
         await wait_until(lambda: "later" in book.bound, timeout_s=30, what="later to start")
         assert "zombie" in book.pending
+        assert (await stub.Explain(placement_pb2.ExplainRequest(job_id="zombie"))).demoted
+
+    # Its owner came back: generation 2 runs and telemetry finds it computing (kumiki.gpu.busy). Evicted again
+    # for another reason, it goes first by its arrival, and a restart, reading gpu.busy again, agrees.
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: "later" in book.bound and "zombie" in book.pending, what="the rebuild")
+        await stub.Release(placement_pb2.ReleaseRequest(job=common_pb2.JobRef(job_id="later", generation=1)))
+        await wait_until(lambda: "zombie" in book.bound, timeout_s=30, what="zombie's generation 2 to start")
+        busy = events_pb2.GpuBusy(job=common_pb2.JobRef(job_id="zombie", generation=2), mean_utilization_pct=80.0)
+        busy.since.FromNanoseconds(int((time.time() - 10.0) * 1e9))
+        busy.until.FromNanoseconds(int(time.time() * 1e9))
+        async with EventProducer(kafka, "//kumiki/telemetry/test") as producer:
+            await producer.publish(GPU_BUSY, "zombie", busy)
+        await wait_until(lambda: not book.served["zombie"].demoted, timeout_s=30, what="gpu.busy read")
+        assert (await stub.Bind(bind_request("another", [whole(8)]))).outcome == PENDING
+        evicted = placement_pb2.ReleaseRequest(
+            job=common_pb2.JobRef(job_id="zombie", generation=2),
+            final_state=events_pb2.JOB_STATE_PREEMPTED,
+            preemption_reason="priority",
+        )
+        assert (await stub.Release(evicted)).released
+        # the freed node goes to "another" (generation 3 waits for quota's admission, as any next generation)
+        await wait_until(lambda: "another" in book.bound and "zombie" in book.scheduler.waiting, what="the requeue")
+        assert (await stub.Bind(bind_request("third", [whole(8)]))).outcome == PENDING
+        assert await demotions(stub) == [(1, False), (2, False)]  # by arrival: it came first
+    async with running_placement(kafka) as (host, stub):
+        book = host_book(host)
+        await wait_until(lambda: {"zombie", "third"} <= set(book.scheduler.waiting), what="the rebuild")
+        assert await demotions(stub) == [(1, False), (2, False)]
+        explained = await stub.Explain(placement_pb2.ExplainRequest(job_id="zombie"))
+        assert (explained.evictions, explained.idle_reclaims) == (2, 1)
+
+
+async def demotions(stub: placement_pb2_grpc.PlacementStub) -> list[tuple[int, bool]]:
+    """Queue position and demotion of "zombie" and "third", as `kumiki placement explain` reads them."""
+    explained = [await stub.Explain(placement_pb2.ExplainRequest(job_id=job)) for job in ("zombie", "third")]
+    return [(explanation.queue_position, explanation.demoted) for explanation in explained]
 
 
 async def test_rebuild_queues_only_what_placement_was_asked_to_place(kafka: KafkaSettings) -> None:

@@ -197,7 +197,8 @@ class JobView:
     forecast: RuntimeForecast | None = None
     since_checkpoint_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
-    # times idle reclaim evicted it: it waits behind the jobs of its tier idle reclaim has not evicted
+    # times idle reclaim evicted it that still count (live: none once a later attempt was found computing): it
+    # waits behind the jobs of its tier idle reclaim has not evicted
     idle_reclaims: int = 0
 
     @property

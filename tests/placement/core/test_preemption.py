@@ -398,3 +398,64 @@ def test_service_so_far_adds_each_evicted_attempt() -> None:
     service = ServiceSoFar().after_eviction(100.0, 4.0, 80.0).after_eviction(50.0, 4.0, 1_000.0)
     assert service == ServiceSoFar(executed_s=80.0, attained_gpu_s=600.0, preemptions=2)  # all of the second lost
     assert ServiceSoFar().after_eviction(-5.0, 0.0, 3.0) == ServiceSoFar(0.0, 0.0, 1)
+
+
+def test_a_report_of_the_job_computing_after_its_idle_report_keeps_it_from_being_reclaimed() -> None:
+    outlived = idle_book("q=waiting:0")
+    outlived.gpu_idle("idle", 1, 0.0, 700.0)
+    outlived.gpu_busy("idle", 1, 800.0)  # its owner came back: the idle report is history
+    assert not outlived.bind(gang("next", 8), 810.0).bound and not outlived.preemptions
+    assert not outlived.idle
+    older = idle_book("q=waiting:0")
+    older.gpu_idle("idle", 1, 0.0, 700.0)
+    older.gpu_busy("idle", 1, 650.0)  # computing before it went idle: the idle report stands
+    older.gpu_busy("idle", 0, 900.0)  # another attempt's report says nothing of this one
+    assert not older.bind(gang("next", 8), 810.0).bound
+    assert [victim.preemption.reason for victim in older.preemptions] == ["idle-reclaim"]
+
+
+def test_an_idle_reclaimed_job_waits_behind_its_tier_until_a_later_attempt_is_found_computing() -> None:
+    """FIFO, two 8-GPU nodes. The zombie arrived first, so only its demotion puts it behind later arrivals; a
+    report that its next attempt computes lifts it, even one read after that attempt was evicted in turn."""
+    book = PlacementBook(policy="fifo", min_run_s=0.0)
+    for name in ("a", "b"):
+        book.upsert_node(node(name), healthy=True)
+    book.idle_policies = parse_idle_reclaim("*=waiting:0")
+    assert book.bind(gang("filler", 8), 0.0).job is not None
+    assert book.bind(gang("zombie", 8, preemptible=True), 0.0).job is not None
+    book.gpu_idle("zombie", 1, 0.0, 700.0)
+    assert not book.bind(gang("next", 8), 700.0).bound
+    assert book.release_preempted("zombie", 1, 710.0) is not None
+    assert [job.command.job_id for job in book.cycle(711.0)] == ["next"]
+    assert not book.bind(gang("later", 8), 720.0).bound
+
+    def positions() -> list[tuple[str, int]]:
+        waiting = sorted(book.pending, key=lambda job: book.explain(job).queue_position)
+        return [(job, book.pending[job].command.generation) for job in waiting]
+
+    assert positions() == [("later", 1), ("zombie", 2)] and book.explain("zombie").service.demoted
+    book.gpu_busy("zombie", 1, 720.0)  # the reclaimed attempt's own report proves nothing of the next
+    assert positions() == [("later", 1), ("zombie", 2)]
+    book.release("next", 1)
+    assert [job.command.job_id for job in book.cycle(730.0)] == ["later"]
+    book.release("filler", 1)
+    assert [(job.command.job_id, job.command.generation) for job in book.cycle(740.0)] == [("zombie", 2)]
+    assert not book.bind(gang("another", 8), 810.0).bound
+    assert book.release_preempted("zombie", 2, 820.0, cause="priority") is not None  # evicted for another reason
+    assert positions() == [("another", 1), ("zombie", 3)]  # still demoted: nothing said generation 2 computed
+    book.gpu_busy("zombie", 2, 815.0)  # ... until telemetry's report of it arrives, late
+    assert positions() == [("zombie", 3), ("another", 1)]  # its arrival puts it first again
+    explained = book.explain("zombie")
+    assert (explained.queue_position, explained.service.idle_reclaims, explained.service.demoted) == (1, 1, False)
+    assert book.scheduler.waiting["zombie"].view.demoted == 0
+    assert not book.audit()
+
+
+def test_service_so_far_is_demoted_from_an_idle_reclaim_until_a_later_generation_computes() -> None:
+    reclaimed = ServiceSoFar().after_eviction(100.0, 8.0, 0.0, idle_reclaim=True, generation=1)
+    assert reclaimed.demoted and reclaimed.computing(1).demoted  # its own attempt: not a later one
+    lifted = reclaimed.computing(2)
+    assert not lifted.demoted and lifted.idle_reclaims == 1  # the count stays for Explain
+    assert not lifted.after_eviction(50.0, 8.0, 0.0, generation=2).demoted  # evicted for another reason
+    assert lifted.after_eviction(50.0, 8.0, 0.0, idle_reclaim=True, generation=2).demoted  # idle again
+    assert not ServiceSoFar().computing(3).demoted  # never reclaimed: nothing to lift

@@ -150,6 +150,7 @@ def explain_response(explanation: Explanation) -> placement_pb2.ExplainResponse:
         attained_gpu_seconds=explanation.service.attained_gpu_s,
         evictions=explanation.service.preemptions,
         idle_reclaims=explanation.service.idle_reclaims,
+        demoted=explanation.service.demoted,
     )
     if explanation.job is not None:
         response.assignments.extend(assignments(explanation.job))

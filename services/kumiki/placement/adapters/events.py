@@ -12,6 +12,7 @@ from kumiki.common.bus.replay import TopicReader
 from kumiki.common.bus.topics import (
     CHECKPOINTS,
     CLUSTER_STATE,
+    GPU_BUSY,
     GPU_IDLE,
     JOB_FORECAST,
     JOB_LIFECYCLE,
@@ -246,10 +247,10 @@ class AllocationLog:
             latest = self.latest[job_id]
             if latest.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
                 continue
-            service = ServiceSoFar()
+            service = self.book.served.get(job_id, ServiceSoFar())  # busy reports were read before (follow_tables)
             for generation in sorted(attempts):
                 if generation < latest.job.generation:
-                    service = service.after_eviction(*attempts[generation])
+                    service = service.after_eviction(*attempts[generation], generation=generation)
             if service.preemptions:
                 self.book.served[job_id] = service
         restored = 0
@@ -310,8 +311,9 @@ class ForecastTable:
         self.book.forecast(message.job.job_id, forecast)
 
 
-class IdleTable:
-    """kumiki.gpu.idle → the book's idle windows per job (idle reclaim, by the job's queue's rule)."""
+class GpuUseTable:
+    """kumiki.gpu.idle and kumiki.gpu.busy → the book: idle windows per job (idle reclaim, by the job's queue's rule),
+    dropped when the job is found computing again, which also lifts an idle-reclaimed job's demotion."""
 
     def __init__(self, book: PlacementBook) -> None:
         self.book = book
@@ -319,20 +321,26 @@ class IdleTable:
     async def __call__(self, key: str, event: Event | None) -> None:
         if event is None:
             return
-        idle = event.payload
-        assert isinstance(idle, events_pb2.GpuIdle)
-        since = unix_seconds(idle.since)
-        until = unix_seconds(idle.until)
-        if until >= since > 0:
-            self.book.gpu_idle(idle.job.job_id, idle.job.generation, since, until)
+        found = event.payload
+        assert isinstance(found, events_pb2.GpuIdle | events_pb2.GpuBusy)
+        since = unix_seconds(found.since)
+        until = unix_seconds(found.until)
+        if not until >= since > 0:
+            return
+        if isinstance(found, events_pb2.GpuIdle):
+            self.book.gpu_idle(found.job.job_id, found.job.generation, since, until)
+        else:
+            self.book.gpu_busy(found.job.job_id, found.job.generation, until)
 
 
 async def follow_tables(settings: KafkaSettings, book: PlacementBook) -> list[TopicReader]:
-    """Checkpoints, forecasts and idle reports read to their end (before serving), then followed by the caller."""
+    """Checkpoints, forecasts, idle and busy reports read to their end (before serving), then followed by the
+    caller."""
     readers = [
         TopicReader(settings, CHECKPOINTS, CheckpointTable(book)),
         TopicReader(settings, JOB_FORECAST, ForecastTable(book)),
-        TopicReader(settings, GPU_IDLE, IdleTable(book)),
+        TopicReader(settings, GPU_IDLE, GpuUseTable(book)),
+        TopicReader(settings, GPU_BUSY, GpuUseTable(book)),
     ]
     for reader in readers:
         await reader.start()

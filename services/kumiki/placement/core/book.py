@@ -67,7 +67,8 @@ class PlacementBook:
     preemptions: list[Victim] = field(default_factory=list)  # decided, not yet published (the adapter drains it)
     acknowledged: dict[str, float] = field(default_factory=dict)  # job -> newest acknowledged checkpoint (unix s)
     forecasts: dict[str, RuntimeForecast] = field(default_factory=dict)  # job -> run-time forecast
-    # job -> what its evicted attempts ran (the policy's view of its next generations), until it ends
+    # job -> what its evicted attempts ran and its latest attempt found computing (the policy's view of its next
+    # generations), until it ends
     served: dict[str, ServiceSoFar] = field(default_factory=dict)
     favoured: list[BoundJob] = field(default_factory=list)  # beneficiaries started on release, published next cycle
     # attempts whose PREEMPTED release is being published: an ending (Release COMPLETED) meanwhile is refused, so
@@ -364,7 +365,7 @@ class PlacementBook:
         if lost_gpu_s is None:
             lost_gpu_s = decided.lost_gpu_s if decided is not None else 0.0
         self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
-            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, cause == IDLE_RECLAIM
+            now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, cause == IDLE_RECLAIM, job.command.generation
         )
         again = replace(job.command, generation=job.command.generation + 1)
         if self.freed_for_held(beneficiary):  # freed for a job quota holds back: wait behind it, held too
@@ -425,6 +426,20 @@ class PlacementBook:
         if known is None or generation >= known[0]:
             self.idle[job_id] = (generation, since_s, max(until_s, known[2] if known and known[0] == generation else 0))
 
+    def gpu_busy(self, job_id: str, generation: int, until_s: float) -> None:
+        """Telemetry reports a job's GPUs computing up to `until_s`: an idle report it outlived no longer makes it a
+        zombie to reclaim, and a job idle reclaim evicted no longer waits behind its tier once a later attempt
+        computes (its owner came back)."""
+        known = self.idle.get(job_id)
+        if known is not None and (known[0] < generation or (known[0] == generation and known[2] <= until_s)):
+            del self.idle[job_id]
+        if self._gone(job_id):  # a late report of an ended job would be kept for ever
+            return
+        before = self.served.get(job_id, ServiceSoFar())
+        self.served[job_id] = before.computing(generation)
+        if before.demoted and not self.served[job_id].demoted:
+            self._reconsider(job_id)  # a next generation already waiting moves up to its arrival's place
+
     def _reclaim_idle(self, now: float) -> None:
         """Preempt jobs idle past their queue's threshold (`waiting`: only for a waiting job their GPUs let start),
         as `kumiki.sched.idle.idle_victims` chooses; the simulator evicts its zombies by the same choice."""
@@ -475,8 +490,14 @@ class PlacementBook:
         if self._gone(job_id):
             return
         self.forecasts[job_id] = forecast
+        self._reconsider(job_id)
+
+    def _reconsider(self, job_id: str) -> None:
+        """The scheduler sees the job anew (its forecast or service changed): re-ranked in place while it waits,
+        weighed anew as a victim while it runs. Nothing to do before a scheduler exists: the rebuild views every job
+        with what the book holds then."""
         if self._scheduler is None or self._stale:
-            return  # the rebuild views every job with its forecast
+            return
         pending, running = self.pending.get(job_id), self.bound.get(job_id) or self.nominated.get(job_id)
         if pending is not None and not pending.held:
             self._scheduler.reconsider([self._view(pending.command, pending.submitted_s)])

@@ -3,7 +3,7 @@ of a bind and an Explain answer, and the job as the queue policy sees it (`job_v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kumiki.sched.cluster import Placement
 from kumiki.sched.forecasting import JobFeatures, RuntimeForecast
@@ -87,13 +87,22 @@ class ServiceSoFar:
     executed_s: float = 0.0  # work kept: run time less what was lost since the last checkpoint
     attained_gpu_s: float = 0.0  # GPU-seconds held, lost work included (Tiresias' attained service)
     preemptions: int = 0
-    idle_reclaims: int = 0  # of those, evictions by idle reclaim: it then waits behind the jobs that compute
+    idle_reclaims: int = 0  # of those, evictions by idle reclaim: it then waits behind the jobs that compute ...
+    reclaimed_generation: int = 0  # (the latest attempt idle reclaim evicted) ...
+    computing_generation: int = 0  # ... until telemetry finds a later attempt computing (kumiki.gpu.busy)
+
+    @property
+    def demoted(self) -> bool:
+        """Idle reclaim evicted an attempt and no later one has been found computing: it waits behind the jobs of
+        its tier idle reclaim has not evicted. A generation, not a time, so the order busy reports and evictions
+        are read in (two topics, and a restart reads both again) does not matter."""
+        return self.idle_reclaims > 0 and self.computing_generation <= self.reclaimed_generation
 
     def after_eviction(
-        self, runtime_s: float, gpus: float, lost_gpu_s: float, idle_reclaim: bool = False
+        self, runtime_s: float, gpus: float, lost_gpu_s: float, idle_reclaim: bool = False, generation: int = 0
     ) -> ServiceSoFar:
-        """This plus one evicted attempt that ran `runtime_s` on `gpus` and lost `lost_gpu_s` of it (evicted by
-        idle reclaim: `idle_reclaim`)."""
+        """This plus one evicted attempt (`generation`) that ran `runtime_s` on `gpus` and lost `lost_gpu_s` of it
+        (evicted by idle reclaim: `idle_reclaim`)."""
         runtime_s = max(0.0, runtime_s)
         lost_s = min(runtime_s, max(0.0, lost_gpu_s) / gpus) if gpus > 0 else 0.0
         return ServiceSoFar(
@@ -101,7 +110,13 @@ class ServiceSoFar:
             self.attained_gpu_s + runtime_s * gpus,
             self.preemptions + 1,
             self.idle_reclaims + idle_reclaim,
+            max(self.reclaimed_generation, generation) if idle_reclaim else self.reclaimed_generation,
+            self.computing_generation,
         )
+
+    def computing(self, generation: int) -> ServiceSoFar:
+        """Telemetry found attempt `generation` computing."""
+        return replace(self, computing_generation=max(self.computing_generation, generation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,5 +172,5 @@ def job_view(
         executed_s=service.executed_s,
         attained_gpu_s=service.attained_gpu_s,
         preemptions=service.preemptions,
-        idle_reclaims=service.idle_reclaims,
+        idle_reclaims=service.idle_reclaims if service.demoted else 0,  # only those that still count against it
     )

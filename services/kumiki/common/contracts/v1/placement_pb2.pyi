@@ -302,6 +302,7 @@ class ExplainResponse(_message.Message):
     ATTAINED_GPU_SECONDS_FIELD_NUMBER: _builtins.int
     EVICTIONS_FIELD_NUMBER: _builtins.int
     IDLE_RECLAIMS_FIELD_NUMBER: _builtins.int
+    DEMOTED_FIELD_NUMBER: _builtins.int
     status: _builtins.str
     """"bound", "pending" or "unknown"."""
     queue_position: _builtins.int
@@ -318,7 +319,11 @@ class ExplainResponse(_message.Message):
     """How many of its attempts were evicted."""
     idle_reclaims: _builtins.int
     """Of those, how many idle reclaim evicted (telemetry found its GPUs idle): the job then waits behind the jobs of
-    its priority tier that idle reclaim has not evicted.
+    its priority tier that idle reclaim has not evicted, until telemetry finds a later attempt computing.
+    """
+    demoted: _builtins.bool
+    """Whether it waits behind its tier for that now: an idle reclaim evicted it, and no attempt since has been
+    found computing (kumiki.gpu.busy).
     """
     @_builtins.property
     def reasons(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PendingReason]:
@@ -352,10 +357,11 @@ class ExplainResponse(_message.Message):
         attained_gpu_seconds: _builtins.float = ...,
         evictions: _builtins.int = ...,
         idle_reclaims: _builtins.int = ...,
+        demoted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["starves_at", b"starves_at", "waiting_since", b"waiting_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "attained_gpu_seconds", b"attained_gpu_seconds", "evictions", b"evictions", "executed_seconds", b"executed_seconds", "idle_reclaims", b"idle_reclaims", "queue", b"queue", "queue_position", b"queue_position", "reasons", b"reasons", "starves_at", b"starves_at", "status", b"status", "waiting_since", b"waiting_since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "attained_gpu_seconds", b"attained_gpu_seconds", "demoted", b"demoted", "evictions", b"evictions", "executed_seconds", b"executed_seconds", "idle_reclaims", b"idle_reclaims", "queue", b"queue", "queue_position", b"queue_position", "reasons", b"reasons", "starves_at", b"starves_at", "status", b"status", "waiting_since", b"waiting_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
