@@ -428,6 +428,7 @@ async def test_an_evict_command_read_after_its_release_still_lets_the_next_gener
     await until(lambda: binder_metrics(processes, confirmed).get(confirmed) == 1, 30, "the binder to read the release")
     await send_evict(processes, job, 1, "c-late")
     await until(lambda: no_pods(kube, ns), timeout_s=60, what="the first generation's pods evicted on the late command")
+    assert awaiting_release(processes) == 0  # released already: nothing to wait for
     # the job's controller makes the next generation's pods (resuming from the checkpoint)
     await create_all(kube, next_generation(ns, gpus_each=2))
     states = await until(lambda: ended_states(processes, job, 2), timeout_s=60, what="the second generation COMPLETED")
@@ -1022,6 +1023,7 @@ async def test_the_next_generations_pods_made_during_an_eviction_wait_for_its_re
 
     await until_or_say(kube, ns, waiting_for_the_release, 60, "the next generation's pods told they wait")
     assert bound(await pods_in(kube, ns)) == []
+    assert awaiting_release(processes) == 1
     replaced = binder_metrics(processes, "kumiki_binder_replacements")
     assert replaced.get("kumiki_binder_replacements_total") == 0, replaced
 
@@ -1032,6 +1034,32 @@ async def test_the_next_generations_pods_made_during_an_eviction_wait_for_its_re
     pods = await pods_in(kube, ns)
     assert {pod["metadata"]["annotations"][core.GENERATION_ANNOTATION] for pod in pods} == {"2"}
     assert over_commits(pods) == []
+    assert awaiting_release(processes) == 0
+
+
+async def test_an_evict_command_for_an_attempt_that_already_completed_waits_for_no_release(
+    kube: AsyncClient, processes: Processes
+) -> None:
+    """The coordinator decided to evict a job that then finished on its own: its EVICT comes after the COMPLETED
+    (or the two are read in either order). No PREEMPTED release will ever come, so the binder must not wait for
+    one (it once kept the eviction for as long as it ran, counted in no metric)."""
+    await start(processes, kube, [node_object("gpu-0", 8)])
+    ns = await namespace(kube)
+    pods = [pod_object(ns, f"quick-{i}", gpus=2, group="quick", run_for="1s") for i in range(2)]
+    await create_all(kube, [podgroup_object(ns, "quick", 2), *pods])
+    job = f"{ns}/quick"
+    await until(lambda: ended_states(processes, job, 1), timeout_s=60, what="the gang COMPLETED")
+    await send_evict(processes, job, 1, "c-after-the-end")
+    commands = "kumiki_binder_preemption_commands_total"
+    await until(lambda: binder_metrics(processes, commands).get(commands) == 1, 30, "the binder to read the command")
+    # read after the COMPLETED, it is not recorded; read before it, the COMPLETED ends it
+    await until(lambda: awaiting_release(processes) == 0, 30, "no eviction left waiting for a release")
+
+
+def awaiting_release(processes: Processes) -> float | None:
+    """The first binder's evictions waiting for their PREEMPTED release (None while /metrics does not answer)."""
+    gauge = "kumiki_binder_evictions_awaiting_release"
+    return binder_metrics(processes, gauge).get(gauge)
 
 
 async def test_podgroup_schedule_timeout_is_told_and_frees_the_queue(kube: AsyncClient, processes: Processes) -> None:

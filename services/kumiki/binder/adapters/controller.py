@@ -66,6 +66,8 @@ class Binder(Submissions, Eviction):
         )
         if message.state == events_pb2.JOB_STATE_PREEMPTED:
             self._evicted(job_id, message.job.generation)
+        elif message.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
+            self._attempt_over(job_id, message.job.generation)  # ended on its own: no release of an eviction will come
         if not self.synced.is_set() or message.state != events_pb2.JOB_STATE_BOUND:
             return
         gang = self.gangs.get(job_id)

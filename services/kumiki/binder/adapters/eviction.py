@@ -6,13 +6,29 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kumiki.binder.adapters.metrics import EVICTIONS, EVICTIONS_CONFIRMED
+from kumiki.binder.adapters.metrics import (
+    EVICTIONS,
+    EVICTIONS_AWAITING_RELEASE,
+    EVICTIONS_CONFIRMED,
+    PREEMPTION_COMMANDS,
+)
 from kumiki.binder.adapters.state import BinderState, gang_attributes, tracer
 from kumiki.binder.core import Gang, PodKey
 from kumiki.common.bus import Event
 from kumiki.common.contracts.v1 import events_pb2
 
 log = logging.getLogger(__name__)
+
+# an attempt the log says ended: an EVICT of it read afterwards evicts what is left, but waits for no release
+ATTEMPT_OVER = frozenset({events_pb2.JOB_STATE_PREEMPTED, events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED})
+
+
+def action_label(action: events_pb2.PreemptionAction.ValueType) -> str:
+    """A command's action as a metric label: `checkpoint`, `evict`, `resume`, or `other` for a value this binder
+    does not know (a newer coordinator's)."""
+    if action not in events_pb2.PreemptionAction.values():
+        return "other"
+    return events_pb2.PreemptionAction.Name(action).removeprefix("PREEMPTION_ACTION_").lower()
 
 
 class Eviction(BinderState):
@@ -22,16 +38,17 @@ class Eviction(BinderState):
     async def on_preemption(self, event: Event, connection: object = None) -> None:
         command = event.payload
         assert isinstance(command, events_pb2.PreemptionCommand)
+        PREEMPTION_COMMANDS.labels(action_label(command.action)).inc()
         if command.action != events_pb2.PREEMPTION_ACTION_EVICT:
             return  # CHECKPOINT goes to the job's SDK, RESUME is the job's own restart
         job_id, generation = command.job.job_id, command.job.generation
         logged = self.logged.get(job_id)
-        released = logged is not None and (
-            logged.generation > generation
-            or (logged.generation == generation and logged.state == events_pb2.JOB_STATE_PREEMPTED)
+        over = logged is not None and (  # released already, or ended on its own: no release will come
+            logged.generation > generation or (logged.generation == generation and logged.state in ATTEMPT_OVER)
         )
-        if not released:
+        if not over:
             self.evicting[job_id] = generation
+            EVICTIONS_AWAITING_RELEASE.set(len(self.evicting))
         self._spawn(self.evict(job_id, command.grace_period_s, command.reason or "preempted", generation=generation))
 
     async def evict(
@@ -92,13 +109,19 @@ class Eviction(BinderState):
         log.error("eviction gave up", extra={"job": job_id, "pods": [str(key) for key in remaining]})
         return False
 
+    def _attempt_over(self, job_id: str, generation: int) -> None:
+        """The log says this generation ended (released as PREEMPTED, or completed or failed while an EVICT was on
+        its way): an eviction of it or an earlier one is over, and the next generation's pods are watched again."""
+        if job_id in self.evicting and self.evicting[job_id] <= generation:
+            del self.evicting[job_id]
+            EVICTIONS_AWAITING_RELEASE.set(len(self.evicting))
+
     def _evicted(self, job_id: str, generation: int) -> None:
         """The coordinator released this generation as PREEMPTED: the group's next pods (its job controller makes
         them, resuming from the checkpoint) are the next generation, not late members of a placed gang."""
         if self.synced.is_set():  # not the log's history read again at start
             EVICTIONS_CONFIRMED.inc()
-        if self.evicting.get(job_id, 0) <= generation:
-            self.evicting.pop(job_id, None)  # the eviction is over: the next generation's pods are watched again
+        self._attempt_over(job_id, generation)
         gang = self.gangs.get(job_id)
         if gang is None or gang.generation != generation or not gang.bound:
             return

@@ -20,6 +20,14 @@ EVICTIONS = Counter("kumiki_binder_evictions_total", "Eviction API calls by resu
 EVICTIONS_CONFIRMED = Counter(
     "kumiki_binder_evictions_confirmed_total", "Generations the preemption coordinator released as PREEMPTED"
 )
+PREEMPTION_COMMANDS = Counter(
+    "kumiki_binder_preemption_commands_total", "Preemption commands the binder read, by action", ["action"]
+)
+EVICTIONS_AWAITING_RELEASE = Gauge(
+    "kumiki_binder_evictions_awaiting_release",
+    "Gangs evicted on an EVICT command whose PREEMPTED release has not been read yet (one that stays is an eviction"
+    " the coordinator never released)",
+)
 REPAIRS = Counter("kumiki_binder_repaired_binds_total", "Binds Placement made that the API had not got, repaired")
 PENDING = Gauge("kumiki_binder_pending_pods", "Pods with schedulerName kumiki and no node")
 EVENTS_DROPPED = Counter("kumiki_binder_events_dropped_total", "Kubernetes Events not sent (queue full)")
