@@ -459,3 +459,15 @@ def test_service_so_far_is_demoted_from_an_idle_reclaim_until_a_later_generation
     assert not lifted.after_eviction(50.0, 8.0, 0.0, generation=2).demoted  # evicted for another reason
     assert lifted.after_eviction(50.0, 8.0, 0.0, idle_reclaim=True, generation=2).demoted  # idle again
     assert not ServiceSoFar().computing(3).demoted  # never reclaimed: nothing to lift
+
+
+def test_a_busy_report_is_kept_while_the_job_lasts_and_not_after_it_ended() -> None:
+    book = preemptive_book()
+    assert book.bind(gang("done", 4), 0.0).job is not None
+    book.gpu_busy("done", 1, 100.0)
+    assert book.served["done"].computing_generation == 1
+    book.release("done", 1)
+    book.mark_ended("done", 1)
+    assert "done" not in book.served  # forgotten with the job
+    book.gpu_busy("done", 1, 200.0)  # telemetry's report of it, read late
+    assert "done" not in book.served
