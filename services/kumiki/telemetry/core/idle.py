@@ -154,10 +154,8 @@ def apply_chunk(
     findings: list[GpuFinding] = []
     if record.holdings:
         record, idle = _idle_findings(record, config)
-        found_idle = {finding.job_id for finding in idle}  # this chunk ended their stretch: the next starts after it
-        record, busy = _busy_findings(
-            record, {job: sums for job, sums in usage.items() if job not in found_idle}, config
-        )
+        # a job found idle in this chunk: its stretch ended with the episode, and the next starts after this chunk
+        record, busy = _busy_findings(record, usage, {finding.job_id for finding in idle}, config)
         findings = [*idle, *busy]
     usages = [
         Usage(
@@ -194,7 +192,7 @@ def _idle_findings(record: NodeRecord, config: TelemetryConfig) -> tuple[NodeRec
 
 
 def _busy_findings(
-    record: NodeRecord, usage: dict[str, list[float]], config: TelemetryConfig
+    record: NodeRecord, usage: dict[str, list[float]], found_idle: set[str], config: TelemetryConfig
 ) -> tuple[NodeRecord, list[BusyFinding]]:
     """Per holding not yet reported busy, sum what this chunk held and used into the current stretch; a stretch as
     long as the idle rule (per GPU) ends there: busy when its mean utilisation reached the rule's threshold, else
@@ -203,19 +201,17 @@ def _busy_findings(
     findings: list[BusyFinding] = []
     for job_id, sums in usage.items():
         holding = record.holdings.get(job_id)
-        if holding is None or holding.busy_reported or not holding.gpu_indices:
+        if holding is None or holding.busy_reported or not holding.gpu_indices or job_id in found_idle:
             continue
         held_s = holding.stretch_held_s + sums[4]
         used_s = holding.stretch_used_s + sums[5]
         stretch_s = held_s / len(holding.gpu_indices)
         rule = config.rule_for(holding.queue)
         if stretch_s < rule.duration_s:
-            changed[job_id] = replace(holding, stretch_held_s=held_s, stretch_used_s=used_s)
+            changed[job_id] = holding.with_stretch(held_s, used_s)
             continue
         mean = 100.0 * used_s / held_s if held_s > 0 else 0.0
-        changed[job_id] = replace(
-            holding, busy_reported=mean >= rule.threshold_pct, stretch_held_s=0.0, stretch_used_s=0.0
-        )
+        changed[job_id] = holding.with_stretch(0.0, 0.0, busy_reported=mean >= rule.threshold_pct)
         if mean < rule.threshold_pct:
             continue
         present = [(uuid, gpu) for uuid, gpu in record.gpus.items() if gpu.gpu_index in holding.gpu_indices]
