@@ -87,9 +87,9 @@ class ServiceSoFar:
     executed_s: float = 0.0  # work kept: run time less what was lost since the last checkpoint
     attained_gpu_s: float = 0.0  # GPU-seconds held, lost work included (Tiresias' attained service)
     preemptions: int = 0
-    idle_reclaims: int = 0  # of those, evictions by idle reclaim: it then waits behind the jobs that compute ...
-    reclaimed_generation: int = 0  # (the latest attempt idle reclaim evicted) ...
-    computing_generation: int = 0  # ... until telemetry finds a later attempt computing (kumiki.gpu.busy)
+    idle_reclaims: int = 0  # of those, evictions by idle reclaim (every one, for Explain)
+    reclaimed_generation: int = 0  # the newest attempt idle reclaim evicted
+    computing_generation: int = 0  # the newest attempt telemetry found computing (kumiki.gpu.busy): see `demoted`
 
     @property
     def demoted(self) -> bool:

@@ -113,8 +113,6 @@ class TelemetryStreams:
         self.samples_seen = 0
         self.dead_lettered = 0
         self.published_states = 0
-        self.published_idle = 0
-        self.published_busy = 0
         self.samples_applied = 0  # samples folded into node state (stage 2): what "ingested" means end to end
         self.unknown_rejected = 0
         self.partitions = settings.default_partitions
@@ -515,8 +513,6 @@ class TelemetryStreams:
                 publishing.append(self.producer.publish_many(topic, events))
         await asyncio.gather(*publishing)
         self.published_states += len(states)
-        self.published_idle += len(idle)
-        self.published_busy += len(busy)
         for counter, found in ((metrics.IDLE_EVENTS, idle), (metrics.BUSY_EVENTS, busy)):
             for finding in found:
                 counter.labels(finding.queue).inc()
