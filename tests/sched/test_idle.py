@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from kumiki.sched.cluster import ClusterState, uniform_cluster
-from kumiki.sched.idle import IdlePolicy, WaitingFor, idle_victims, parse_idle_reclaim, rule_for
+from kumiki.sched.idle import IdlePolicy, WaitingFor, idle_victims, parse_idle_reclaim, rule_for, waiting_for_gpus
 from kumiki.sched.jobs import consolidated_gang
 from kumiki.sched.policies import POLICIES, admission_rank
 from kumiki.sched.scheduler import Scheduler
@@ -92,6 +92,26 @@ def test_a_queued_job_that_fits_already_waits_for_its_turn_but_a_held_one_for_qu
     assert idle_victims(scheduler, idle, WAITING, lambda: waiting_for(("four", 4))) == []
     held = waiting_for(("four", 4), held=True)
     assert idle_victims(scheduler, idle, WAITING, lambda: held) == [("zombie", "four")]
+
+
+def test_no_idle_job_is_reclaimed_for_a_job_idle_reclaim_evicted_that_has_not_computed_since() -> None:
+    # it would hold the GPUs idle in turn, and the job it displaced would wait to do the same: a chain of evictions
+    scheduler = cluster({"filler": 8, "busy": 7, "zombie": 1})  # both nodes full
+    idle = [("zombie", "q", 900.0)]
+    was_idle = dataclasses.replace(view("was-idle", 1), idle_reclaims=1)
+    scheduler.submit(was_idle, consolidated_gang("was-idle", 1, 8))
+    assert scheduler.schedule(0.0).starts == []
+
+    def waiting(*held: tuple[str, int, bool]) -> list[WaitingFor]:
+        return list(waiting_for_gpus(scheduler, [(job, consolidated_gang(job, n, 8), d) for job, n, d in held]))
+
+    assert [job for job, _, _ in waiting()] == []  # queued, demoted: skipped
+    assert idle_victims(scheduler, idle, WAITING, waiting) == []
+    assert idle_victims(scheduler, idle, WAITING, lambda: waiting(("held-was-idle", 1, True))) == []
+    assert idle_victims(scheduler, idle, WAITING, lambda: waiting(("held", 1, False))) == [("zombie", "held")]
+    scheduler.submit(dataclasses.replace(view("fresh", 1), submit_s=5.0), consolidated_gang("fresh", 1, 8))
+    assert [job for job, _, _ in waiting()] == ["fresh"]
+    assert idle_victims(scheduler, idle, WAITING, waiting) == [("zombie", "fresh")]
 
 
 def test_a_gang_over_several_nodes_counts_the_nodes_free_already() -> None:

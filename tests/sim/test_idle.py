@@ -89,6 +89,25 @@ def test_a_reclaimed_zombie_waits_behind_the_jobs_that_compute_whatever_the_orde
     assert result.idle_reclaimed == 1
 
 
+@pytest.mark.parametrize("policy", ["fifo", "fifo-backfill", "tiresias", "kumiki-noforecast"])
+def test_a_zombie_is_not_reclaimed_for_a_zombie_idle_reclaim_evicted(policy: str) -> None:
+    # one GPU: the first zombie gives it to the waiter at 600 s, the second takes it at 1,600 s and is found at
+    # 2,200 s while the first waits demoted. Evicted for the first, the second waited to evict it in turn, 4 to 6
+    # evictions before either finished, and the GPU computed nothing throughout
+    jobs = [
+        zombie(),
+        SimJobSpec("waiter", 100.0, 1, 1_000.0, "q"),
+        SimJobSpec("zombie-b", 200.0, 1, 2_000.0, "q", idle=True),
+    ]
+    result = run(jobs, policy, "*=waiting:0")
+    assert by_id(result) == {
+        "waiter": (600.0, 1_600.0),
+        "zombie-b": (1_600.0, 3_600.0),
+        "zombie": (0.0, 3_600.0 + RESTORE_S + 1_400.0),
+    }
+    assert result.idle_reclaimed == 1
+
+
 def test_a_job_quota_holds_back_counts_as_waiting() -> None:
     # two GPUs; queue b's limit (1 GPU) holds its second job back while the first runs: nothing is queued, and
     # the zombie in queue a is reclaimed for the held job all the same (placement counts held jobs as waiting)

@@ -281,18 +281,20 @@ class Simulator:
             else:
                 idle.append((job_id, job.spec.queue, now - job.run_start_s))
 
-        def waiting() -> Iterable[WaitingFor]:
-            held = () if self.quota is None else self.quota.held
-            return waiting_for_gpus(self.scheduler, ((job_id, self.jobs[job_id].request) for job_id in held))
-
         preemptions = []
-        for job_id, beneficiary in idle_victims(self.scheduler, idle, self.config.idle.rules, waiting):
+        for job_id, beneficiary in idle_victims(self.scheduler, idle, self.config.idle.rules, self._waiting_for_gpus):
             del self.idle_due[job_id]
             self.jobs[job_id].idle_reclaims += 1  # its next attempts wait behind the jobs that compute
             preemptions.append(self.scheduler.preempt(job_id, beneficiary, IDLE_RECLAIM, now))
         if preemptions:
             self.idle_reclaimed += len(preemptions)
             self._apply(Decisions(preemptions=preemptions), now)
+
+    def _waiting_for_gpus(self) -> Iterable[WaitingFor]:
+        """Who a zombie's GPUs may be reclaimed for: queued, then held by quota (`kumiki.sched.idle`)."""
+        held = () if self.quota is None else self.quota.held
+        jobs = self.jobs
+        return waiting_for_gpus(self.scheduler, ((job, jobs[job].request, jobs[job].idle_reclaims > 0) for job in held))
 
     def _restart_moved(self, moved: Sequence[str], now: float) -> Decisions:
         """Jobs a defragmentation moved, queued again, restart elsewhere at once ahead of the queue order (they

@@ -115,6 +115,28 @@ def test_a_job_quota_holds_back_counts_as_waiting_for_a_zombies_gpus() -> None:
     assert victim.preemption.for_job == "elsewhere"
 
 
+def test_no_zombie_is_reclaimed_for_a_job_idle_reclaim_evicted_that_has_not_computed_since() -> None:
+    """Its GPUs would go from one idle job to another, and the zombie displaced would wait to do the same."""
+    import dataclasses
+
+    from kumiki.sched.placement import PendingReason
+
+    book = idle_book("q=waiting:0")  # filler: node a; the zombie holds 4 of node b
+    book.gpu_idle("idle", 1, 0.0, 700.0)
+    reclaimed = ServiceSoFar(idle_reclaims=1, reclaimed_generation=1)
+    book.served["was-idle"] = reclaimed
+    assert not book.bind(gang("was-idle", 8, generation=2, preemptible=True), 700.0).bound
+    assert book.pending["was-idle"].command.generation == 2 and book.scheduler.waiting["was-idle"].view.demoted
+    book.served["held-was-idle"] = reclaimed
+    other_queue = dataclasses.replace(gang("held-was-idle", 4, generation=2), queue="other")
+    book.hold(other_queue, PendingReason("held-was-idle", "quota", "over-quota", ""), 700.0)
+    book.cycle(701.0)
+    assert not book.preemptions  # the zombie's GPUs would let either start, but each was found idle itself
+    assert not book.bind(gang("fresh", 8), 702.0).bound
+    (victim,) = book.preemptions
+    assert (victim.job.command.job_id, victim.preemption.for_job) == ("idle", "fresh")
+
+
 def reclaimed_for_a_held_teammate(teammate_gpus: int) -> PlacementBook:
     """The idle job reclaimed (and released at 702 s) for a teammate quota holds back."""
     from kumiki.sched.placement import PendingReason

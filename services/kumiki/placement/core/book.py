@@ -457,7 +457,10 @@ class PlacementBook:
         def waiting() -> Iterable[WaitingFor]:
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
             # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
-            held = ((job.command.job_id, job.command.request) for job in self.held_jobs_in_order(now))
+            held = (
+                (job.command.job_id, job.command.request, self.served.get(job.command.job_id, ServiceSoFar()).demoted)
+                for job in self.held_jobs_in_order(now)
+            )
             return waiting_for_gpus(scheduler, held)
 
         for job_id, beneficiary in idle_victims(scheduler, idle, self.idle_policies, waiting):
