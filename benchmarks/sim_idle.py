@@ -11,8 +11,11 @@ Per cluster size, policy and seed, all in this process:
 - `kept` (the baseline): nothing reclaims them (`*=never`);
 - `any waiting`: a found zombie is evicted while any job waits, whether or not its GPUs let that job start, and
   waits again where its order puts it (how placement reclaimed before; kept here as `AnyWaiting`);
-- `room`: evicted only for a waiting job its GPUs let start (`kumiki.sched.idle.idle_victims`), then waiting
-  behind the jobs idle reclaim has not evicted: the rule now.
+- `room, idle too`: evicted only for a waiting job its GPUs let start, then waiting behind the jobs idle reclaim
+  has not evicted, and that waiting job may be one idle reclaim evicted itself (the rule until 2026-12-07; kept
+  here as `RoomIdleToo`);
+- `room`: the same, but never for a job idle reclaim evicted that has not computed since
+  (`kumiki.sched.idle.idle_victims` and `waiting_for_gpus`): the rule now.
 
 Prints one markdown table per size (the jobs that compute: their mean average JCT over the seeds and its ratio
 to `kept`; every job's; the reclaims) and writes report.json and sim-idle.png into --out.
@@ -21,8 +24,11 @@ to `kept`; every job's; the reclaims) and writes report.json and sim-idle.png in
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +39,7 @@ from kumiki.cli.options import names_option
 from kumiki.cli.simulate import idle_from
 from kumiki.forecast.models import build_default_forecaster
 from kumiki.sched.cluster import uniform_cluster
-from kumiki.sched.idle import parse_idle_reclaim, rule_for
+from kumiki.sched.idle import WaitingFor, parse_idle_reclaim, rule_for
 from kumiki.sched.policies import POLICIES
 from kumiki.sched.scheduler import Decisions
 from kumiki.sim.engine import SimConfig, Simulator
@@ -43,7 +49,7 @@ from kumiki.sim.workload import sim_jobs
 
 GPUS_PER_NODE = 8
 BASELINE = "kept"
-RULES = {BASELINE: "*=never", "any waiting": "*=waiting:0", "room": "*=waiting:0"}
+RULES = {BASELINE: "*=never", "any waiting": "*=waiting:0", "room, idle too": "*=waiting:0", "room": "*=waiting:0"}
 
 
 class AnyWaiting(Simulator):
@@ -64,10 +70,25 @@ class AnyWaiting(Simulator):
             self._apply(Decisions(preemptions=preemptions), now)
 
 
+class RoomIdleToo(Simulator):
+    """The room rule before 2026-12-07 (evening): a zombie was also reclaimed for a job idle reclaim had evicted,
+    which then held the GPUs idle in turn."""
+
+    def _waiting_for_gpus(self) -> Iterator[WaitingFor]:
+        queued = (
+            (job, self.scheduler.waiting[job].request, False) for _, job in heapq.merge(*self.scheduler.lists.values())
+        )
+        held = ((job, self.jobs[job].request, True) for job in (self.quota.held if self.quota is not None else ()))
+        return itertools.chain(queued, held)
+
+
+VARIANTS: dict[str, type[Simulator]] = {"any waiting": AnyWaiting, "room, idle too": RoomIdleToo}
+
+
 def run_one(trace: str, nodes: int, policy: str, variant: str, fraction: float, seed: int) -> dict[str, float]:
     """One simulation: average JCT of the jobs that compute, of every job, and the reclaims."""
     jobs = sim_jobs(load_jobs(trace), max_gpus=nodes * GPUS_PER_NODE, seed=seed, idle_share=fraction)
-    simulator = AnyWaiting if variant == "any waiting" else Simulator
+    simulator = VARIANTS.get(variant, Simulator)
     config = SimConfig(POLICIES[policy], idle=IdleReclaim(600.0, parse_idle_reclaim(RULES[variant])))
     forecaster = build_default_forecaster() if POLICIES[policy].uses_forecast else None
     result = simulator(uniform_cluster(nodes, GPUS_PER_NODE), jobs, config, forecaster=forecaster).run()
