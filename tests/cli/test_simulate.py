@@ -160,11 +160,10 @@ def test_zombies_are_a_scenario_and_idle_reclaim_is_reported_with_the_run(tmp_pa
     assert "0.3 of the jobs are zombies" in text and "`--idle-reclaim *=waiting:0`" in text
     code, kept_out = simulate(tmp_path / "kept", *args, "--idle-reclaim", "*=never")
     kept = json.loads((kept_out / "report.json").read_text())["policies"]["kumiki-noforecast"]
-    assert (
-        kept["idle_jobs"] == row["idle_jobs"]
-        and kept["idle_reclaimed"] == 0
-        and kept["preemptions"] < row["preemptions"]
-    )
+    assert kept["idle_jobs"] == row["idle_jobs"] and kept["idle_reclaimed"] == 0
+    assert row["preemptions"] >= row["idle_reclaimed"]  # a reclaim is an eviction
+    # reclaimed, the zombies' GPUs go to jobs that compute: these finish sooner (here 128,000 s against 200,000 s)
+    assert row["avg_jct_computing_s"] < kept["avg_jct_computing_s"]
     plain = json.loads((simulate(tmp_path / "plain", "--policy", "fifo", "--no-plots")[1] / "report.json").read_text())
     assert plain["config"]["idle"] is None and "idle_jobs" not in plain["policies"]["fifo"]
 
