@@ -292,3 +292,16 @@ def at_least_one_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespa
     for option in options:
         if getattr(args, option) < 1:
             parser.error(f"--{option}: must be at least 1, got {getattr(args, option)}")
+
+
+def ratio_table(title: str, headers: tuple[str, str, str], values: dict[str, float], baseline: str, form: str) -> Any:
+    """A rich table of one number per row (`form`, a format spec) and its ratio to the `baseline` row's."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column(headers[0])
+    for header in headers[1:]:
+        table.add_column(header, justify="right")
+    for name, value in values.items():
+        table.add_row(name, format(value, form), f"{value / values[baseline]:.2f}x")
+    return table

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
 
+from _support import ratio_table
 from rich.console import Console
-from rich.table import Table
 
 from kumiki.telemetry import core
 from kumiki.telemetry.core import IdleRule, Inventory, InventoryGpu, NodeRecord, Reading, TelemetryConfig
@@ -98,16 +98,9 @@ def main(argv: list[str] | None = None) -> None:
             results[label] = min(
                 fold_seconds(args.nodes, args.ticks, held, utilisation, rule_s) for _ in range(args.repeat)
             )
-    baseline = results[CASES[0][0]]
-    table = Table(
-        title=f"apply_chunk, {args.nodes} nodes x {GPUS} GPUs, {args.ticks} chunks each, best of {args.repeat}"
-    )
-    table.add_column("case")
-    table.add_column("us per node chunk", justify="right")
-    table.add_column("vs baseline", justify="right")
-    for label, seconds in results.items():
-        table.add_row(label, f"{seconds * 1e6:.1f}", f"{seconds / baseline:.2f}x")
-    console.print(table)
+    title = f"apply_chunk, {args.nodes} nodes x {GPUS} GPUs, {args.ticks} chunks each, best of {args.repeat}"
+    micros = {label: seconds * 1e6 for label, seconds in results.items()}
+    console.print(ratio_table(title, ("case", "us per node chunk", "vs baseline"), micros, CASES[0][0], ".1f"))
 
 
 if __name__ == "__main__":

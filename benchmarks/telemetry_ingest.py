@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import broker, percentile, raw_consumer
+from _support import broker, percentile, ratio_table, raw_consumer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -356,16 +356,12 @@ async def main() -> None:
                 "worker, faust stream front end": total / faust_only_s,
                 "worker, aiokafka front end + faust (default)": total / faust_s,
             }
-            table = Table(
-                title=f"catch-up, {total:,} samples ({args.nodes} nodes x {args.gpus} GPUs x "
-                f"{args.ticks} ticks), broker {bootstrap}"
+            title = (
+                f"catch-up, {total:,} samples ({args.nodes} nodes x {args.gpus} GPUs x {args.ticks} ticks), "
+                f"broker {bootstrap}"
             )
-            table.add_column("path")
-            table.add_column("samples/s", justify="right")
-            table.add_column("vs raw consume", justify="right")
-            for name, rate in rates.items():
-                table.add_row(name, f"{rate:,.0f}", f"{rate / rates['raw aiokafka consume (baseline)']:.2f}x")
-            console.print(table)
+            headers = ("path", "samples/s", "vs raw consume")
+            console.print(ratio_table(title, headers, rates, "raw aiokafka consume (baseline)", ",.0f"))
             faust_rate = rates["worker, aiokafka front end + faust (default)"]
             verdict = "MET" if faust_rate >= TARGET else "MISSED"
             console.print(
