@@ -36,26 +36,33 @@ GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 # The binder's control plane (tests/binder): kube-apiserver and kube-scheduler v1.37.2, etcd v3.7.0 and KWOK
 # v0.8.0 from the Go module proxy, started first since it is the longest (~12 min cold on 2 cores, seconds once
 # cached in ~/.cache/kumiki). Without it the binder's integration tests skip and say why.
+# Each build writes its exit status to a file in $builds when it ends, so that the tests which need it can wait for
+# it from a subshell too (`wait` only knows the shell's own children).
+builds=$(mktemp -d "${TMPDIR:-/tmp}/kumiki-builds.XXXXXX")
+in_background() {  # NAME COMMAND...: run COMMAND in the background, its output in $builds/NAME.log
+  local name=$1
+  shift
+  ( status=0; "$@" >"$builds/$name.log" 2>&1 || status=$?; echo "$status" >"$builds/$name.status" ) &
+}
 kube_build=""
 if [ -x "$GO" ]; then
   echo "== building kube-apiserver, kube-scheduler, etcd and KWOK with $GO (background)"
-  GO="$GO" bash infra/kube/build.sh >"${TMPDIR:-/tmp}/kumiki-kube-build.log" 2>&1 &
-  kube_build=$!
+  in_background kube env GO="$GO" bash infra/kube/build.sh
+  kube_build=kube
 fi
 # Jaeger v2 for the observability tests (tests/observability): built from the Go module proxy in the background
 # (infra/observability/build-jaeger.sh, cached in ~/.cache/kumiki). Without it the Jaeger tests skip and say why.
 jaeger_build=""
 if [ -x "$GO" ]; then
   echo "== building Jaeger v2 with $GO (background)"
-  GO="$GO" bash infra/observability/build-jaeger.sh >"${TMPDIR:-/tmp}/kumiki-jaeger-build.log" 2>&1 &
-  jaeger_build=$!
+  in_background jaeger env GO="$GO" bash infra/observability/build-jaeger.sh
+  jaeger_build=jaeger
 fi
 go_tools=""
 if [ -x "$GO" ] && ! { command -v helm >/dev/null && command -v kubeconform >/dev/null; }; then
   echo "== building helm and kubeconform with $GO (background)"
-  ( "$GO" install helm.sh/helm/v3/cmd/helm@v3.22.0 && "$GO" install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0 ) \
-    >"${TMPDIR:-/tmp}/kumiki-go-tools.log" 2>&1 &
-  go_tools=$!
+  in_background go-tools bash -c '"$1" install helm.sh/helm/v3/cmd/helm@v3.22.0 && "$1" install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0' _ "$GO"
+  go_tools=go-tools
 fi
 
 echo "== python environment (.venv)"
@@ -80,38 +87,51 @@ echo "== lint and types"
 .venv/bin/ruff check services tests benchmarks --output-format concise
 .venv/bin/mypy
 
-# The tests that need a Go-built tool (helm, kubeconform, Jaeger, kube-apiserver/etcd/KWOK) run last; the rest
-# runs first, while the builds finish (the builds take the CPU, the tests mostly wait on brokers and sockets).
+# The tests that need a Go-built tool (helm, kubeconform, Jaeger, kube-apiserver/etcd/KWOK) start as soon as the
+# builds end, in a second pytest beside the rest: the builds and those tests take the CPU, the rest mostly waits on
+# brokers and sockets. Each test has its own topics and database, so the two runs share Kafka and Postgres safely.
 GO_BUILT_TESTS=(tests/binder tests/charts tests/observability tests/tilt tests/cli/test_trace.py tests/replay/test_kube.py
   tests/preemption/test_kube_identity.py tests/telemetry/adapters/test_agent_identity.py tests/common/test_kube_tokens.py)
+built() {  # NAME: wait for that background build, then its exit status
+  while [ ! -e "$builds/$1.status" ]; do sleep 1; done
+  return "$(cat "$builds/$1.status")"
+}
 wait_for_builds() {
   if [ -n "$go_tools" ]; then
-    if wait "$go_tools"; then echo "   helm and kubeconform built"
-    else echo "   WARNING: helm/kubeconform did not build (chart tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-go-tools.log"; fi
+    if built "$go_tools"; then echo "   helm and kubeconform built"
+    else echo "   WARNING: helm/kubeconform did not build (chart tests will skip):"; tail -5 "$builds/go-tools.log"; fi
   fi
 
   if [ -n "$jaeger_build" ]; then
-    if wait "$jaeger_build"; then echo "   Jaeger built: $(tail -1 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log")"
-    else echo "   WARNING: Jaeger did not build (Jaeger tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-jaeger-build.log"; fi
+    if built "$jaeger_build"; then echo "   Jaeger built: $(tail -1 "$builds/jaeger.log")"
+    else echo "   WARNING: Jaeger did not build (Jaeger tests will skip):"; tail -5 "$builds/jaeger.log"; fi
   fi
 
   if [ -n "$kube_build" ]; then
-    if wait "$kube_build"; then eval "$(bash infra/kube/build.sh --print)"; echo "   Kubernetes components built"
-    else echo "   WARNING: the Kubernetes components did not build (binder tests will skip):"; tail -5 "${TMPDIR:-/tmp}/kumiki-kube-build.log"; fi
+    if built "$kube_build"; then eval "$(bash infra/kube/build.sh --print)"; echo "   Kubernetes components built"
+    else echo "   WARNING: the Kubernetes components did not build (binder tests will skip):"; tail -5 "$builds/kube.log"; fi
   fi
+}
+pytest_run() {  # NAME PATHS...: pytest in its own base temporary directory
+  local name=$1
+  shift
+  .venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp="$builds/pytest-$name" "$@"
 }
 if [ $# -gt 0 ]; then  # the tests named on the command line, once every tool is there
   wait_for_builds
   echo "== tests"
-  .venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
+  pytest_run named "$@"
   exit 0
 fi
 ignores=()
 for path in "${GO_BUILT_TESTS[@]}"; do ignores+=("--ignore=$path"); done
 status=0
-echo "== tests (while the Go builds finish)"
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider "${ignores[@]}" || status=$?
-wait_for_builds
-echo "== tests that need the Go-built tools"
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider "${GO_BUILT_TESTS[@]}" || status=$?
+# its output goes to a file, shown once the first run has ended (and followed from there until it ends too)
+( wait_for_builds; echo "== tests that need the Go-built tools (started once the builds ended)"; pytest_run go-built "${GO_BUILT_TESTS[@]}" ) \
+  >"$builds/go-built-tests.log" 2>&1 &
+go_built_tests=$!
+echo "== tests (the ones that need the Go-built tools run beside them once the builds end)"
+pytest_run rest "${ignores[@]}" || status=$?
+tail -n +1 -f --pid="$go_built_tests" "$builds/go-built-tests.log"
+wait "$go_built_tests" || status=$?
 exit $status
