@@ -39,30 +39,27 @@ GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 # Each build writes its exit status to a file in $builds when it ends, so that the tests which need it can wait for
 # it from a subshell too (`wait` only knows the shell's own children).
 builds=$(mktemp -d "${TMPDIR:-/tmp}/kumiki-builds.XXXXXX")
-in_background() {  # NAME COMMAND...: run COMMAND in the background, its output in $builds/NAME.log
+started=()  # the background builds: "NAME|what it builds|the tests that skip without it"
+in_background() {  # NAME WHAT SKIPPING COMMAND...: run COMMAND in the background, its output in $builds/NAME.log
   local name=$1
-  shift
+  started+=("$1|$2|$3")
+  shift 3
   ( status=0; "$@" >"$builds/$name.log" 2>&1 || status=$?; echo "$status" >"$builds/$name.status" ) &
 }
-kube_build=""
 if [ -x "$GO" ]; then
   echo "== building kube-apiserver, kube-scheduler, etcd and KWOK with $GO (background)"
-  in_background kube env GO="$GO" bash infra/kube/build.sh
-  kube_build=kube
+  in_background kube "the Kubernetes components" "binder tests" env GO="$GO" bash infra/kube/build.sh
 fi
 # Jaeger v2 for the observability tests (tests/observability): built from the Go module proxy in the background
 # (infra/observability/build-jaeger.sh, cached in ~/.cache/kumiki). Without it the Jaeger tests skip and say why.
-jaeger_build=""
 if [ -x "$GO" ]; then
   echo "== building Jaeger v2 with $GO (background)"
-  in_background jaeger env GO="$GO" bash infra/observability/build-jaeger.sh
-  jaeger_build=jaeger
+  in_background jaeger "Jaeger" "Jaeger tests" env GO="$GO" bash infra/observability/build-jaeger.sh
 fi
-go_tools=""
 if [ -x "$GO" ] && ! { command -v helm >/dev/null && command -v kubeconform >/dev/null; }; then
   echo "== building helm and kubeconform with $GO (background)"
-  in_background go-tools bash -c '"$1" install helm.sh/helm/v3/cmd/helm@v3.22.0 && "$1" install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0' _ "$GO"
-  go_tools=go-tools
+  in_background go-tools "helm and kubeconform" "chart tests" \
+    bash -c '"$1" install helm.sh/helm/v3/cmd/helm@v3.22.0 && "$1" install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0' _ "$GO"
 fi
 
 echo "== python environment (.venv)"
@@ -97,20 +94,17 @@ built() {  # NAME: wait for that background build, then its exit status
   return "$(cat "$builds/$1.status")"
 }
 wait_for_builds() {
-  if [ -n "$go_tools" ]; then
-    if built "$go_tools"; then echo "   helm and kubeconform built"
-    else echo "   WARNING: helm/kubeconform did not build (chart tests will skip):"; tail -5 "$builds/go-tools.log"; fi
-  fi
-
-  if [ -n "$jaeger_build" ]; then
-    if built "$jaeger_build"; then echo "   Jaeger built: $(tail -1 "$builds/jaeger.log")"
-    else echo "   WARNING: Jaeger did not build (Jaeger tests will skip):"; tail -5 "$builds/jaeger.log"; fi
-  fi
-
-  if [ -n "$kube_build" ]; then
-    if built "$kube_build"; then eval "$(bash infra/kube/build.sh --print)"; echo "   Kubernetes components built"
-    else echo "   WARNING: the Kubernetes components did not build (binder tests will skip):"; tail -5 "$builds/kube.log"; fi
-  fi
+  local build name what skipping
+  for build in ${started[@]+"${started[@]}"}; do
+    IFS='|' read -r name what skipping <<<"$build"
+    if built "$name"; then
+      # the Kubernetes components are found through the paths the build prints
+      if [ "$name" = kube ]; then eval "$(bash infra/kube/build.sh --print)"; fi
+      echo "   $what built"
+    else
+      echo "   WARNING: $what did not build ($skipping will skip):"; tail -5 "$builds/$name.log"
+    fi
+  done
 }
 pytest_run() {  # NAME PATHS...: pytest in its own base temporary directory
   local name=$1

@@ -33,7 +33,7 @@ from kumiki.placement.adapters.convert import (
     restore_from_lifecycle,
     runtime_forecast,
 )
-from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, ServiceSoFar, Victim
+from kumiki.placement.core import BindCommand, BoundJob, PlacementBook, Victim
 from kumiki.sched.idle import IDLE_RECLAIM
 from kumiki.sched.jobs import RequestError
 from kumiki.sched.placement import PendingReason
@@ -247,7 +247,7 @@ class AllocationLog:
             latest = self.latest[job_id]
             if latest.state in (events_pb2.JOB_STATE_COMPLETED, events_pb2.JOB_STATE_FAILED):
                 continue
-            service = self.book.served.get(job_id, ServiceSoFar())  # busy reports were read before (follow_tables)
+            service = self.book.served_so_far(job_id)  # busy reports were read before (follow_tables)
             for generation in sorted(attempts):
                 if generation < latest.job.generation:
                     service = service.after_eviction(*attempts[generation], generation=generation)

@@ -36,6 +36,8 @@ ENDED_KEPT = 200_000  # ended generations remembered (a few dozen bytes each)
 # admission rounds a victim gives way to the quota-held job its GPUs were freed for (a bound on how stale quota's
 # view of the release may be, not a tuned number: 5 s at the local stack's 0.1 s cycle)
 YIELD_ROUNDS = 50
+# a job no attempt of which was evicted or found computing yet (frozen: one instance serves every such job)
+NOT_SERVED = ServiceSoFar()
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +366,7 @@ class PlacementBook:
         decided = victim.preemption if victim is not None and victim.job is job else None
         if lost_gpu_s is None:
             lost_gpu_s = decided.lost_gpu_s if decided is not None else 0.0
-        self.served[job_id] = self.served.get(job_id, ServiceSoFar()).after_eviction(
+        self.served[job_id] = self.served_so_far(job_id).after_eviction(
             now - job.bound_s, job.command.request.gpu_demand, lost_gpu_s, cause == IDLE_RECLAIM, job.command.generation
         )
         again = replace(job.command, generation=job.command.generation + 1)
@@ -435,7 +437,7 @@ class PlacementBook:
             del self.idle[job_id]
         if self._gone(job_id):  # a late report of an ended job would be kept for ever
             return
-        before = self.served.get(job_id, ServiceSoFar())
+        before = self.served_so_far(job_id)
         self.served[job_id] = before.computing(generation)
         if before.demoted and not self.served[job_id].demoted:
             self._reconsider(job_id)  # a next generation already waiting moves up to its arrival's place
@@ -458,7 +460,7 @@ class PlacementBook:
             # a job quota holds back waits for GPUs too: freed, the zombie's GPUs are its queue's guarantee again, and
             # idle guarantee is what quota lends; a zombie computes nothing, so trying costs only its restart
             held = (
-                (job.command.job_id, job.command.request, self.served.get(job.command.job_id, ServiceSoFar()).demoted)
+                (job.command.job_id, job.command.request, self.served_so_far(job.command.job_id).demoted)
                 for job in self.held_jobs_in_order(now)
             )
             return waiting_for_gpus(scheduler, held)
@@ -660,11 +662,15 @@ class PlacementBook:
             pending.command.request.pods[0].shape(),
         )
 
+    def served_so_far(self, job_id: str) -> ServiceSoFar:
+        """What its evicted attempts ran (`NOT_SERVED` before any was evicted or reported computing)."""
+        return self.served.get(job_id, NOT_SERVED)
+
     def explain(self, job_id: str, now: float | None = None) -> Explanation:
         """Where a job stands and why, with what its evicted attempts ran and, while it waits, since when and when
         the policy's starvation guard acts for it, and its place among its queue's pending jobs in the order the
         policy starts them (`_queue_position`; `now` ranks those quota holds back, by arrival without it)."""
-        served = self.served.get(job_id, ServiceSoFar())
+        served = self.served_so_far(job_id)
         job = self.bound.get(job_id)
         if job is not None and job_id in self.nominated:
             reasons = (self._nominated_reason(job.command),)
